@@ -1,0 +1,1 @@
+"""One module per ``pathtwt`` subcommand (see pathtwt/cli.py for the contract)."""

@@ -1,0 +1,84 @@
+"""Atomic output files: every file a stage produces is written under a temporary name
+in the destination folder, flushed to disk, then renamed. A killed job therefore never
+leaves a file that looks finished (Snakemake and the next stage only ever see complete
+files), and a failed job leaves nothing behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename itself must reach the disk, or a crash can resurrect the old name.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems (e.g. certain network mounts) refuse fsync on dirs
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success fsync it and rename it to
+    ``path``; on any exception delete it and re-raise.
+
+    ``suffix`` defaults to the final suffix so that libraries that look at the file
+    extension (PIL, numpy) behave the same on the temporary file. Folder scans must
+    ignore names that start with "." (the temporary files).
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # Hidden name (leading dot) so folder scans for "*.h5" never pick it up.
+    fd, tmp_name = tempfile.mkstemp(
+        prefix=f".{final.name}.tmp-", suffix=final.suffix if suffix is None else suffix, dir=final.parent
+    )
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    with atomic_output(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy scalars and arrays, Paths: the usual residents of result dictionaries
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
