@@ -44,6 +44,11 @@ def atomic_output(path: str | os.PathLike, suffix: str | None = None) -> Iterato
     )
     os.close(fd)
     tmp = Path(tmp_name)
+    # mkstemp creates 0600; published results must get the ordinary umask-derived mode so
+    # that colleagues on a shared cluster filesystem can read them.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     try:
         yield tmp
         with open(tmp, "rb+") as fh:
