@@ -1,0 +1,1 @@
+"""Backbone compression: calibration, discovery, TWT and the comparison methods."""

@@ -1,0 +1,399 @@
+"""The calibration set: tiles drawn reproducibly from the training cohort (coords files
+read back from their slides) or from image files, with a held-out part.
+
+Sources may be coords files (``pathtwt tile`` output), folders of them, image files
+(tif/tiff/png/jpg/jpeg) or folders of images, or calibration files written by
+``pathtwt calibrate`` (an HDF5 with a ``tiles`` dataset). Images larger than the tile size
+are cut into a grid of non-overlapping tiles; smaller ones are resized up to it.
+
+The draw is proportional across slides/images (largest remainder), uniform without
+replacement inside each, and depends only on the seed and the sorted source list.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import h5py
+import numpy as np
+
+from ..errors import ConfigError, PathtwtError, SlideError
+from ..fileio import atomic_output
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".tif", ".tiff", ".png", ".jpg", ".jpeg")
+CALIBRATION_FORMAT = "pathtwt-calibration/1"
+DEFAULT_PATCH_SIZE = 224
+
+
+@dataclass
+class CalibrationSet:
+    """uint8 tiles (N, P, P, 3): ``fit`` for fitting/statistics, ``holdout`` for validation."""
+
+    fit: np.ndarray
+    holdout: np.ndarray
+    patch_size: int
+    sources: list[str] = field(default_factory=list)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def all(self) -> np.ndarray:
+        return np.concatenate([self.fit, self.holdout]) if len(self.holdout) else self.fit
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One slide (coords file) or one image: the unit the draw is proportional over."""
+
+    source: str
+    kind: str  # "coords" | "image"
+    origins: np.ndarray  # (n, 2) int64: level-0 (x, y) for slides, crop offset for images
+    size: int = 0  # image: side of the square cut before resizing to the tile size
+
+
+def _hidden_below(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def _is_calibration_file(path: Path) -> bool:
+    try:
+        with h5py.File(path, "r") as h5:
+            return "tiles" in h5
+    except OSError as exc:
+        raise PathtwtError(
+            f"{path}: not a readable HDF5 file ({exc}); re-create it or remove it from the sources"
+        ) from None
+
+
+def expand_sources(sources: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path], list[Path]]:
+    """Split sources into (calibration files, coords files, image files), sorted.
+    Folders are scanned recursively; names starting with "." (temporary files) are skipped."""
+    calib, coords, images = set(), set(), set()
+    for src in sources:
+        src = Path(src)
+        if not src.exists():
+            raise ConfigError(f"calibration source {src} does not exist")
+        if src.is_file():
+            files = [src]
+        else:  # skip hidden names anywhere below the folder: temporary files of atomic writes
+            files = [p for p in sorted(src.rglob("*")) if p.is_file() and not _hidden_below(p, src)]
+        for f in files:
+            suffix = f.suffix.lower()
+            if suffix == ".h5":
+                (calib if _is_calibration_file(f) else coords).add(f)
+            elif suffix in IMAGE_SUFFIXES:
+                images.add(f)
+            elif src.is_file():
+                raise ConfigError(f"calibration source {f}: expected .h5 coords/calibration or an image file")
+    return sorted(calib), sorted(coords), sorted(images)
+
+
+def restrict_to_splits(
+    coords_files: Sequence[Path], labels_csv: str | os.PathLike, splits: Sequence[str]
+) -> list[Path]:
+    """Keep the coords files (named ``{slide_id}.h5``) whose slide is in one of ``splits``
+    of the label table; a slide missing from the table is an error, since it cannot be
+    shown to belong to the training cohort."""
+    import csv
+
+    try:
+        with open(labels_csv, newline="", encoding="utf-8") as fh:
+            split_of = {row["slide_id"]: row["split"] for row in csv.DictReader(fh)}
+    except (OSError, KeyError) as exc:
+        raise ConfigError(f"{labels_csv}: cannot read columns slide_id and split ({exc})") from None
+    unknown = [p.name for p in coords_files if p.stem not in split_of]
+    if unknown:
+        raise ConfigError(f"{labels_csv}: no row for {unknown[0]} ({len(unknown)} coords files); fix the label table")
+    return [p for p in coords_files if split_of[p.stem] in splits]
+
+
+def _coords_group(path: Path) -> tuple[_Group | None, dict[str, Any]]:
+    from ..h5io import read_coords
+
+    coords, _, attrs = read_coords(path)
+    if attrs.get("status", "ok") != "ok" or len(coords) == 0:
+        return None, attrs
+    return _Group(source=str(path), kind="coords", origins=coords), attrs
+
+
+def _read_image(path: Path, size_only: bool = False) -> Any:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return im.size if size_only else np.asarray(im.convert("RGB"))
+    except (OSError, ValueError) as exc:
+        raise PathtwtError(f"{path}: cannot read image ({exc}); remove it from the calibration sources") from None
+
+
+def _image_group(path: Path, patch_size: int) -> _Group:
+    w, h = _read_image(path, size_only=True)
+    # a non-overlapping grid of squares of the image's own pixels; an image smaller than
+    # the tile size contributes one square (its centre) resized up
+    if min(w, h) >= patch_size:
+        side = patch_size
+        xs, ys = range(0, w - side + 1, side), range(0, h - side + 1, side)
+    else:
+        side = min(w, h)
+        xs, ys = [(w - side) // 2], [(h - side) // 2]
+    origins = np.array([(x, y) for y in ys for x in xs], dtype=np.int64).reshape(-1, 2)
+    return _Group(source=str(path), kind="image", origins=origins, size=side)
+
+
+def allocate(sizes: Sequence[int], n: int) -> list[int]:
+    """Largest-remainder proportional allocation of ``n`` draws over groups, capped by
+    each group's size (ties go to the earlier group, so it is deterministic)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    total = int(sizes.sum())
+    if n >= total:
+        return sizes.tolist()
+    exact = sizes * n / total
+    counts = np.floor(exact).astype(np.int64)
+    order = np.argsort(-(exact - counts), kind="stable")
+    for i in order[: n - int(counts.sum())]:
+        counts[i] += 1
+    return counts.tolist()
+
+
+def _draw(groups: list[_Group], n_tiles: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+    counts = allocate([len(g.origins) for g in groups], n_tiles)
+    picks = []
+    for gi, (g, c) in enumerate(zip(groups, counts)):
+        idx = np.sort(rng.choice(len(g.origins), size=c, replace=False)) if c else []
+        picks += [(gi, int(i)) for i in idx]
+    return picks
+
+
+def _split(n: int, holdout: float, rng: np.random.Generator) -> np.ndarray:
+    n_hold = int(round(n * holdout))
+    if holdout > 0 and n >= 2:
+        n_hold = min(max(n_hold, 1), n - 1)  # both parts non-empty when asked for a holdout
+    split = np.zeros(n, dtype=np.uint8)
+    split[rng.permutation(n)[:n_hold]] = 1
+    return split
+
+
+def _read_coords_tiles(
+    group: _Group, indices: list[int], attrs: dict[str, Any], coords_path: Path, patch_size: int
+) -> np.ndarray:
+    import cv2
+
+    from ..slides import open_slide
+
+    slide_path = Path(str(attrs.get("slide_path", "")))
+    if not slide_path.is_absolute() and not slide_path.exists():
+        slide_path = coords_path.parent / slide_path  # paths written relative to the coords file
+    if not str(attrs.get("slide_path", "")) or not slide_path.exists():
+        raise SlideError(
+            f"{coords_path}: slide_path {attrs.get('slide_path')!r} not found; run calibrate from the "
+            "workflow folder or re-tile the slide"
+        )
+    mpp_fallback = attrs.get("level0_mpp") or None
+    out = np.empty((len(indices), patch_size, patch_size, 3), dtype=np.uint8)
+    with open_slide(slide_path, mpp_fallback=mpp_fallback) as slide:
+        for k, i in enumerate(indices):
+            x, y = group.origins[i]
+            tile = slide.read_tile(
+                int(x), int(y), int(attrs["patch_size_level0"]), int(attrs["read_level"]), int(attrs["patch_size"])
+            )
+            if tile.shape[0] != patch_size:  # the backbone's input size differs from the tiling's
+                tile = cv2.resize(tile, (patch_size, patch_size), interpolation=cv2.INTER_AREA)
+            out[k] = tile
+    return out
+
+
+def _read_image_tiles(group: _Group, indices: list[int], patch_size: int) -> np.ndarray:
+    import cv2
+
+    image = _read_image(Path(group.source))
+    out = np.empty((len(indices), patch_size, patch_size, 3), dtype=np.uint8)
+    for k, i in enumerate(indices):
+        x, y = group.origins[i]
+        crop = image[y : y + group.size, x : x + group.size]
+        if group.size != patch_size:
+            crop = cv2.resize(crop, (patch_size, patch_size), interpolation=cv2.INTER_CUBIC)
+        out[k] = crop
+    return out
+
+
+@dataclass
+class _Drawn:
+    tiles: np.ndarray
+    split: np.ndarray
+    source_index: np.ndarray
+    origins: np.ndarray
+    sources: list[str]
+    patch_size: int
+
+
+def draw_tiles(
+    coords_files: Sequence[Path],
+    image_files: Sequence[Path],
+    *,
+    n_tiles: int,
+    seed: int,
+    holdout: float,
+    patch_size: int | None = None,
+) -> _Drawn:
+    """Draw and read the tiles (in a fixed order: by source, then by tile index)."""
+    if n_tiles < 1:
+        raise ConfigError(f"--n-tiles must be >= 1, got {n_tiles}")
+    if not 0.0 <= holdout < 1.0:
+        raise ConfigError(f"--holdout must be in [0, 1), got {holdout}")  # checked before any slide is read
+    groups: list[_Group] = []
+    attrs_of: dict[str, dict[str, Any]] = {}
+    # an explicit patch_size resizes slide tiles to it; otherwise the coords files set it
+    # and must agree with each other
+    coords_size: int | None = None
+    for path in coords_files:
+        group, attrs = _coords_group(path)
+        if group is None:
+            continue  # status no_tissue: nothing to draw
+        if coords_size is None:
+            coords_size = int(attrs["patch_size"])
+        elif int(attrs["patch_size"]) != coords_size and patch_size is None:
+            raise ConfigError(
+                f"{path}: patch_size {attrs['patch_size']} differs from {coords_size}; calibrate with coords "
+                "files of one tile geometry"
+            )
+        groups.append(group)
+        attrs_of[group.source] = attrs
+    patch_size = patch_size or coords_size
+    patch_size = int(patch_size or DEFAULT_PATCH_SIZE)
+    groups += [g for g in (_image_group(p, patch_size) for p in image_files) if len(g.origins)]
+    if not groups:
+        raise ConfigError("calibration sources hold no tiles (no coords with status ok and no images)")
+    rng = np.random.default_rng(seed)
+    picks = _draw(groups, n_tiles, rng)
+    if len(picks) < n_tiles:
+        log.warning("asked for %d calibration tiles, the sources hold only %d; using all", n_tiles, len(picks))
+    tiles = np.empty((len(picks), patch_size, patch_size, 3), dtype=np.uint8)
+    source_index = np.array([gi for gi, _ in picks], dtype=np.int32)
+    origins = np.array([groups[gi].origins[i] for gi, i in picks], dtype=np.int64).reshape(-1, 2)
+    for gi, g in enumerate(groups):
+        rows = np.flatnonzero(source_index == gi)
+        if not len(rows):
+            continue
+        indices = [picks[r][1] for r in rows]
+        if g.kind == "coords":
+            tiles[rows] = _read_coords_tiles(g, indices, attrs_of[g.source], Path(g.source), patch_size)
+        else:
+            tiles[rows] = _read_image_tiles(g, indices, patch_size)
+    split = _split(len(picks), holdout, rng)
+    return _Drawn(tiles, split, source_index, origins, [g.source for g in groups], patch_size)
+
+
+def write_calibration(path: str | os.PathLike, drawn: _Drawn, provenance: dict[str, Any]) -> None:
+    """Atomic HDF5: ``tiles`` uint8 (N, P, P, 3) chunked one tile per chunk (so any subset
+    reads lazily), ``split`` (0 fit, 1 holdout), ``source_index``, ``origins``, ``sources``."""
+    import json
+
+    with atomic_output(path) as tmp:
+        with h5py.File(tmp, "w") as h5:
+            n, p = len(drawn.tiles), drawn.patch_size
+            h5.create_dataset("tiles", data=drawn.tiles, chunks=(1, p, p, 3) if n else None)
+            h5.create_dataset("split", data=drawn.split)
+            h5.create_dataset("source_index", data=drawn.source_index)
+            h5.create_dataset("origins", data=drawn.origins)
+            h5.create_dataset("sources", data=np.array(drawn.sources, dtype=h5py.string_dtype()))
+            h5.attrs["format"] = CALIBRATION_FORMAT
+            h5.attrs["patch_size"] = p
+            h5.attrs["provenance"] = json.dumps(provenance)
+
+
+def _subsample(idx: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    return idx if n >= len(idx) else np.sort(rng.choice(idx, size=n, replace=False))
+
+
+def _stored_split(path: Path) -> np.ndarray:
+    with h5py.File(path, "r") as h5:
+        return h5["split"][()]
+
+
+def read_calibration_files(paths: Sequence[Path], *, n_tiles: int | None, seed: int) -> CalibrationSet:
+    """Concatenate calibration files, keeping their stored split. With ``n_tiles`` below
+    the stored count, a seeded subset, proportional over files and over fit/holdout."""
+    import json
+
+    splits = [_stored_split(p) for p in paths]
+    want = allocate([len(s) for s in splits], sum(map(len, splits)) if n_tiles is None else n_tiles)
+    rng = np.random.default_rng(seed)
+    fits, holds, sources, sizes, provenance = [], [], [], set(), {}
+    for path, split, n in zip(paths, splits, want):
+        n_fit, n_hold = allocate([int((split == 0).sum()), int((split == 1).sum())], n)
+        with h5py.File(path, "r") as h5:
+            sizes.add(int(h5.attrs["patch_size"]))
+            sources += [s.decode() if isinstance(s, bytes) else str(s) for s in h5["sources"][()]]
+            provenance[str(path)] = json.loads(h5.attrs.get("provenance", "{}"))
+            # sorted indices: h5py reads only the chosen one-tile chunks
+            for part, count, bucket in ((0, n_fit, fits), (1, n_hold, holds)):
+                idx = _subsample(np.flatnonzero(split == part), count, rng)
+                bucket.append(h5["tiles"][idx] if len(idx) else np.zeros((0, *h5["tiles"].shape[1:]), np.uint8))
+    if len(sizes) != 1:
+        raise ConfigError(f"calibration files {', '.join(map(str, paths))} have different tile sizes {sorted(sizes)}")
+    return CalibrationSet(
+        fit=np.concatenate(fits),
+        holdout=np.concatenate(holds),
+        patch_size=sizes.pop(),
+        sources=sources,
+        provenance={"calibration_files": provenance},
+    )
+
+
+def load_part(
+    sources: Sequence[str | os.PathLike], *, part: str, n_tiles: int, seed: int = 0
+) -> tuple[np.ndarray, bool]:
+    """Up to ``n_tiles`` tiles of one stored part ("fit", "holdout" or "all") of calibration
+    files, reading only those tiles; or, for coords/image sources, which carry no split, a
+    fresh draw of ``n_tiles``. Returns (tiles, whether the part was honoured)."""
+    calib, coords, images = expand_sources(sources)
+    if not calib:
+        drawn = load_calibration(sources, n_tiles=n_tiles, seed=seed, holdout=0.0)
+        return drawn.fit, part == "all"
+    if coords or images:
+        raise ConfigError("mix of calibration files and coords/images; pass either calib.h5 files or raw sources")
+    wanted = {"fit": (0,), "holdout": (1,), "all": (0, 1)}[part]
+    pools = [np.flatnonzero(np.isin(_stored_split(p), wanted)) for p in calib]
+    rng = np.random.default_rng(seed)
+    out = []
+    for path, pool, n in zip(calib, pools, allocate([len(p) for p in pools], n_tiles)):
+        idx = _subsample(pool, n, rng)
+        if len(idx):
+            with h5py.File(path, "r") as h5:
+                out.append(h5["tiles"][idx])
+    if not out:
+        raise ConfigError(f"calibration files {', '.join(map(str, calib))} hold no {part} tiles")
+    return np.concatenate(out), True
+
+
+def load_calibration(
+    sources: Sequence[str | os.PathLike],
+    *,
+    n_tiles: int | None = 10_000,
+    seed: int = 0,
+    holdout: float = 0.1,
+    patch_size: int | None = None,
+) -> CalibrationSet:
+    """A CalibrationSet from calibration files, or drawn fresh from coords/image sources."""
+    calib, coords, images = expand_sources(sources)
+    if calib and (coords or images):
+        raise ConfigError(
+            "mix of calibration files and coords/images in --calibration; pass either calib.h5 files or raw sources"
+        )
+    if calib:
+        return read_calibration_files(calib, n_tiles=n_tiles, seed=seed)
+    if not coords and not images:
+        raise ConfigError(f"no coords files or images found in {', '.join(map(str, sources))}")
+    drawn = draw_tiles(coords, images, n_tiles=n_tiles or 10_000, seed=seed, holdout=holdout, patch_size=patch_size)
+    return CalibrationSet(
+        fit=drawn.tiles[drawn.split == 0],
+        holdout=drawn.tiles[drawn.split == 1],
+        patch_size=drawn.patch_size,
+        sources=drawn.sources,
+        provenance={"seed": seed, "holdout": holdout, "n_tiles": len(drawn.tiles), "sources": drawn.sources},
+    )
