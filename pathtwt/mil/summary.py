@@ -1,0 +1,77 @@
+"""Repeats: mean +- standard deviation of the metrics of several runs (seeds) of the
+same protocol and head, as the paper reports them. The standard deviation is the
+sample one (ddof=1); a single run gets std 0."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError, PathtwtError
+
+SUMMARY_METRICS = ("qwk_x100", "accuracy", "balanced_accuracy", "auc_macro")
+
+
+def load_run(run_dir: str | os.PathLike) -> dict:
+    path = Path(run_dir) / "metrics.json"
+    if not path.is_file():
+        raise PathtwtError(f"{run_dir}: no metrics.json (the run has not finished); run `pathtwt train-mil` for it first")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise PathtwtError(f"{path}: not valid JSON ({exc}); re-run that training") from None
+
+
+def summarize_runs(run_dirs: list[str | os.PathLike]) -> dict:
+    runs = [load_run(d) for d in run_dirs]
+    kinds = {(r["protocol"], r["aggregator"]) for r in runs}
+    if len(kinds) > 1:
+        raise ConfigError(f"runs mix protocols/heads {sorted(kinds)}; summarise one protocol and head at a time")
+    seeds = [r["seed"] for r in runs]
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ConfigError(f"seed(s) {repeated} appear in more than one run; each repeat needs its own seed")
+    cohorts = list(dict.fromkeys(name for r in runs for name in r["cohorts"]))
+    summary: dict[str, dict] = {}
+    for cohort in cohorts:
+        summary[cohort] = {}
+        for metric in SUMMARY_METRICS:
+            values = [r["cohorts"].get(cohort, {}).get(metric) for r in runs]
+            valid = np.array([v for v in values if v is not None], dtype=np.float64)
+            summary[cohort][metric] = {
+                "mean": float(valid.mean()) if len(valid) else None,
+                "std": float(valid.std(ddof=1)) if len(valid) > 1 else (0.0 if len(valid) else None),
+                "n": int(len(valid)),
+                "values": values,
+            }
+    protocol, aggregator = next(iter(kinds))
+    return {
+        "protocol": protocol,
+        "aggregator": aggregator,
+        "seeds": seeds,
+        "runs": [str(d) for d in run_dirs],
+        "selected_epochs": [r["selected_epoch"] for r in runs],
+        "summary": summary,
+    }
+
+
+def summary_rows(result: dict) -> list[dict]:
+    rows = []
+    for cohort, metrics in result["summary"].items():
+        for metric, s in metrics.items():
+            rows.append(
+                {
+                    "protocol": result["protocol"],
+                    "aggregator": result["aggregator"],
+                    "cohort": cohort,
+                    "metric": metric,
+                    "mean": s["mean"],
+                    "std": s["std"],
+                    "n_runs": s["n"],
+                    "values": ";".join("" if v is None else f"{v:.6g}" for v in s["values"]),
+                }
+            )
+    return rows

@@ -1,0 +1,93 @@
+"""MIL metrics, epoch-selection rules and the Gleason -> ISUP label helper."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import balanced_accuracy_score, cohen_kappa_score, roc_auc_score
+
+from pathtwt.mil.labels import gleason_to_isup
+from pathtwt.mil.metrics import quadratic_weighted_kappa, slide_metrics
+from pathtwt.mil.selection import select_epoch, selection_scores
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_qwk_matches_sklearn_on_random_cases(case):
+    rng = np.random.default_rng(case)
+    n_classes = int(rng.integers(2, 7))
+    n = int(rng.integers(3, 40))
+    # draw both sides from random subsets of the classes, so some classes are absent
+    # from labels, predictions or both
+    y_true = rng.choice(rng.choice(n_classes, size=rng.integers(1, n_classes + 1), replace=False), size=n)
+    y_pred = rng.choice(rng.choice(n_classes, size=rng.integers(1, n_classes + 1), replace=False), size=n)
+    ours = quadratic_weighted_kappa(y_true, y_pred, n_classes)
+    ref = cohen_kappa_score(y_true, y_pred, weights="quadratic", labels=list(range(n_classes)))
+    if np.isnan(ref):
+        assert np.isnan(ours)
+    else:
+        assert ours == pytest.approx(ref, abs=1e-12)
+
+
+def test_qwk_class_absent_from_one_side_and_union_default():
+    y_true = np.array([0, 1, 2, 3, 3, 1])
+    y_pred = np.array([0, 1, 1, 2, 3, 0])
+    y_pred_missing = np.array([0, 0, 1, 1, 1, 0])  # classes 2 and 3 never predicted
+    for pred in (y_pred, y_pred_missing):
+        # every class occurs on one side at least, so sklearn's default labels agree too
+        assert quadratic_weighted_kappa(y_true, pred, 4) == pytest.approx(cohen_kappa_score(y_true, pred, weights="quadratic"))
+    assert quadratic_weighted_kappa([0, 1, 2], [0, 1, 2], 3) == pytest.approx(1.0)
+    assert quadratic_weighted_kappa([0, 1, 2], [2, 1, 0], 3) == pytest.approx(-1.0)
+
+
+def test_slide_metrics_agree_with_sklearn():
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 4, size=50)
+    probs = rng.dirichlet(np.ones(4), size=50)
+    m = slide_metrics(y, probs, 4)
+    pred = probs.argmax(1)
+    assert m["accuracy"] == pytest.approx(np.mean(pred == y))
+    assert m["balanced_accuracy"] == pytest.approx(balanced_accuracy_score(y, pred))
+    assert m["auc_macro"] == pytest.approx(roc_auc_score(y, probs, multi_class="ovr", average="macro"))
+    assert m["qwk_x100"] == pytest.approx(100 * cohen_kappa_score(y, pred, weights="quadratic"))
+    binary = slide_metrics([0, 1, 1, 0], np.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]]), 2)
+    assert binary["auc_macro"] == pytest.approx(roc_auc_score([0, 1, 1, 0], [0.1, 0.7, 0.4, 0.8]))
+    one_class = slide_metrics([1, 1], np.array([[0.2, 0.8], [0.4, 0.6]]), 2)
+    assert one_class["auc_macro"] is None and one_class["qwk"] is None  # undefined, not a fake number
+
+
+def test_best_rule_on_scripted_curve():
+    curve = [0.2, 0.5, 0.7, 0.7, 0.6, None, 0.65]
+    assert select_epoch(curve, "best") == 2  # first of the tied maxima
+    assert select_epoch([None, None], "best") is None
+
+
+def test_moving_average_rule_on_scripted_curve():
+    # a single spike at epoch 3 (index 2) must lose to a sustained plateau later
+    curve = [0.5, 0.6, 1.0, 0.6, 0.6, 0.8, 0.8, 0.8, 0.8, 0.8, 0.7, 0.7]
+    scores = selection_scores(curve, "moving-average", window=5)
+    assert scores[:4] == [None] * 4
+    assert scores[4] == pytest.approx(np.mean(curve[0:5]))
+    assert scores[9] == pytest.approx(0.8)
+    assert select_epoch(curve, "moving-average", window=5) == 9  # first epoch whose 5-epoch window is all 0.8
+    assert select_epoch(curve, "best") == 2
+    # a prefix selects only what the full curve would (the loop relies on this)
+    assert select_epoch(curve[:7], "moving-average", window=5, total_epochs=len(curve)) == 6
+    # runs shorter than the window use their whole length
+    assert select_epoch([0.5, 0.9, 0.7], "moving-average", window=5) == 2
+
+
+def test_gleason_to_isup():
+    assert [gleason_to_isup(*pair) for pair in [(3, 3), (3, 4), (4, 3), (4, 4), (3, 5), (5, 3), (4, 5), (5, 4), (5, 5)]] == [
+        1, 2, 3, 4, 4, 4, 5, 5, 5,
+    ]
+    assert gleason_to_isup("benign") == 0 and gleason_to_isup("4+3") == 3 and gleason_to_isup(0, 0) == 0
+    with pytest.raises(ValueError):
+        gleason_to_isup(6, 3)
+    table = pd.read_csv(REPO / "resources" / "gleason_to_isup.csv")
+    for p, s, isup in table.itertuples(index=False):
+        assert gleason_to_isup(p, s) == isup
