@@ -1,0 +1,101 @@
+"""Extraction end to end on a real slide: coords file -> features file, through the CLI too."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pathtwt import h5io
+from pathtwt.backbones import create_backbone
+from pathtwt.cli import main
+from pathtwt.errors import NumericsError, SlideError
+from pathtwt.extract import extract_slide
+
+CMU = "CMU-1-Small-Region.svs"
+XY = [(0, 0), (448, 0), (896, 448), (1344, 896), (448, 1792), (1700, 2400), (224, 2500)]
+
+
+def _coords(path, slide, xy, status="ok"):
+    attrs = dict(
+        patch_size=224, patch_size_level0=448, target_mpp=1.0, level0_mpp=0.499, read_level=0,
+        level0_width=2220, level0_height=2967, target_magnification=10, status=status, slide_path=str(slide),
+    )
+    h5io.write_coords(path, np.array(xy, dtype=np.int64).reshape(-1, 2), np.ones(len(xy)), attrs)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return create_backbone("h0-mini-tiny", pretrained=False, init_seed=3)
+
+
+def test_extract_real_slide_with_workers_keeps_order(tmp_path, shared_slides, tiny):
+    from pathtwt.slides import open_slide
+
+    slide = shared_slides / CMU
+    coords = _coords(tmp_path / "c.h5", slide, XY)
+    summary = extract_slide(slide, coords, tmp_path / "f.h5", tiny, batch_size=3, workers=2, progress=False)
+    assert summary["tiles"] == len(XY)
+    feats, xy, attrs = h5io.read_features(tmp_path / "f.h5")
+    assert feats.shape == (len(XY), 128) and np.isfinite(feats).all()
+    assert xy.tolist() == [list(p) for p in XY]
+    assert attrs["backbone"] == "h0-mini-tiny" and attrs["embedding_recipe"] == "concat(cls, mean(patch))"
+    assert attrs["patch_size_level0"] == 448 and attrs["read_level"] == 0 and attrs["status"] == "ok"
+    # the same tiles embedded in this process, in another order, give the same rows
+    with open_slide(slide) as s:
+        tiles = [s.read_tile(x, y, 448, 0, 224) for x, y in XY[::-1]]
+    with torch.inference_mode():
+        direct = tiny.embed(tiny.transform.batch(tiles)).numpy()[::-1]
+    assert np.allclose(feats, direct, atol=1e-5)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_zero_tile_slide_gives_valid_empty_file(tmp_path, shared_slides, tiny):
+    coords = _coords(tmp_path / "c.h5", shared_slides / CMU, [], status="no_tissue")
+    extract_slide(shared_slides / CMU, coords, tmp_path / "f.h5", tiny, progress=False)
+    feats, xy, attrs = h5io.read_features(tmp_path / "f.h5")
+    assert feats.shape == (0, 128) and xy.shape == (0, 2)
+    assert attrs["n_tiles"] == 0 and attrs["coords_status"] == "no_tissue"
+
+
+def test_cli_manifest_extracts_several_slides_with_one_backbone(tmp_path, shared_slides, capsys):
+    slide = shared_slides / CMU
+    _coords(tmp_path / "a.h5", slide, XY[:2])
+    _coords(tmp_path / "b.h5", slide, [])
+    manifest = tmp_path / "jobs.tsv"
+    manifest.write_text(
+        "slide\tcoords\tout\n"
+        f"{slide}\t{tmp_path / 'a.h5'}\t{tmp_path / 'out' / 'a.h5'}\n"
+        f"{slide}\t{tmp_path / 'b.h5'}\t{tmp_path / 'out' / 'b.h5'}\n"
+    )
+    argv = ["extract", "--manifest", str(manifest), "--backbone", "vit-s14-tiny", "--random-init",
+            "--workers", "0", "--quiet", "--device", "cpu"]
+    assert main(argv) == 0
+    assert h5io.read_features(tmp_path / "out" / "a.h5")[0].shape == (2, 128)
+    assert h5io.read_features(tmp_path / "out" / "b.h5")[0].shape == (0, 128)
+    capsys.readouterr()
+    assert main(argv + ["--skip-existing"]) == 0
+    assert capsys.readouterr().out.count('"skipped": true') == 2
+    assert main(["extract", str(slide), "--coords", str(tmp_path / "a.h5"), "--backbone", "nope",
+                 "--out", str(tmp_path / "x.h5")]) == 1
+    assert "known backbones: h0-mini" in capsys.readouterr().err
+
+
+def test_unreadable_tile_names_slide_and_coords_and_leaves_nothing(tmp_path, shared_slides, tiny):
+    slide = shared_slides / "unreadable.svs"
+    coords = _coords(tmp_path / "c.h5", slide, [(0, 0)])
+    with pytest.raises(SlideError) as err:
+        extract_slide(slide, coords, tmp_path / "f.h5", tiny, workers=1, progress=False)
+    assert "unreadable.svs" in str(err.value) and "x=0, y=0" in str(err.value) and "\n" not in str(err.value)
+    assert list(tmp_path.iterdir()) == [coords]
+
+
+def test_nan_features_raise_numerics_error(tmp_path, shared_slides):
+    broken = create_backbone("vit-s14-tiny", pretrained=False)
+    with torch.no_grad():
+        broken.model.blocks[4].mlp.fc1.weight[0, 0] = float("nan")
+    coords = _coords(tmp_path / "c.h5", shared_slides / CMU, XY[:2])
+    with pytest.raises(NumericsError, match=CMU):
+        extract_slide(shared_slides / CMU, coords, tmp_path / "f.h5", broken, workers=0, progress=False)
+    assert not (tmp_path / "f.h5").exists()
