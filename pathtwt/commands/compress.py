@@ -1,0 +1,88 @@
+"""pathtwt compress: compress a backbone with TWT or a comparison method and export it as a
+backbone variant folder (``model.safetensors`` + ``model.json``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = "compress a backbone (TWT or a comparison method) and export it as a plain timm ViT variant folder"
+
+
+def _on_off(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
+    return value == "on"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .discover import add_backbone_arguments
+
+    add_backbone_arguments(parser)
+    parser.add_argument("--method", default="twt", help="twt (default), truncation, or a comparison method "
+                        "(raptor, wdpruning, nose, linear, subset)")
+    parser.add_argument("--out", required=True, type=Path, help="variant folder to write")
+    goal = parser.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--depth", type=int, help="exactly K blocks (discovery runs here unless --plan)")
+    goal.add_argument("--eps", type=float, help="fewest blocks with discrepancy <= EPS (discovery runs here)")
+    goal.add_argument("--plan", type=Path, help="plan.json from `pathtwt discover`")
+    parser.add_argument("--tokens", choices=("all", "cls", "patch-mean"), default="all",
+                        help="token mode of the similarity matrix when discovering here (default all)")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=int, help="distillation optimiser steps")
+    budget.add_argument("--epochs", type=float, help="distillation passes over the fit tiles (default 1)")
+    parser.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
+    parser.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up before the cosine decay (default 0)")
+    parser.add_argument("--audition-steps", type=int, default=50,
+                        help="fitting steps per audition candidate, 0 = rank as they are (default 50)")
+    parser.add_argument("--schedule", type=_on_off, default=None, metavar="on|off",
+                        help="staggered cosine loss-weight ramp (default: off for pathology backbones, on otherwise)")
+    parser.add_argument("--layer-scale", type=_on_off, default=None, metavar="on|off",
+                        help="learnable scalar per surrogate branch, folded at export (default as --schedule)")
+    parser.add_argument("--augment", type=_on_off, default=True, metavar="on|off",
+                        help="colour jitter + Gaussian blur (default on; off caches teacher targets)")
+    parser.add_argument("--init", choices=("audition", "random"), default="audition",
+                        help="surrogate initialisation (random: ablation)")
+    parser.add_argument("--holdout", type=float, default=0.1, help="held-out fraction of drawn calibration tiles (default 0.1)")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="resume file (default OUT/checkpoint.pt)")
+    parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
+    parser.add_argument("--keep-checkpoint", action="store_true", help="keep the checkpoint after a successful export")
+    parser.add_argument("--stop-after", type=int, default=None,
+                        help="stop after this many steps, keeping the checkpoint; rerun to resume")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..compress.calibration import load_calibration
+    from ..compress.methods import CompressOptions, get_method
+    from ..backbones import create_backbone
+    from ..compress.intermediates import resolve_device
+
+    method = get_method(args.method)  # fail on an unknown method before loading anything
+    # float32 teacher whatever the backbone's inference precision: its outputs are the targets
+    teacher = create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init,
+                              device=str(resolve_device(args.device)), precision="fp32")
+    calib = load_calibration(args.calibration, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout,
+                             patch_size=teacher.spec.input_size)
+    options = CompressOptions(
+        out=args.out, depth=args.depth, eps=args.eps, plan=args.plan, tokens=args.tokens, steps=args.steps,
+        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
+        audition_steps=args.audition_steps, schedule=args.schedule, layer_scale=args.layer_scale,
+        augment=args.augment, init=args.init, seed=args.seed, device=teacher.device, checkpoint=args.checkpoint,
+        checkpoint_every=args.checkpoint_every, keep_checkpoint=args.keep_checkpoint, stop_after=args.stop_after,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        command=[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if not k.startswith("_") and v is not None],
+    )
+    out = method(teacher, calib, options)
+    if out is None:
+        print(f"{args.out}: stopped after step {args.stop_after}; rerun the same command to resume")
+        return 0
+    import json
+
+    meta = json.loads((Path(out) / "model.json").read_text())
+    fid = meta.get("fidelity", {})
+    print(f"{out}: {meta['name']}, {meta['params'] / 1e6:.2f} M params, {meta['macs_per_tile'] / 1e9:.2f} G MACs/tile, "
+          f"held-out embedding cosine {fid.get('initial', {}).get('embedding_cosine_mean', float('nan')):.4f} -> "
+          f"{fid.get('final', {}).get('embedding_cosine_mean', float('nan')):.4f}")
+    return 0

@@ -1,0 +1,103 @@
+"""Export a compressed backbone as a variant folder: ``model.safetensors`` + ``model.json``.
+
+The weights are the state dict of a plain timm ``VisionTransformer`` built from the
+teacher's timm name and keyword arguments with ``depth`` set to the student's depth, so
+
+    model = timm.create_model(meta["timm_name"], pretrained=False, **meta["timm_kwargs"])
+    model.load_state_dict(safetensors.torch.load_file(DIR / "model.safetensors"), strict=True)
+
+rebuilds it with timm alone; ``pathtwt.backbones.create_backbone(DIR)`` reads the same
+two files. Methods whose student is not a plain ViT describe the difference in
+``layer_patches`` (TWT and truncation export none). Both files are written atomically and
+``model.json`` last, so a folder with a ``model.json`` is always complete.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..errors import PathtwtError
+from ..fileio import atomic_output, sha256_file, write_json_atomic
+
+def _versions() -> dict[str, str]:
+    import timm
+    import torch
+
+    from .. import __version__
+
+    return {"pathtwt": __version__, "torch": torch.__version__, "timm": timm.__version__, "python": platform.python_version()}
+
+
+def calibration_hashes(sources: list[str]) -> dict[str, str]:
+    """sha256 of every calibration source that is a single file (calib.h5, coords, image)."""
+    return {str(s): sha256_file(s) for s in sources if os.path.isfile(s)}
+
+
+def cost(model: nn.Module, input_size: int) -> dict[str, int]:
+    from .flops import count_macs, count_params
+
+    return {"params": int(count_params(model)), "macs_per_tile": int(count_macs(model, input_size=input_size))}
+
+
+def export_backbone(
+    out: str | os.PathLike,
+    model: nn.Module,
+    *,
+    teacher: Any,
+    method: str,
+    extra: dict[str, Any] | None = None,
+    layer_patches: dict[str, Any] | None = None,
+    calibration_sources: list[str] | None = None,
+    options: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``out/model.safetensors`` and ``out/model.json`` for ``model`` (a plain timm ViT
+    of the teacher's family); ``teacher`` is the ``pathtwt.backbones.Backbone`` compressed.
+    ``extra`` holds the method's own keys (plan, audition, fidelity, ...)."""
+    from safetensors.torch import save_file
+
+    from ..backbones import build_timm_model, variant_metadata
+    from ..layer_patches import apply_layer_patches
+
+    spec = teacher.spec
+    depth = len(model.blocks)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    # The promise of the format: the weights load strictly into the model the metadata describes.
+    check = build_timm_model(spec, depth=depth)
+    if layer_patches:
+        apply_layer_patches(check, layer_patches)
+    try:
+        check.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise PathtwtError(f"{method}: student does not match {spec.timm_name} at depth {depth} ({str(exc).splitlines()[0]})") from exc
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_output(out / "model.safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+    meta = variant_metadata(spec, depth)
+    base = meta["base_backbone"]
+    teacher_sha = getattr(teacher, "weights_sha256", None)
+    meta.update({
+        "name": f"{base}/{method}-{depth}",
+        "method": method,
+        **cost(model, spec.input_size),
+        "weights_sha256": sha256_file(out / "model.safetensors"),
+        "teacher_weights_sha256": teacher_sha,
+        "layer_patches": dict(layer_patches or {}),
+        **(extra or {}),
+    })
+    meta["provenance"] = {
+        "teacher": spec.name,
+        "teacher_source": str(getattr(teacher, "source", "")),
+        "teacher_weights_sha256": teacher_sha,
+        "calibration_sha256": calibration_hashes(calibration_sources or []),
+        "options": options or {},
+        "versions": _versions(),
+        **meta.get("provenance", {}),
+    }
+    write_json_atomic(out / "model.json", meta)
+    return out

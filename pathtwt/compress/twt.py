@@ -1,0 +1,59 @@
+"""Transformer-Within-Transformer: each block of the merge plan becomes ONE layer.
+
+plan (discovery or ``plan.json``) -> auditioned surrogate per block -> K-layer student
+(teacher's embeddings and final norm) -> deep-supervision distillation -> plain timm ViT.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .methods import CompressOptions, backbone_default, distill_and_export, distill_options, resolve_plan
+
+
+def build_twt_student(teacher: Any, calib: Any, plan: dict[str, Any], options: CompressOptions) -> tuple[Any, list[dict]]:
+    """The stitched K-layer student and the audition report (empty for ``init="random"``)."""
+    import torch
+
+    from ..backbones import build_timm_model
+    from .audition import AuditionOptions, audition
+    from .student import stitch_student
+
+    spec, blocks = teacher.spec, plan["blocks"]
+    if options.init == "random":
+        # ablation: timm's own initialisation for the surrogates, everything else copied
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(options.seed)
+            layers, report = list(build_timm_model(spec, depth=len(blocks)).blocks), []
+    elif options.init == "audition":
+        aopts = AuditionOptions(steps=options.audition_steps, lr=options.extra.get("audition_lr", 1e-4),
+                                batch_size=min(options.batch_size, 16), seed=options.seed, device=options.device)
+        layers, report = audition(teacher.model, blocks, calib.fit, calib.holdout, transform=teacher.transform, options=aopts)
+    else:
+        raise ValueError(f"unknown init {options.init!r}")
+    return stitch_student(teacher.model, layers, spec=spec), report
+
+
+def compress_twt(teacher: Any, calib: Any, options: CompressOptions) -> Path | None:
+    from .distill import DeepSupervision
+    from .schedule import default_alphas
+    from .student import add_branch_scales
+
+    plan = resolve_plan(teacher, calib, options)
+    student, report = build_twt_student(teacher, calib, plan, options)
+    use_schedule = backbone_default(options.schedule, teacher.spec)
+    use_scalar = backbone_default(options.layer_scale, teacher.spec)
+    if use_scalar:
+        add_branch_scales(student)
+    boundaries = [e for _, e in plan["blocks"]]
+    total = distill_options(options).resolved_steps(len(calib.fit))
+    alphas = default_alphas(len(boundaries) + 1, total) if use_schedule else None
+    return distill_and_export(
+        teacher, calib, options, method="twt", student=student, objective=DeepSupervision(boundaries, alphas),
+        boundaries=boundaries,
+        extra={"plan": plan, "init": options.init, "audition": report,
+               "audition_winners": [r["winner"] for r in report],
+               "schedule": {"enabled": use_schedule, "alphas": alphas}, "branch_scalars": use_scalar},
+    )
+
