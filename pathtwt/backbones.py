@@ -5,13 +5,13 @@ token layout, hub id, default precision) are data in :data:`BACKBONES`;
 :func:`create_backbone` returns the model together with its transform and precision, so
 the normalisation used for a model can never be mismatched.
 
-``timm_kwargs`` are JSON-safe (they are also written to a variant's ``model.json``):
-layer classes are dotted names ("timm.layers.SwiGLUPacked", "torch.nn.SiLU"), turned
-into objects by :func:`resolve_timm_kwargs` / :func:`build_timm_model`. A user without
-pathtwt passes the classes themselves, as the H0-mini model card does::
+``timm_kwargs`` are plain JSON (they are also written to a variant's ``model.json``), so
+a user without pathtwt rebuilds any registry model or exported variant with::
 
-    timm.create_model(timm_name, pretrained=False, **{**timm_kwargs,
-        "mlp_layer": timm.layers.SwiGLUPacked, "act_layer": torch.nn.SiLU})
+    timm.create_model(meta["timm_name"], pretrained=False, **meta["timm_kwargs"])
+
+Layer classes given as dotted names ("timm.layers.SwiGLUPacked") are still accepted and
+resolved by :func:`resolve_timm_kwargs`, for hand-written variant folders.
 
 Weights resolve in this order: an explicit local path (``.safetensors``, ``.pth``/``.pt``,
 ``.bin``, or a Hugging Face snapshot folder), the spec's local hint, the hub (only when
@@ -89,22 +89,29 @@ class BackboneSpec:
 # DINOv2-with-registers ViT-B/14 with a packed SwiGLU MLP (fc1 -> 4096 = 2 x 2048 -> 768).
 # mlp_ratio is fc1's width over embed_dim; 4096 / 768 gives the 85.74 M parameters of the
 # paper's H0-mini (5.3375, H-optimus-0's ratio, would give an odd width at 768).
+# The timm entry is the reg4 DINOv2 family member whose defaults already carry the packed
+# SwiGLU MLP and SiLU (timm's "giant" entry); width, heads and depth are overridden to
+# ViT-B below. Its modules and state-dict keys are exactly those of H0-mini's hub model,
+# and it keeps every keyword argument plain JSON, so an exported student loads with
+# `timm.create_model(name, **kwargs)` alone, without passing layer classes.
+_SWIGLU_REG4_TIMM_NAME = "vit_giant_patch14_reg4_dinov2"
 _VIT_B14_REG4_SWIGLU: dict[str, Any] = dict(
     img_size=224,
     patch_size=14,
+    embed_dim=768,
+    num_heads=12,
+    depth=12,
     num_classes=0,
     global_pool="token",
     init_values=1e-5,
     reg_tokens=4,
     no_embed_class=True,
     mlp_ratio=4096 / 768,
-    mlp_layer="timm.layers.SwiGLUPacked",
-    act_layer="torch.nn.SiLU",
 )
 
 H0_MINI = BackboneSpec(
     name="h0-mini",
-    timm_name="vit_base_patch14_reg4_dinov2",
+    timm_name=_SWIGLU_REG4_TIMM_NAME,
     timm_kwargs=_VIT_B14_REG4_SWIGLU,
     input_size=224,
     mean=H_OPTIMUS_MEAN,
@@ -146,7 +153,7 @@ def _tiny(spec: BackboneSpec, name: str) -> BackboneSpec:
     """The same structure (tokens, MLP type, LayerScale, registers, weights layout) at
     width 64, 4 heads, 56 px (16 patches), for fast tests. The MLP keeps its shape: GELU
     ratio 4; packed SwiGLU fc1 352 = 2 x 176, Hibou's rounding rule applied to width 64."""
-    swiglu = "SwiGLU" in str(spec.timm_kwargs.get("mlp_layer", ""))
+    swiglu = spec.timm_name == _SWIGLU_REG4_TIMM_NAME or "SwiGLU" in str(spec.timm_kwargs.get("mlp_layer", ""))
     kwargs = {**spec.timm_kwargs, "embed_dim": 64, "num_heads": 4, "depth": 12, "img_size": 56,
               "mlp_ratio": 352 / 64 if swiglu else 4.0}
     return dataclasses.replace(

@@ -241,8 +241,10 @@ def test_variant_timm_kwargs_load_with_timm_alone(tmp_path):
     _write_variant(tmp_path / "v", depth=4, patches={})
     meta = json.loads((tmp_path / "v" / "model.json").read_text())
     assert meta["timm_kwargs"]["depth"] == 4 and meta["format"] == backbones.VARIANT_FORMAT
-    kwargs = {**meta["timm_kwargs"], "mlp_layer": timm.layers.SwiGLUPacked, "act_layer": torch.nn.SiLU}
-    model = timm.create_model(meta["timm_name"], pretrained=False, **kwargs)
+    # plain JSON kwargs, no layer classes passed: a user needs timm alone
+    model = timm.create_model(meta["timm_name"], pretrained=False, **meta["timm_kwargs"])
+    assert isinstance(model.blocks[0].mlp, timm.layers.GluMlp)  # SwiGLUPacked is GluMlp + SiLU
+    assert isinstance(model.blocks[0].mlp.act, torch.nn.SiLU)
     model.load_state_dict(load_file(tmp_path / "v" / "model.safetensors"), strict=True)
 
 
