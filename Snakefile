@@ -1,0 +1,35 @@
+# pathtwt workflow: slides -> tiles -> calibration -> discovery -> compressed backbones
+# -> tile features -> MIL heads -> report. This file only wires; the rules and their
+# get_* helpers live in workflow/rules/, every step is a `pathtwt` subcommand.
+from snakemake.utils import min_version, validate
+
+min_version("8.0")
+
+
+# The demo config is the default. A study config given with --configfile replaces it
+# rather than being merged into it (a merge would mix the demo cohorts into the study).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/demo.smk"
+include: "workflow/rules/tiling.smk"
+include: "workflow/rules/compress.smk"
+include: "workflow/rules/extract.smk"
+include: "workflow/rules/mil.smk"
+include: "workflow/rules/analysis.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        get_final_targets(),
+    default_target: True

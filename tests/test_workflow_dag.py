@@ -1,0 +1,158 @@
+"""The Snakemake DAG: lint-clean, the paper's full study plans on dummy data, adding a
+cohort adds exactly its jobs, calibration reads training slides only, and bad label
+tables stop the workflow before any job."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+
+# Dummy slides per cohort of config/paper.yaml: (slide ids per split)
+PAPER_DATA = {
+    "panda": ("PANDA/train_images", "labels/panda_song_split.csv", "isup_grade",
+              {"train": ["p1", "p2", "p3", "p4"], "val": ["p5"], "test": ["p6"]}, ".tiff"),
+    "tcga-prad": ("TCGA-PRAD/slides", "labels/tcga_prad_isup.csv", "isup_grade", {"test": ["t1", "t2"]}, ".svs"),
+    "camelyon17": ("CAMELYON17/images", "labels/camelyon17_slides.csv", "label",
+                   {"train": ["c1", "c2", "c3"], "val": ["c4"], "test": ["c5"]}, ".tif"),
+    "camelyon16": ("CAMELYON16/images", "labels/camelyon16_slides.csv", "label", {"test": ["n1", "n2", "n3"]}, ".tif"),
+}
+
+
+def make_dummy_data(root: Path, extra: dict | None = None) -> None:
+    for folder, labels, label_col, splits, ext in list(PAPER_DATA.values()) + list((extra or {}).values()):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        rows = []
+        for split, ids in splits.items():
+            for i, slide in enumerate(ids):
+                (root / folder / f"{slide}{ext}").write_bytes(b"")
+                rows.append(f"{slide},{i % 2},{split}\n")
+        (root / labels).parent.mkdir(parents=True, exist_ok=True)
+        (root / labels).write_text(f"slide_id,{label_col},split\n" + "".join(rows))
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(workdir), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return res
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The first 'Job stats' table of a dry run: rule -> number of jobs."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Job stats"))
+    counts = {}
+    for line in lines[start + 3:]:
+        m = re.match(r"^(\S+)\s+(\d+)$", line.strip())
+        if not m:
+            break
+        counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+@pytest.fixture()
+def paper(tmp_path):
+    data, work = tmp_path / "data", tmp_path / "work"
+    make_dummy_data(data)
+    # The demo config sits where the Snakefile's default `configfile:` looks: a study
+    # config given with --configfile must replace it, not merge the demo cohorts in.
+    (work / "config").mkdir(parents=True)
+    (work / "config" / "config.yaml").write_text((REPO / "config" / "config.yaml").read_text())
+    return data, work
+
+
+def _dry_run(work: Path, configfile: Path, data: Path, *extra: str) -> subprocess.CompletedProcess:
+    return snakemake(work, "-n", "-p", "--configfile", str(configfile), "--config", f"data_root={data}", *extra)
+
+
+def test_lint_is_clean(tmp_path):
+    res = snakemake(tmp_path, "--lint", "--configfile", str(REPO / "config" / "config.yaml"), check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Congratulations, your workflow is in a good condition" in res.stdout + res.stderr
+
+
+def test_paper_study_plans_in_full(paper):
+    data, work = paper
+    res = _dry_run(work, REPO / "config" / "paper.yaml", data)
+    counts = job_counts(res.stdout)
+    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    n_variants = sum(len(b["variants"]) for b in cfg["backbones"].values())  # incl. uncompressed
+    n_compressed = n_variants - len(cfg["backbones"])
+    n_slides = sum(len(ids) for _, _, _, splits, _ in PAPER_DATA.values() for ids in splits.values())
+    seeds, heads, tasks = len(cfg["mil"]["seeds"]), len(cfg["mil"]["heads"]), len(cfg["tasks"])
+    assert counts["tile"] == n_slides
+    assert counts["labels"] == len(PAPER_DATA)
+    assert counts["calibrate"] == counts["discover"] == len(cfg["backbones"])
+    assert counts["compress"] == n_compressed
+    assert counts["extract"] == n_variants * len(PAPER_DATA)
+    assert counts["train_mil"] == n_variants * tasks * heads * seeds
+    assert counts["summarize_mil"] == n_variants * tasks * heads
+    # the paper config turns the analyses on: norms per teacher, one eps sweep, and the
+    # intrinsic-dimension and stability trajectories of every TWT student
+    n_twt = sum(v.startswith("twt") for b in cfg["backbones"].values() for v in b["variants"])
+    assert counts["analyze_norms"] == len(cfg["backbones"]) and counts["analyze_eps"] == 1
+    assert counts["analyze_intrinsic_dim"] == counts["analyze_stability"] == n_twt
+    assert counts["report"] == 1
+    assert "demo_slides" not in counts and "results/tiles/grading/" not in res.stdout
+    # every compression method of the paper is planned
+    for method in ("twt", "raptor", "wdpruning", "nose"):
+        assert f"--method {method}" in res.stdout
+    # calibration tiles come from the training split of the training cohorts only
+    blocks = res.stdout.split("rule calibration_list:")[1:]
+    assert len(blocks) == len(cfg["backbones"])
+    train = {f"results/tiles/panda/{s}.h5" for s in PAPER_DATA["panda"][3]["train"]}
+    train |= {f"results/tiles/camelyon17/{s}.h5" for s in PAPER_DATA["camelyon17"][3]["train"]}
+    for block in blocks:
+        assert set(re.search(r"input: (.*)", block).group(1).split(", ")) == train
+
+
+def test_adding_a_cohort_adds_exactly_its_jobs(paper, tmp_path):
+    data, work = paper
+    base_cfg = tmp_path / "small.yaml"
+    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    cfg["backbones"] = {"h0-mini": {"variants": ["uncompressed", "twt-4"]}}
+    cfg["mil"]["seeds"] = [0, 1]
+    base_cfg.write_text(yaml.safe_dump(cfg))
+    before = job_counts(_dry_run(work, base_cfg, data).stdout)
+
+    # A new external cohort for metastasis: one YAML entry plus its label table.
+    new = {"radboud-ln": ("RADBOUD/slides", "labels/radboud.csv", "label", {"test": ["r1", "r2", "r3", "r4", "r5"]}, ".svs")}
+    make_dummy_data(data, new)
+    cfg["cohorts"]["radboud-ln"] = {"slides": "RADBOUD/slides", "labels": "labels/radboud.csv", "splits": ["test"],
+                                    "tiling": {"tissue": "otsu", "tile_size": 224}}
+    cfg["tasks"]["metastasis"]["external"].append("radboud-ln")
+    grown_cfg = tmp_path / "grown.yaml"
+    grown_cfg.write_text(yaml.safe_dump(cfg))
+    after = job_counts(_dry_run(work, grown_cfg, data).stdout)
+
+    n_variants = 2
+    expected = {"tile": 5, "labels": 1, "extract": n_variants, "extract_manifest": n_variants, "total": 5 + 1 + 2 * n_variants}
+    diff = {rule: after.get(rule, 0) - before.get(rule, 0) for rule in set(before) | set(after)}
+    assert {k: v for k, v in diff.items() if v} == expected
+
+
+def test_bad_label_table_stops_before_any_job(paper):
+    data, work = paper
+    labels = data / "labels" / "camelyon16_slides.csv"
+    labels.write_text(labels.read_text() + "n2,1,test\n")
+    res = snakemake(work, "-n", "--configfile", str(REPO / "config" / "paper.yaml"), "--config", f"data_root={data}",
+                    check=False)
+    assert res.returncode != 0
+    out = res.stdout + res.stderr  # Snakemake prints parse errors on stdout
+    assert "camelyon16_slides.csv: duplicate slide_id" in out and "row 2 ('n2'), row 4 ('n2')" in out
+    assert "Job stats" not in res.stdout
+
+
+def test_slurm_profile_plans_the_demo(tmp_path):
+    res = snakemake(tmp_path, "-n", "--profile", str(REPO / "workflow" / "profiles" / "slurm"),
+                    "--configfile", str(REPO / "config" / "config.yaml"))
+    assert job_counts(res.stdout)["demo_slides"] == 1

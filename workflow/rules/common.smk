@@ -1,0 +1,339 @@
+# Helpers shared by the rules: which slides, splits, backbones and variants the config
+# asks for, and the paths between stages. Every helper the rules call is named get_*.
+import os
+import sys
+from pathlib import Path
+
+from pathtwt import config_check
+from pathtwt.errors import ConfigError
+from snakemake.exceptions import WorkflowError
+
+
+# Rules call the `pathtwt` console script. Snakemake started as .venv/bin/snakemake
+# (without activating the venv) would otherwise not find it on PATH, or find another
+# installation; the interpreter's own bin folder is where pip put it. Under
+# --use-conda the job's environment prepends its own bin folder, which wins.
+os.environ.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+# HDF5 file locking fails on some network filesystems (Lustre, NFS); every file here is
+# written once under a temporary name and renamed, so the lock adds nothing.
+os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
+
+CONFIG_SOURCE = "workflow config (config/config.yaml and --configfile/--config overrides)"
+
+# Schema defaults applied by our own validator as well (deep copies, so no two cohorts
+# share a default dict), then the checks the schema cannot express.
+try:
+    config.update(config_check.validate_schema(config, source=CONFIG_SOURCE))
+    LABEL_TABLES = config_check.check_config(config, source=CONFIG_SOURCE)
+except ConfigError as exc:
+    raise WorkflowError(str(exc)) from None
+
+
+wildcard_constraints:
+    cohort=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    slide=r"[^/]+",
+    backbone=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    variant=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    task=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    head=r"abmil|transmil",
+    seed=r"\d+",
+
+
+DEMO_COHORTS = [c for c, cfg in config["cohorts"].items() if cfg["demo"]]
+
+
+def get_demo_labels():
+    """Label tables the demo rule writes (one per demo cohort)."""
+    return [str(config_check.resolve(config, config["cohorts"][c]["labels"])) for c in DEMO_COHORTS]
+
+
+def _cohort_table(cohort):
+    # A demo cohort exists only once the demo checkpoint has run: asking for it before
+    # makes Snakemake schedule the checkpoint and re-evaluate this helper afterwards.
+    if cohort not in LABEL_TABLES:
+        checkpoints.demo_slides.get()
+        try:
+            table = config_check.cohort_label_table(config, cohort)
+            config_check.check_slides_on_disk(config, cohort, table)
+        except ConfigError as exc:
+            raise WorkflowError(str(exc)) from None
+        LABEL_TABLES[cohort] = table
+    return LABEL_TABLES[cohort]
+
+
+_SLIDE_PATHS = {}
+
+
+def get_slide_paths(cohort):
+    """slide_id -> slide file, for every labelled slide of the cohort."""
+    if cohort not in _SLIDE_PATHS:
+        table = _cohort_table(cohort)
+        _SLIDE_PATHS[cohort] = config_check.check_slides_on_disk(config, cohort, table)
+    return _SLIDE_PATHS[cohort]
+
+
+def get_slide_ids(cohort, split=None):
+    table = _cohort_table(cohort)
+    return list(table.slide_ids) if split is None else table.ids_in_split(split)
+
+
+def get_slide(wildcards):
+    return str(get_slide_paths(wildcards.cohort)[wildcards.slide])
+
+
+def get_tiling(cohort):
+    return config["cohorts"][cohort]["tiling"]
+
+
+def get_mpp_fallback_arg(wildcards):
+    value = config["cohorts"][wildcards.cohort]["mpp_fallback"]
+    return "" if value is None else f"--slide-mpp {value}"
+
+
+def get_all_tiles():
+    """Coords files and thumbnails of every labelled slide of every cohort."""
+    return [
+        f"results/{kind}/{cohort}/{slide}.{ext}"
+        for cohort in config["cohorts"]
+        for slide in get_slide_ids(cohort)
+        for kind, ext in (("tiles", "h5"), ("thumbnails", "png"))
+    ]
+
+
+def get_split_renames(wildcards):
+    """`pathtwt train-mil` knows the splits as train/val/test: rename the cohort's own
+    split names as the (first) task training on this cohort defines them."""
+    for task in config["tasks"].values():
+        if task["cohort"] == wildcards.cohort:
+            pairs = [(task["train_split"], "train"), (task["val_split"], "val"), (task["test_split"], "test")]
+            return " ".join(f"--rename-split {old}={new}" for old, new in pairs if old != new)
+    return ""
+
+
+def get_task_cohorts(task):
+    """The training cohort first, then the external test cohorts."""
+    t = config["tasks"][task]
+    return [t["cohort"]] + list(t["external"])
+
+
+# ---- backbones and variants ---------------------------------------------------------
+
+
+def _resolve_backbones():
+    """Backbone name used in paths -> how to build its teacher. A backbone whose weights
+    file is configured but absent is replaced by its `fallback` with random weights."""
+    out = {}
+    for name, cfg in config["backbones"].items():
+        weights = cfg["weights"]
+        if weights and not Path(weights).is_file() and cfg["fallback"]:
+            print(
+                f"pathtwt workflow: weights {weights} of backbone {name} not found; using "
+                f"{cfg['fallback']} with RANDOM weights instead (results are a plumbing check only)",
+                file=sys.stderr,
+            )
+            out[cfg["fallback"]] = dict(cfg, teacher=cfg["fallback"], weights=None, random=True, configured=name)
+        else:
+            out[name] = dict(cfg, teacher=name, random=False, configured=name)
+    return out
+
+
+BACKBONES = _resolve_backbones()
+
+
+def get_backbones():
+    return list(BACKBONES)
+
+
+def get_backbone_args(backbone):
+    """`pathtwt` arguments that build the teacher of a backbone."""
+    b = BACKBONES[backbone]
+    if b["random"]:
+        return f"--backbone {b['teacher']} --random-init"
+    return f"--backbone {b['teacher']}" + (f" --weights {b['weights']}" if b["weights"] else "")
+
+
+def get_teacher_inputs(wildcards):
+    b = BACKBONES[wildcards.backbone]
+    return [b["weights"]] if b["weights"] else []
+
+
+def get_variants(backbone):
+    """Variant names for a backbone, the uncompressed one included."""
+    names = BACKBONES[backbone]["variants"] or list(config["variants"])
+    return [v for v in names if v in config["variants"]]
+
+
+def get_compressed_variants(backbone):
+    return [v for v in get_variants(backbone) if config["variants"][v]["method"] != "none"]
+
+
+def get_variant(wildcards):
+    return config["variants"][wildcards.variant]
+
+
+def get_model_dir(backbone, variant):
+    return f"results/models/{backbone}/{variant}"
+
+
+def get_model_args(wildcards):
+    """`pathtwt extract` arguments for a backbone variant."""
+    if config["variants"][wildcards.variant]["method"] == "none":
+        return get_backbone_args(wildcards.backbone)
+    return f"--backbone {get_model_dir(wildcards.backbone, wildcards.variant)}"
+
+
+def get_model_inputs(wildcards):
+    if config["variants"][wildcards.variant]["method"] == "none":
+        return get_teacher_inputs(wildcards)
+    return [f"{get_model_dir(wildcards.backbone, wildcards.variant)}/model.json"]
+
+
+def _discovery_goal(backbone):
+    """(depth, eps) of the partition drawn on the similarity figure: discovery.depth or
+    discovery.eps when set, else the first TWT variant of the backbone, else eps 0.1."""
+    d = config["discovery"]
+    if d["depth"] is not None or d["eps"] is not None:
+        return d["depth"], d["eps"]
+    for v in get_compressed_variants(backbone):
+        var = config["variants"][v]
+        if var["method"] == "twt":
+            return var["depth"], var["eps"]
+    return None, 0.1
+
+
+def get_discover_goal_args(wildcards):
+    depth, eps = _discovery_goal(wildcards.backbone)
+    return f"--depth {depth}" if depth is not None else f"--eps {eps}"
+
+
+def get_compress_target_args(wildcards):
+    """A TWT variant whose depth (or eps) is the one discovery partitioned for reuses
+    that plan (no second similarity pass over the calibration tiles); others give their
+    depth or eps and `pathtwt compress` partitions the similarity matrix itself."""
+    v = get_variant(wildcards)
+    if v["method"] == "twt" and (v["depth"], v["eps"]) == _discovery_goal(wildcards.backbone):
+        return f"--plan results/discovery/{wildcards.backbone}/plan.json"
+    return f"--depth {v['depth']}" if v["depth"] is not None else f"--eps {v['eps']}"
+
+
+def get_compress_steps(wildcards):
+    v = get_variant(wildcards)
+    return v["steps"] if v["steps"] is not None else config["compress"]["steps"]
+
+
+# ---- stage paths --------------------------------------------------------------------
+
+
+def get_calibration_coords(wildcards):
+    """Coords files of the calibration tiles: only the TRAINING split of each task's
+    training cohort, so no validation, internal test or external slide can leak into
+    compression."""
+    tasks = BACKBONES[wildcards.backbone]["calibrate_on"] or list(config["tasks"])
+    files = []
+    for task in tasks:
+        t = config["tasks"][task]
+        files += [f"results/tiles/{t['cohort']}/{s}.h5" for s in get_slide_ids(t["cohort"], t["train_split"])]
+    return sorted(set(files))
+
+
+def write_file_list(files, out):
+    """One path per line: long lists go to commands through a file, since a single
+    shell command line is limited to 128 KiB on Linux."""
+    from pathtwt.fileio import write_text_atomic
+
+    write_text_atomic(out, "".join(f"{f}\n" for f in files))
+
+
+def get_cohort_coords(wildcards):
+    return [f"results/tiles/{wildcards.cohort}/{s}.h5" for s in get_slide_ids(wildcards.cohort)]
+
+
+def write_extract_manifest(wildcards, out):
+    """slide, coords, features file per line: the batch of one `pathtwt extract` job."""
+    from pathtwt.fileio import write_text_atomic
+
+    slides = get_slide_paths(wildcards.cohort)
+    folder = f"results/features/{wildcards.backbone}/{wildcards.variant}/{wildcards.cohort}"
+    write_text_atomic(
+        out,
+        "".join(f"{slides[s]}\tresults/tiles/{wildcards.cohort}/{s}.h5\t{folder}/{s}.h5\n" for s in slides),
+    )
+
+
+def get_features(backbone, variant, cohort):
+    """Features of a cohort: its folder (one batched job) or every per-slide file."""
+    folder = f"results/features/{backbone}/{variant}/{cohort}"
+    if not config["extract"]["per_slide_jobs"]:
+        return [folder]
+    return [f"{folder}/{s}.h5" for s in get_slide_ids(cohort)]
+
+
+def get_mil_inputs(wildcards):
+    files = []
+    for cohort in get_task_cohorts(wildcards.task):
+        files += get_features(wildcards.backbone, wildcards.variant, cohort)
+        files.append(f"results/labels/{cohort}.csv")
+    return files
+
+
+def get_external_args(wildcards):
+    return " ".join(
+        f"--external {c}=results/features/{wildcards.backbone}/{wildcards.variant}/{c}:results/labels/{c}.csv"
+        for c in config["tasks"][wildcards.task]["external"]
+    )
+
+
+def get_epochs_arg(wildcards):
+    epochs = config["mil"]["epochs"]
+    return "" if epochs is None else f"--epochs {epochs}"
+
+
+def get_mil_runs():
+    """Every (backbone, variant, task, head, seed) metrics file of the study."""
+    return [
+        f"results/mil/{b}/{v}/{task}/{head}/seed{seed}/metrics.json"
+        for b in get_backbones()
+        for v in get_variants(b)
+        for task in config["tasks"]
+        for head in config["mil"]["heads"]
+        for seed in config["mil"]["seeds"]
+    ]
+
+
+def get_mil_summaries():
+    return [
+        f"results/mil/{b}/{v}/{task}/{head}/summary.json"
+        for b in get_backbones()
+        for v in get_variants(b)
+        for task in config["tasks"]
+        for head in config["mil"]["heads"]
+    ]
+
+
+def get_report_metric_args():
+    return " ".join(f"--metric {task}={t['metric']}" for task, t in config["tasks"].items())
+
+
+def get_discovered_backbones():
+    """Backbones with at least one compressed variant (their discovery runs)."""
+    return [b for b in get_backbones() if get_compressed_variants(b)]
+
+
+def get_analysis_targets():
+    if not config["analysis"]["enabled"]:
+        return []
+    targets = [f"results/analysis/{b}/norms/norms_summary.json" for b in get_backbones()]
+    if get_discovered_backbones():
+        targets.append("results/analysis/eps/eps_sensitivity_summary.json")
+    for b in get_backbones():
+        for v in get_compressed_variants(b):
+            if config["variants"][v]["method"] == "twt":
+                targets += [
+                    f"results/analysis/{b}/{v}/intrinsic-dim/intrinsic_dim.json",
+                    f"results/analysis/{b}/{v}/stability/stability.json",
+                ]
+    return targets
+
+
+def get_final_targets():
+    return ["results/report/index.html"]

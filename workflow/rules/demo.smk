@@ -1,0 +1,20 @@
+# The synthetic demo cohorts (demo config only). A checkpoint: the slide lists of the
+# demo cohorts are known only once their label tables exist.
+
+
+checkpoint demo_slides:
+    output:
+        get_demo_labels(),
+    params:
+        scale=config["demo"]["scale"],
+        seed=config["demo"]["seed"],
+    log:
+        "logs/demo/make_slides.log",
+    threads: 2
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    conda:
+        "../envs/pathtwt.yaml"
+    shell:
+        "pathtwt demo make-slides --out results/demo_data --scale {params.scale} --seed {params.seed} --workers {threads} > {log} 2>&1"

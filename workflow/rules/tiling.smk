@@ -1,0 +1,65 @@
+# Tissue detection and tile coordinates, one job per slide; label tables normalised
+# to the slide_id,label,split layout the MIL step reads.
+
+
+rule tile:
+    input:
+        slide=get_slide,
+    output:
+        coords="results/tiles/{cohort}/{slide}.h5",
+        thumbnail=report(
+            "results/thumbnails/{cohort}/{slide}.png",
+            caption="../report/thumbnail.rst",
+            category="Tissue",
+            subcategory="{cohort}",
+            labels={"cohort": "{cohort}", "slide": "{slide}"},
+        ),
+    params:
+        mpp=lambda wc: get_tiling(wc.cohort)["target_mpp"],
+        tile_size=lambda wc: get_tiling(wc.cohort)["tile_size"],
+        tissue=lambda wc: get_tiling(wc.cohort)["tissue"],
+        min_tissue=lambda wc: get_tiling(wc.cohort)["min_tissue"],
+        slide_mpp=get_mpp_fallback_arg,
+    log:
+        "logs/tile/{cohort}/{slide}.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=20,
+    conda:
+        "../envs/pathtwt.yaml"
+    shell:
+        "pathtwt tile {input.slide} --out {output.coords} --thumbnail {output.thumbnail}"
+        " --mpp {params.mpp} --tile-size {params.tile_size} --tissue {params.tissue}"
+        " --min-tissue {params.min_tissue} {params.slide_mpp} > {log} 2>&1"
+
+
+rule labels:
+    input:
+        table=lambda wc: str(config_check.resolve(config, config["cohorts"][wc.cohort]["labels"])),
+    output:
+        "results/labels/{cohort}.csv",
+    params:
+        label_column=lambda wc: config["cohorts"][wc.cohort]["label_column"],
+        split_column=lambda wc: config["cohorts"][wc.cohort]["split_column"],
+        splits=lambda wc: " ".join(config["cohorts"][wc.cohort]["splits"]),
+        rename=get_split_renames,
+    log:
+        "logs/labels/{cohort}.log",
+    localrule: True
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=5,
+    conda:
+        "../envs/pathtwt.yaml"
+    shell:
+        "pathtwt check-config --label-table {input.table} --label-column {params.label_column}"
+        " --split-column {params.split_column} --splits {params.splits} {params.rename}"
+        " --write-labels {output} > {log} 2>&1"
+
+
+rule all_tiles:
+    """Target: tile every slide of every cohort (e.g. to check tissue detection first)."""
+    input:
+        lambda wc: get_all_tiles(),
