@@ -1,9 +1,13 @@
 """Whole-slide images behind one factory.
 
 ``open_slide(path)`` tries OpenSlide first (Aperio, Hamamatsu, MIRAX, DICOM, generic
-tiled TIFF, ...) and falls back to tiffslide for TIFF variants OpenSlide refuses. Either
-way the result is a :class:`Slide` context manager with one API: level geometry,
-microns per pixel (mpp) and RGB ``read_region`` / ``read_tile`` returning numpy arrays.
+tiled TIFF, ...) and falls back to tiffslide for TIFF variants OpenSlide refuses
+(``reader=`` forces one of them). Either way the result is a :class:`Slide` context
+manager with one API: level geometry, microns per pixel (mpp) and RGB ``read_region`` /
+``read_tile`` returning numpy arrays.
+
+Non-RGB slides (fluorescence, multiplexed) are refused unless ``channel_map`` names the
+three channels shown as red, green and blue.
 
 Opening a slide also reads a few small regions, so a slide whose tiles cannot be
 decoded fails here, with one line naming the file, rather than hours later inside
@@ -27,6 +31,8 @@ MPP_MIN, MPP_MAX = 0.05, 100.0
 
 # Size of the regions read at open time to prove the pixel data decodes.
 _PROBE = 32
+
+READERS = ("openslide", "tiffslide")
 
 
 def _as_float(value: Any) -> float | None:
@@ -60,10 +66,31 @@ def _mpp_from_dicom(props: Mapping[str, Any]) -> float | None:
     return None
 
 
+# OME units of PhysicalSizeX, in microns
+_OME_UNITS = {"µm": 1.0, "um": 1.0, "\u03bcm": 1.0, "nm": 1e-3, "mm": 1e3, "cm": 1e4, "m": 1e6}
+
+
+def _mpp_from_ome(props: Mapping[str, Any]) -> float | None:
+    # OME-TIFF keeps the pixel size in the OME-XML of the first ImageDescription
+    import re
+
+    text = str(props.get("tiff.ImageDescription", ""))
+    if "<OME" not in text:
+        return None
+    pixels = re.search(r"<(?:\w+:)?Pixels\b[^>]*>", text)
+    if pixels is None:
+        return None
+    size = re.search(r'\bPhysicalSizeX="([^"]+)"', pixels.group(0))
+    unit = re.search(r'\bPhysicalSizeXUnit="([^"]+)"', pixels.group(0))
+    value = _as_float(size.group(1)) if size else None
+    scale = _OME_UNITS.get(unit.group(1) if unit else "µm")
+    return None if value is None or scale is None else value * scale
+
+
 def mpp_from_properties(props: Mapping[str, Any]) -> tuple[float | None, str | None]:
     """Level-0 microns per pixel from slide metadata, in order of trust:
     ``openslide.mpp-x``, ``aperio.MPP``, ``tiff.XResolution`` with its unit,
-    ``tiffslide.mpp-x``, DICOM pixel spacing. Returns (mpp, key) or (None, None);
+    ``tiffslide.mpp-x``, DICOM pixel spacing, OME-XML ``PhysicalSizeX``. Returns (mpp, key) or (None, None);
     implausible values (outside [MPP_MIN, MPP_MAX]) are skipped."""
     candidates = (
         ("openslide.mpp-x", lambda p: _as_float(p.get("openslide.mpp-x"))),
@@ -71,6 +98,7 @@ def mpp_from_properties(props: Mapping[str, Any]) -> tuple[float | None, str | N
         ("tiff.XResolution", _mpp_from_tiff_resolution),
         ("tiffslide.mpp-x", lambda p: _as_float(p.get("tiffslide.mpp-x"))),
         ("dicom.PixelSpacing", _mpp_from_dicom),
+        ("ome.PhysicalSizeX", _mpp_from_ome),
     )
     for key, getter in candidates:
         mpp = getter(props)
@@ -85,9 +113,18 @@ class Slide:
     Coordinates are level-0 pixels (x to the right, y down) unless said otherwise.
     """
 
-    def __init__(self, path: Path, handle: Any, reader: str, mpp: float, mpp_source: str):
+    def __init__(
+        self,
+        path: Path,
+        handle: Any,
+        reader: str,
+        mpp: float,
+        mpp_source: str,
+        channel_map: tuple[int, int, int] | None = None,
+    ):
         self.path = path
         self.reader = reader  # "openslide" | "tiffslide"
+        self.channel_map = channel_map  # source channels shown as R, G, B; None for RGB slides
         self.mpp = float(mpp)  # level-0 microns per pixel
         self.mpp_source = mpp_source  # metadata key, or "fallback"
         self._handle = handle
@@ -139,10 +176,8 @@ class Slide:
             raise ValueError(f"region size must be positive, got {w}x{h}")
         try:
             if self.reader == "openslide":
-                rgba = np.asarray(self._handle.read_region((int(x), int(y)), int(level), (w, h)))
-            else:
-                rgba = self._read_tiffslide(int(x), int(y), int(level), w, h)
-            return _to_rgb(rgba)
+                return self._to_rgb(np.asarray(self._handle.read_region((int(x), int(y)), int(level), (w, h))))
+            return self._read_tiffslide(int(x), int(y), int(level), w, h)
         except Exception as exc:  # the reader libraries raise many types on corrupt data
             raise SlideError(
                 f"{self.path}: cannot decode region x={x} y={y} level={level} size={w}x{h} "
@@ -158,7 +193,7 @@ class Slide:
         x0, y0 = max(lx, 0), max(ly, 0)
         x1, y1 = min(lx + w, lw), min(ly + h, lh)
         if x0 == lx and y0 == ly and x1 - x0 == w and y1 - y0 == h:
-            return np.asarray(self._handle.read_region((x, y), level, (w, h), as_array=True))
+            return self._to_rgb(np.asarray(self._handle.read_region((x, y), level, (w, h), as_array=True)))
         out = np.full((h, w, 3), 255, np.uint8)
         if x1 > x0 and y1 > y0:
             part = np.asarray(
@@ -166,8 +201,13 @@ class Slide:
                     (int(round(x0 * ds)), int(round(y0 * ds))), level, (x1 - x0, y1 - y0), as_array=True
                 )
             )
-            out[y0 - ly : y1 - ly, x0 - lx : x1 - lx] = _to_rgb(part)
+            out[y0 - ly : y1 - ly, x0 - lx : x1 - lx] = self._to_rgb(part)
         return out
+
+    def _to_rgb(self, arr: np.ndarray) -> np.ndarray:
+        if self.channel_map is None:
+            return _to_rgb(arr)
+        return map_channels(arr, self.channel_map)
 
     def read_tile(self, x: int, y: int, patch_size_level0: int, read_level: int, patch_size: int) -> np.ndarray:
         """The level-0 square [x, x + patch_size_level0) read at ``read_level`` (one
@@ -202,28 +242,48 @@ def _to_rgb(arr: np.ndarray) -> np.ndarray:
     raise ValueError(f"pixel data has shape {arr.shape}, not RGB")
 
 
-def _open_handle(path: Path) -> tuple[Any, str, str]:
+def map_channels(arr: np.ndarray, channel_map: tuple[int, int, int]) -> np.ndarray:
+    """RGB uint8 from the three channels ``channel_map`` of a (h, w[, c]) array; 16-bit
+    samples are scaled by 1/257 so that full scale stays full scale."""
+    arr = np.asarray(arr)
+    if arr.ndim == 2:
+        arr = arr[..., None]
+    rgb = arr[..., list(channel_map)]
+    if rgb.dtype == np.uint16:
+        rgb = (rgb.astype(np.uint32) * 255 + 32767) // 65535
+    return np.ascontiguousarray(rgb.astype(np.uint8))
+
+
+def _open_handle(path: Path, reader: str | None) -> tuple[Any, str, str]:
     """(handle, reader name, why OpenSlide refused the file or "")."""
     import openslide
 
-    try:
-        return openslide.OpenSlide(str(path)), "openslide", ""
-    except (openslide.OpenSlideError, openslide.OpenSlideUnsupportedFormatError) as os_exc:
-        first = os_exc
+    first: BaseException | None = None
+    if reader in (None, "openslide"):
+        try:
+            return openslide.OpenSlide(str(path)), "openslide", ""
+        except (openslide.OpenSlideError, openslide.OpenSlideUnsupportedFormatError) as os_exc:
+            if reader == "openslide":
+                raise SlideError(
+                    f"{path}: OpenSlide cannot open it ({_one_line(os_exc)}); use reader tiffslide or auto"
+                ) from None
+            first = os_exc
     import tiffslide
 
     try:
-        return tiffslide.TiffSlide(str(path)), "tiffslide", _one_line(first)
+        return tiffslide.TiffSlide(str(path)), "tiffslide", _one_line(first) if first else ""
     except Exception as ts_exc:  # tifffile raises assorted errors on non-TIFF input
+        tried = f"OpenSlide: {_one_line(first)}; " if first else ""
         raise SlideError(
-            f"{path}: not a readable whole-slide image (OpenSlide: {_one_line(first)}; "
-            f"tiffslide: {_one_line(ts_exc)}); convert it to a pyramidal TIFF or exclude it"
+            f"{path}: not a readable whole-slide image ({tried}tiffslide: {_one_line(ts_exc)}); "
+            "convert it to a pyramidal TIFF or exclude it"
         ) from None
 
 
 def _check_pixels(slide: Slide, openslide_refusal: str) -> None:
-    """Decode a small region at the centre of level 0 and of the coarsest level, and
-    make sure the image is colour."""
+    """Make sure the image is colour (or has a channel map), then decode a small region
+    at the centre of level 0 and of the coarsest level."""
+    _check_colour(slide)
     why = f" (OpenSlide refused it: {openslide_refusal})" if openslide_refusal else ""
     for level in sorted({0, slide.level_count - 1}):
         lw, lh = slide.level_dimensions[level]
@@ -238,14 +298,13 @@ def _check_pixels(slide: Slide, openslide_refusal: str) -> None:
             slide.read_region(int(((lw - w) // 2) * ds), int(((lh - h) // 2) * ds), level, w, h)
         except SlideError as exc:
             raise SlideError(f"{exc}{why}") from None
-    _check_colour(slide)
 
 
 def _check_colour(slide: Slide) -> None:
-    """Refuse grey, multi-channel (fluorescence) or 16-bit slides: the pipeline is for
-    brightfield RGB. Both readers would silently turn a grey TIFF into RGB, so the TIFF
-    header of level 0 is inspected; non-TIFF formats (DICOM, MIRAX, ...) are colour by
-    the readers' own checks."""
+    """Refuse grey, multi-channel (fluorescence) or 16-bit slides unless a channel map
+    says which three channels to show as RGB: the pipeline is for brightfield RGB. Both
+    readers would silently turn a grey TIFF into RGB, so the TIFF header of level 0 is
+    inspected; non-TIFF formats (DICOM, MIRAX, ...) are colour by the readers' own checks."""
     import tifffile
 
     try:
@@ -253,24 +312,80 @@ def _check_colour(slide: Slide) -> None:
             page = tif.pages[0]
             samples, bits, photometric = page.samplesperpixel, page.bitspersample, page.photometric
     except (tifffile.TiffFileError, OSError, ValueError, IndexError):
+        samples, bits, photometric = 3, 8, 2
+    if slide.channel_map is not None:
+        if slide.reader == "openslide":
+            if samples < 3 or bits != 8 or int(photometric) in (0, 1):
+                raise SlideError(
+                    f"{slide.path}: OpenSlide turns its {samples} channel(s) into RGB itself; "
+                    "a channel map needs reader tiffslide (or auto)"
+                )
+            samples = 3  # OpenSlide always delivers RGB(A)
+        if any(not 0 <= c < samples for c in slide.channel_map) or bits not in (8, 16):
+            raise SlideError(
+                f"{slide.path}: channel map {list(slide.channel_map)} does not fit its {samples} channel(s) of "
+                f"{bits} bits; give three channel indices in 0..{samples - 1}"
+            )
         return
     # Photometric: 1 = min-is-black (grey), 2 = RGB, 6 = YCbCr (JPEG), 0 = min-is-white
     if samples < 3 or bits != 8 or int(photometric) in (0, 1):
         raise SlideError(
             f"{slide.path}: pixels are {samples} sample(s) of {bits} bits ({getattr(photometric, 'name', photometric)}), "
-            "not 8-bit RGB; only brightfield RGB slides are supported: convert or exclude it"
+            "not 8-bit RGB; for fluorescence or multiplexed slides set the cohort's `channels` key "
+            "(three channel indices shown as R, G, B), otherwise convert or exclude it"
         )
 
 
-def open_slide(path: str | os.PathLike, mpp_fallback: float | None = None) -> Slide:
+def _check_channel_map(path: Path, channel_map: Any) -> tuple[int, int, int] | None:
+    if channel_map is None or (isinstance(channel_map, str) and not channel_map.strip()):
+        return None
+    if isinstance(channel_map, str):
+        channel_map = channel_map.replace(",", " ").split()
+    try:
+        out = tuple(int(c) for c in channel_map)
+    except (TypeError, ValueError):
+        out = ()
+    if len(out) != 3 or min(out) < 0:
+        raise SlideError(f"{path}: channel map {channel_map!r} must be three channel indices >= 0 (R, G, B)")
+    return out  # type: ignore[return-value]
+
+
+def open_slide(
+    path: str | os.PathLike,
+    mpp_fallback: float | None = None,
+    *,
+    reader: str | None = None,
+    channel_map: Any = None,
+) -> Slide:
     """Open a whole-slide image. Raises :class:`SlideError` (one line) when the file is
-    missing, unreadable, corrupt, not RGB, or has no usable mpp and no ``mpp_fallback``."""
+    missing, unreadable, corrupt, not RGB (and no ``channel_map``), or has no usable mpp
+    and no ``mpp_fallback``.
+
+    ``reader``: None (OpenSlide, then tiffslide), "openslide" or "tiffslide" to force one;
+    the level list (and so a coords file's ``read_level``) belongs to the reader.
+    ``channel_map``: three channel indices (or "i,j,k") shown as R, G, B, for
+    fluorescence or multiplexed slides stored with interleaved channels.
+    """
     path = Path(path)
+    if reader in ("", "auto"):
+        reader = None
+    if reader is not None and reader not in READERS:
+        raise SlideError(f"{path}: reader {reader!r} is unknown; use auto, openslide or tiffslide")
     if not path.is_file():
         raise SlideError(f"{path}: slide file not found")
-    handle, reader, openslide_refusal = _open_handle(path)
+    channels = _check_channel_map(path, channel_map)
+    if channels is not None and reader is None:
+        reader = "tiffslide"  # the raw channels: OpenSlide would hand over its own RGB rendering
+    handle, reader, openslide_refusal = _open_handle(path, reader)
     # mpp is resolved after the pixel check: a corrupt file should say so, not ask for an mpp
-    slide = Slide(path, handle, reader, mpp=math.nan, mpp_source="")
+    try:
+        slide = Slide(path, handle, reader, mpp=math.nan, mpp_source="", channel_map=channels)
+    except Exception as exc:  # tiffslide parses lazily: unsupported layouts surface here
+        handle.close()
+        raise SlideError(
+            f"{path}: {reader} cannot read its layout ({type(exc).__name__}: {_one_line(exc)}); "
+            "convert it to a pyramidal TIFF with interleaved channels or exclude it"
+        ) from None
     try:
         _check_pixels(slide, openslide_refusal)
         mpp, source = mpp_from_properties(slide.properties)
@@ -289,3 +404,15 @@ def open_slide(path: str | os.PathLike, mpp_fallback: float | None = None) -> Sl
         raise
     slide.mpp, slide.mpp_source = float(mpp), source
     return slide
+
+
+def open_options_from_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """``open_slide`` keyword arguments that reopen a slide exactly as a coords file was
+    made: same reader (``read_level`` indexes that reader's levels), same channel map,
+    and the level-0 mpp as fallback."""
+    channel_map = attrs.get("channel_map")
+    return {
+        "mpp_fallback": _as_float(attrs.get("level0_mpp")),
+        "reader": str(attrs.get("reader") or "") or None,
+        "channel_map": list(channel_map) if channel_map not in (None, "", []) else None,
+    }

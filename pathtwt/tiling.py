@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import cv2
 import numpy as np
 
 from .errors import PathtwtError
@@ -58,8 +59,10 @@ def grid_tissue_fraction(
     xs = np.arange(nx, dtype=np.int64) * patch_size_level0
     ys = np.arange(ny, dtype=np.int64) * patch_size_level0
     mh, mw = mask.shape
-    integral = np.zeros((mh + 1, mw + 1), np.int64)
-    integral[1:, 1:] = mask.astype(np.int64).cumsum(0).cumsum(1)
+    # one pass, no full-size temporaries (a 100k-px slide has a 6400^2 mask: numpy's
+    # cumsum chain in int64 would peak near 1 GB); int32 sums are exact below 2^31 pixels
+    depth = cv2.CV_32S if mask.size < 2**31 else cv2.CV_64F
+    integral = cv2.integral(np.ascontiguousarray(mask, dtype=np.uint8), sdepth=depth)
 
     def bounds(starts: np.ndarray, ds: float, limit: int) -> tuple[np.ndarray, np.ndarray]:
         # the mask pixels whose centres fall inside each tile (at least one pixel)
@@ -69,9 +72,11 @@ def grid_tissue_fraction(
 
     x0, x1 = bounds(xs, downsample[0], mw)
     y0, y1 = bounds(ys, downsample[1], mh)
-    sums = (
-        integral[np.ix_(y1, x1)] - integral[np.ix_(y0, x1)] - integral[np.ix_(y1, x0)] + integral[np.ix_(y0, x0)]
-    )
+
+    def corner(ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
+        return integral[np.ix_(ys, xs)].astype(np.int64)
+
+    sums = corner(y1, x1) - corner(y0, x1) - corner(y1, x0) + corner(y0, x0)
     area = np.outer(y1 - y0, x1 - x0)
     fraction = np.divide(sums, area, out=np.zeros(sums.shape, np.float64), where=area > 0)
     gx, gy = np.meshgrid(xs, ys)
@@ -114,6 +119,7 @@ def tile_slide(
         # provenance: how the tiles were chosen
         "mpp_source": slide.mpp_source,
         "reader": slide.reader,
+        "channel_map": list(slide.channel_map) if slide.channel_map else None,
         "tissue_filter": tissue,
         "min_tissue": float(min_tissue) if tissue == "fraction" else 0.0,
         "mask_level": int(mask.level),

@@ -30,6 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=TissueParams.mask_mpp,
         help=f"resolution of the tissue mask in um/px (default {TissueParams.mask_mpp})",
     )
+    parser.add_argument(
+        "--reader", choices=("auto", "openslide", "tiffslide"), default="auto",
+        help="slide reader (default auto: OpenSlide, then tiffslide); recorded so extraction reopens it the same way",
+    )
+    parser.add_argument(
+        "--channels", default=None, metavar="I,J,K",
+        help="for fluorescence/multiplexed slides: the three channel indices shown as R, G, B",
+    )
     parser.add_argument("--thumbnail", default=None, help="also write a PNG with the tissue outline and kept tiles")
 
 
@@ -43,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.tile_size < 1 or args.mpp <= 0 or args.mask_mpp <= 0:
         raise PathtwtError("--tile-size, --mpp and --mask-mpp must be positive")
-    with open_slide(args.slide, mpp_fallback=args.slide_mpp) as slide:
+    with open_slide(args.slide, mpp_fallback=args.slide_mpp, reader=args.reader, channel_map=args.channels) as slide:
         tiling = tile_slide(
             slide,
             target_mpp=args.mpp,

@@ -1,0 +1,269 @@
+"""The comparison methods on a tiny backbone: the closed-form linear surrogate (exact on a
+block that is itself linear), the layer patches, and every method end to end (a few
+distillation steps, the variant folder, its parameter and MAC accounting, and the round
+trip through ``create_backbone``: the reloaded model reproduces the fidelity measured at
+export)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pathtwt.backbones import build_timm_model, create_backbone
+from pathtwt.compress.baselines.linear import GramAccumulator, fit_linear_maps
+from pathtwt.compress.baselines.nose import DilutedDeepSupervision, finish_attention_free
+from pathtwt.compress.baselines.patches import DilutedAttentionBlock, LinearBlock, ProbeNorm, apply_baseline_patches, tie_blocks
+from pathtwt.compress.baselines.raptor import BlockwiseRollout, build_recurrent_student
+from pathtwt.compress.calibration import CalibrationSet
+from pathtwt.compress.flops import count_macs, count_params
+from pathtwt.compress.intermediates import iter_layer_outputs
+from pathtwt.compress.methods import CompressOptions, get_method
+from pathtwt.errors import ConfigError, WeightsError
+
+D, TOKENS, L = 64, 17, 12  # vit-s14-tiny: width 64, CLS + 16 patches, 12 layers
+
+
+def _tiles(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(n, 56, 56, 3), dtype=np.uint8)
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    bb = create_backbone("vit-s14-tiny", pretrained=False, init_seed=7)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():  # random init leaves LayerScale at 1e-5: give every branch weight
+        for blk in bb.model.blocks:
+            for ls in (blk.ls1, blk.ls2):
+                ls.gamma.copy_(torch.rand(ls.gamma.shape, generator=g) * 0.8 + 0.2)
+    return bb
+
+
+@pytest.fixture(scope="module")
+def calib():
+    return CalibrationSet(fit=_tiles(8, 1), holdout=_tiles(4, 2), patch_size=56)
+
+
+# ---------------------------------------------------------------------------- linear surrogate, patches
+
+
+def _layer_outputs(model, transform, tiles):
+    return next(iter_layer_outputs(model, transform, tiles, batch_size=len(tiles), with_input=True))
+
+
+def test_linear_surrogate_is_exact_on_a_linear_block(teacher):
+    import copy
+
+    model = copy.deepcopy(teacher.model)
+    for blk in model.blocks[2:5]:  # layers 3..5 become affine: no attention, no norm, no activation
+        blk.ls1.gamma.data.zero_()
+        blk.norm2 = nn.Identity()
+        blk.mlp.act = nn.Identity()
+    fit, held = _tiles(12, 1), _tiles(6, 2)
+    (w, b), (w_nl, b_nl) = fit_linear_maps(model, teacher.transform, fit, [(3, 5), (6, 8)], ridge=0.0)
+    outs = _layer_outputs(model, teacher.transform, held)
+    w, b = torch.as_tensor(w, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    pred = outs[2].double() @ w.T + b
+    rel = (pred - outs[5].double()).norm() / outs[5].double().norm()
+    assert rel < 1e-6
+    # the same fit on real (nonlinear) layers 6..8 is far from exact: the check can fail
+    w_nl, b_nl = torch.as_tensor(w_nl, dtype=torch.float64), torch.as_tensor(b_nl, dtype=torch.float64)
+    rel_nl = (outs[5].double() @ w_nl.T + b_nl - outs[8].double()).norm() / outs[8].double().norm()
+    assert rel_nl > 1e3 * rel
+
+
+def test_ridge_shrinks_the_map():
+    rng = np.random.default_rng(0)
+    x = torch.as_tensor(rng.normal(size=(200, 8)))
+    y = x @ torch.as_tensor(rng.normal(size=(8, 8))) + 0.5
+    acc = GramAccumulator(8, 8)
+    acc.update(x[:100], y[:100])
+    acc.update(x[100:], y[100:])  # streaming in two batches = one batch
+    w0, b0 = acc.solve(0.0)
+    assert np.allclose(x.numpy() @ w0.T + b0, y.numpy(), atol=1e-8)
+    w1, _ = acc.solve(1.0)
+    assert np.linalg.norm(w1) < 0.9 * np.linalg.norm(w0)
+
+
+# ---------------------------------------------------------------------------- patches
+
+
+def test_linear_block_patch_costs_and_keys(teacher):
+    from pathtwt.backbones import build_timm_model
+
+    model = apply_baseline_patches(build_timm_model(teacher.spec, depth=3), {"linear_blocks": [1]})
+    assert isinstance(model.blocks[1], LinearBlock)
+    keys = [k for k in model.state_dict() if k.startswith("blocks.1.")]
+    assert keys == ["blocks.1.proj.weight", "blocks.1.proj.bias"]
+    plain2 = build_timm_model(teacher.spec, depth=2)
+    d, tokens = 64, 17
+    assert count_params(model) == count_params(plain2) + d * d + d
+    assert count_macs(model) == count_macs(plain2) + tokens * d * d
+
+
+def test_probe_norm_keeps_the_norm_keys(teacher):
+    from pathtwt.backbones import build_timm_model
+
+    model = apply_baseline_patches(build_timm_model(teacher.spec, depth=2), {"probe": True})
+    assert isinstance(model.norm, ProbeNorm)
+    assert {k for k in model.state_dict() if k.startswith("norm.")} == {"norm.weight", "norm.bias", "norm.proj.weight", "norm.proj.bias"}
+    x = torch.randn(2, 17, 64)
+    with torch.no_grad():
+        expect = model.norm.proj(nn.functional.layer_norm(x, (64,), model.norm.weight, model.norm.bias, model.norm.eps))
+        assert torch.allclose(model.norm(x), expect)
+
+
+def test_tied_blocks_share_one_module_and_count_once(teacher):
+    from pathtwt.backbones import build_timm_model
+
+    model = tie_blocks(build_timm_model(teacher.spec, depth=12), [[1, 1], [2, 5], [6, 12]])
+    assert len({id(b) for b in model.blocks}) == 3
+    assert model.blocks[1] is model.blocks[4] and model.blocks[5] is model.blocks[11]
+    assert count_params(model) == count_params(build_timm_model(teacher.spec, depth=3))
+    assert count_macs(model) == count_macs(build_timm_model(teacher.spec, depth=12))  # run 12 times
+    with pytest.raises(WeightsError):
+        apply_baseline_patches(build_timm_model(teacher.spec, depth=4), {"tied_blocks": [[1, 5]]})
+
+
+# ---------------------------------------------------------------------------- methods end to end
+
+
+def _compress(method, teacher, calib, out, **kw):
+    opts = CompressOptions(out=out, steps=2, batch_size=4, progress=False, augment=False, **kw)
+    folder = get_method(method)(teacher, calib, opts)
+    return folder, json.loads((folder / "model.json").read_text())
+
+
+def _plain(teacher, depth):
+    return build_timm_model(teacher.spec, depth=depth)
+
+
+def _assert_round_trip(folder, meta, teacher, calib):
+    """create_backbone(folder) gives the accounted params and the fidelity measured at export."""
+    from pathtwt.compress.fidelity import evaluate_fidelity
+
+    back = create_backbone(folder)
+    assert count_params(back.model) == meta["params"]
+    assert count_macs(back.model) + meta.get("probe_macs", 0) == meta["macs_per_tile"]
+    fid = evaluate_fidelity(back.model, teacher.model, calib.holdout, transform=teacher.transform, num_prefix_tokens=1)
+    assert fid["embedding_cosine_mean"] == pytest.approx(meta["fidelity"]["final"]["embedding_cosine_mean"], abs=1e-5)
+    assert back.weights_sha256 == meta["weights_sha256"]
+    return back
+
+
+def test_raptor_shares_one_layer_per_block_and_costs_teacher_macs(teacher, calib, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"blocks": [[1, 2], [3, 7], [8, 12]]}))
+    folder, meta = _compress("raptor", teacher, calib, tmp_path / "raptor", plan=plan)
+    assert meta["name"] == "vit-s14-tiny/raptor-3" and meta["depth"] == L
+    assert meta["shared_blocks"] == [[1, 2], [3, 7], [8, 12]] and meta["recurrence"] == [2, 5, 5]
+    assert meta["params"] == count_params(_plain(teacher, 3))  # TWT-like: one layer per block
+    assert meta["macs_per_tile"] == count_macs(teacher.model)  # the teacher's: every layer runs
+    assert meta["stages"]["stage1_steps"] + meta["stages"]["stage2_steps"] == 2
+    assert set(meta["fidelity"]) >= {"initial", "final"}
+    back = _assert_round_trip(folder, meta, teacher, calib)
+    assert back.model.blocks[2] is back.model.blocks[6] and back.model.blocks[2] is not back.model.blocks[7]
+    # timm alone (no patch) loads the file: a plain ViT whose layers in a block are equal
+    import safetensors.torch
+    import timm
+
+    plain = timm.create_model(meta["timm_name"], pretrained=False, **meta["timm_kwargs"])
+    plain.load_state_dict(safetensors.torch.load_file(folder / "model.safetensors"), strict=True)
+    assert torch.equal(plain.blocks[3].attn.qkv.weight, plain.blocks[6].attn.qkv.weight)
+
+
+def test_raptor_stage1_objective_is_zero_when_the_block_really_repeats(teacher):
+    t = copy.deepcopy(teacher)
+    for i in range(2, 5):  # layers 3..5 all equal layer 2: a truly recurrent block [2, 5]
+        t.model.blocks[i].load_state_dict(t.model.blocks[1].state_dict())
+    blocks = [[1, 1], [2, 5], [6, 12]]
+    student = build_recurrent_student(t, blocks)
+    x = torch.stack([t.transform(tile) for tile in _tiles(2, 3)])
+    objective = BlockwiseRollout(blocks, ramp_steps=10)
+    with torch.no_grad():
+        targets = objective.targets(t.model, x)
+        loss, terms = objective.loss(student, x, targets, step=5)
+    assert objective.rollout_weight(0) == 0.0 and objective.rollout_weight(5) == 0.5 and objective.rollout_weight(99) == 1.0
+    assert terms["forced"] > 0 and terms["rollout"] > 0  # block [6, 12] is not recurrent
+    # ... but block [2, 5] contributes nothing: drop the last block and the loss is zero
+    loss2, _ = BlockwiseRollout(blocks[:2], ramp_steps=10).loss(student, x, targets, step=5)
+    assert float(loss2.detach()) < 1e-10
+
+
+def test_wdpruning_probe_is_part_of_the_exported_model(teacher, calib, tmp_path):
+    folder, meta = _compress("wdpruning", teacher, calib, tmp_path / "wd", depth=4)
+    assert meta["name"] == "vit-s14-tiny/wdpruning-4" and meta["depth"] == 4
+    assert meta["layer_patches"] == {"probe": True}
+    assert meta["params"] == count_params(_plain(teacher, 4)) + D * D + D
+    assert meta["macs_per_tile"] == count_macs(_plain(teacher, 4)) + TOKENS * D * D
+    meta = {**meta, "probe_macs": TOKENS * D * D}  # the shared counter does not see the probe
+    back = _assert_round_trip(folder, meta, teacher, calib)
+    assert not torch.allclose(back.model.norm.proj.weight, torch.eye(D))  # the probe trained
+
+
+def test_nose_removes_attention_where_it_matters_least(teacher, calib, tmp_path):
+    folder, meta = _compress("nose", teacher, calib, tmp_path / "nose", depth=8)
+    free = meta["layer_patches"]["attention_free"]
+    assert len(free) == 4 and meta["name"] == "vit-s14-tiny/nose-8" and meta["depth"] == L
+    costs = meta["removal_costs"]
+    assert max(costs[i] for i in free) <= min(c for i, c in enumerate(costs) if i not in free)
+    blk = teacher.model.blocks[0]
+    attn_params = sum(p.numel() for m in (blk.norm1, blk.attn, blk.ls1) for p in m.parameters())
+    attn_macs = TOKENS * D * 3 * D + TOKENS * D * D + 2 * TOKENS * TOKENS * D
+    assert meta["params"] == count_params(teacher.model) - 4 * attn_params
+    assert meta["macs_per_tile"] == count_macs(teacher.model) - 4 * attn_macs
+    _assert_round_trip(folder, meta, teacher, calib)
+
+
+def test_diluted_block_moves_from_the_layer_to_its_attention_free_form(teacher):
+    block = copy.deepcopy(teacher.model.blocks[3])
+    wrapper = DilutedAttentionBlock(copy.deepcopy(block))
+    x = torch.randn(2, TOKENS, D)
+    with torch.no_grad():
+        assert torch.allclose(wrapper(x), block(x), atol=1e-6)  # a = 0: the teacher's layer
+        wrapper.alpha.fill_(1.0)
+        diluted = wrapper(x)
+        student = torch.nn.Module()
+        student.blocks = torch.nn.Sequential(wrapper)
+        finish_attention_free(student, [0])
+        assert torch.allclose(student.blocks[0](x), diluted, atol=1e-6)
+        assert torch.allclose(diluted, 2 * x + block.ls2(block.mlp(block.norm2(2 * x))), atol=1e-6)
+    objective = DilutedDeepSupervision([DilutedAttentionBlock(block)], dilute_steps=4, num_layers=L)
+    assert objective.inner.boundaries == list(range(1, L + 1))
+
+
+def test_linear_replaces_multi_layer_blocks_only(teacher, calib, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"blocks": [[1, 1], [2, 6], [7, 12]]}))
+    folder, meta = _compress("linear", teacher, calib, tmp_path / "lin", plan=plan)
+    assert meta["layer_patches"] == {"linear_blocks": [1, 2]} and meta["depth"] == 3
+    assert meta["params"] == count_params(_plain(teacher, 1)) + 2 * (D * D + D)
+    assert meta["macs_per_tile"] == count_macs(_plain(teacher, 1)) + 2 * TOKENS * D * D
+    back = _assert_round_trip(folder, meta, teacher, calib)
+    # the kept single layer is the teacher's layer 1, untouched
+    assert torch.equal(back.model.blocks[0].attn.qkv.weight, teacher.model.blocks[0].attn.qkv.weight)
+
+
+def test_subset_search_exports_the_chosen_layers(teacher, calib, tmp_path):
+    # candidates scored without distillation here (search_steps 0): the search logic itself
+    # is tested on a planted landscape in test_baselines.py
+    extra = {"search_budget": L + 3, "search_steps": 0}
+    folder, meta = _compress("subset", teacher, calib, tmp_path / "sub", depth=3, extra=extra)
+    record = meta["subset_search"]
+    kept = meta["kept_layers"]
+    assert kept == record["local"]["best_layers"] and kept == sorted(kept) and len(kept) == 3
+    assert record["local"]["evaluations"] <= L + 3 and len(record["local"]["trace"]) == record["local"]["evaluations"]
+    assert meta["params"] == count_params(_plain(teacher, 3)) and meta["layer_patches"] == {}
+    _assert_round_trip(folder, meta, teacher, calib)
+    # the search record is reused when the run is repeated with the same settings
+    assert json.loads((folder / "subset_search.json").read_text()) == record
+
+
+def test_methods_refuse_a_missing_depth(teacher, calib, tmp_path):
+    for method in ("wdpruning", "nose", "subset"):
+        with pytest.raises(ConfigError):
+            _compress(method, teacher, calib, tmp_path / method)
