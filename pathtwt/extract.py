@@ -21,7 +21,8 @@ import torch
 from .backbones import Backbone
 from .embedding import RECIPE, embed_batch
 from .errors import NumericsError, PathtwtError, SlideError
-from .h5io import COORDS_ATTRS, FeaturesWriter, read_coords
+from .h5io import COORDS_ATTRS, FeaturesWriter, read_coords, write_features
+from .slides import open_options_from_attrs
 
 # the tile geometry copied from the coords file into the features file
 GEOMETRY_ATTRS = tuple(k for k in COORDS_ATTRS if k not in ("status", "slide_path"))
@@ -48,7 +49,9 @@ class TileDataset(torch.utils.data.Dataset):
         self.patch_size_level0 = int(geometry["patch_size_level0"])
         self.read_level = int(geometry["read_level"])
         self.patch_size = int(geometry["patch_size"])
-        self.mpp_fallback = geometry.get("level0_mpp") or None
+        # reopen the slide exactly as it was tiled: same reader (read_level indexes its
+        # levels), same channel map, the level-0 mpp as fallback
+        self.open_options = open_options_from_attrs(geometry)
         self.transform = transform
         self._slide = None  # opened lazily, so each worker process has its own handle
 
@@ -64,7 +67,7 @@ class TileDataset(torch.utils.data.Dataset):
         if self._slide is None:
             from .slides import open_slide
 
-            self._slide = open_slide(self.slide_path, mpp_fallback=self.mpp_fallback)
+            self._slide = open_slide(self.slide_path, **self.open_options)
         return self._slide
 
     def __getitem__(self, index: int):
@@ -150,6 +153,15 @@ def _embed_stream(dataset: TileDataset, backbone: Backbone, batch_size: int, wor
     from tqdm import tqdm
 
     workers = default_workers() if workers is None else int(workers)
+    if workers:
+        # OpenCV's thread pool does not survive fork: once this process has used cv2
+        # (e.g. tiling in the same process), a worker touching the pool (the
+        # cv2.setNumThreads in _worker_init) waits forever for the parent's idle pool
+        # threads, which it does not have. Stop the pool before forking; restore after.
+        import cv2
+
+        cv2_threads = cv2.getNumThreads()
+        cv2.setNumThreads(1)
     on_cuda = str(backbone.device).startswith("cuda")
     loader = torch.utils.data.DataLoader(
         dataset,
@@ -181,6 +193,8 @@ def _embed_stream(dataset: TileDataset, backbone: Backbone, batch_size: int, wor
                 yield index.tolist(), feats.cpu().numpy()
     finally:
         bar.close()
+        if workers:
+            cv2.setNumThreads(cv2_threads)
 
 
 def extract_many(
@@ -190,15 +204,43 @@ def extract_many(
     workers: int | None = None,
     progress: bool = True,
     skip_existing: bool = False,
+    failures: str | os.PathLike | None = None,
 ) -> list[dict[str, Any]]:
-    """Extract several slides with one loaded backbone."""
+    """Extract several slides with one loaded backbone.
+
+    Without ``failures`` the first slide that fails stops the run (SlideError /
+    NumericsError). With it, a failing slide is recorded in that per-cohort
+    ``failures.tsv`` and gets a features file with no tiles, ``status`` "failed" and
+    ``failure_reason``, so the workflow goes on and the MIL stage excludes or refuses
+    it as configured; the other slides are extracted as usual."""
     summaries = []
     for job in jobs:
         if skip_existing and job.out.exists():
             summaries.append({"slide": str(job.slide), "out": str(job.out), "skipped": True})
             continue
-        summaries.append(extract_slide(job.slide, job.coords, job.out, backbone, batch_size, workers, progress))
+        try:
+            summaries.append(extract_slide(job.slide, job.coords, job.out, backbone, batch_size, workers, progress))
+        except (SlideError, NumericsError) as exc:
+            if failures is None:
+                raise
+            summaries.append(record_failed_slide(job, backbone, str(exc), failures))
     return summaries
+
+
+def record_failed_slide(job: ExtractJob, backbone: Backbone, reason: str, failures: str | os.PathLike) -> dict[str, Any]:
+    """Publish a features file that says the slide failed, and log it in ``failures``."""
+    from .failures import record_failure
+
+    try:
+        _xy, _tissue, coords_attrs = read_coords(job.coords)
+    except PathtwtError:
+        coords_attrs = {}
+    attrs = features_attrs(backbone, coords_attrs, job.slide, job.coords, 0)
+    attrs.update(status="failed", failure_reason=reason)
+    dim = backbone.spec.embedding_dim
+    write_features(job.out, np.zeros((0, dim), np.float32), np.zeros((0, 2), np.int64), attrs)
+    record_failure(failures, slide=job.slide.stem, stage="extract", reason=reason)
+    return {"slide": str(job.slide), "out": str(job.out), "tiles": 0, "failed": reason}
 
 
 def read_manifest(path: str | os.PathLike) -> list[ExtractJob]:

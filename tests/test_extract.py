@@ -99,3 +99,29 @@ def test_nan_features_raise_numerics_error(tmp_path, shared_slides):
     with pytest.raises(NumericsError, match=CMU):
         extract_slide(shared_slides / CMU, coords, tmp_path / "f.h5", broken, workers=0, progress=False)
     assert not (tmp_path / "f.h5").exists()
+
+
+def test_failures_table_records_a_corrupt_slide_and_the_cohort_goes_on(tmp_path, shared_slides, capsys):
+    import cv2
+
+    from pathtwt.failures import read_failures
+
+    good, bad = shared_slides / CMU, shared_slides / "unreadable.svs"
+    _coords(tmp_path / "good.h5", good, XY[:3])
+    _coords(tmp_path / "bad.h5", bad, [(0, 0)])
+    manifest = tmp_path / "jobs.tsv"
+    manifest.write_text(
+        f"{bad}\t{tmp_path / 'bad.h5'}\t{tmp_path / 'feats' / 'bad.h5'}\n"
+        f"{good}\t{tmp_path / 'good.h5'}\t{tmp_path / 'feats' / 'good.h5'}\n"
+    )
+    cv2.resize(np.zeros((64, 64, 3), np.uint8), (32, 32))  # OpenCV used before forking workers
+    argv = ["extract", "--manifest", str(manifest), "--backbone", "vit-s14-tiny", "--random-init",
+            "--workers", "1", "--quiet", "--device", "cpu"]
+    assert main(argv) == 1  # without --failures the first failure stops the run
+    assert "unreadable.svs" in capsys.readouterr().err
+    assert main(argv + ["--failures", str(tmp_path / "failures.tsv")]) == 0
+    feats, _, attrs = h5io.read_features(tmp_path / "feats" / "bad.h5")
+    assert feats.shape == (0, 128) and attrs["status"] == "failed" and "unreadable.svs" in attrs["failure_reason"]
+    assert h5io.read_features(tmp_path / "feats" / "good.h5")[0].shape == (3, 128)
+    rows = read_failures(tmp_path / "failures.tsv")
+    assert [(r.slide, r.stage) for r in rows] == [("unreadable", "extract")]

@@ -106,12 +106,12 @@ def calibration_images(tmp_path_factory):
 
 
 def test_compress_killed_and_rerun(calibration_images, tmp_path):
-    """TWT compression of the tiny ViT with a checkpoint every 2 steps: killed after a
+    """TWT compression of the tiny ViT (60 steps, so a kill lands mid-run on a fast machine too) with a checkpoint every 2 steps: killed after a
     checkpoint, twice; the rerun resumes and must export the same weights."""
 
     def args(out):
         return ["compress", "--method", "twt", "--backbone", "vit-s14-tiny", "--random-init", "--calibration",
-                str(calibration_images), "--n-tiles", "16", "--batch-size", "4", "--depth", "4", "--steps", "8",
+                str(calibration_images), "--n-tiles", "16", "--batch-size", "4", "--depth", "4", "--steps", "60",
                 "--audition-steps", "0", "--checkpoint-every", "2", "--device", "cpu", "--no-progress", "--out",
                 str(out)]
 

@@ -3,6 +3,7 @@ attention, and no fixed device or dtype."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,3 +75,25 @@ def test_no_fixed_device_or_dtype():
         assert meta_logits.device.type == "meta" and meta_attention.device.type == "meta"
         logits, _ = head.to_empty(device="cpu").double()(torch.randn(11, 8, dtype=torch.float64))
         assert logits.dtype == torch.float64
+
+
+def test_feature_standardizer_uses_pooled_instance_statistics():
+    from pathtwt.mil.models import FeatureStandardizer
+
+    rng = np.random.default_rng(0)
+    bags = [rng.normal(5.0, 3.0, size=(n, 4)).astype(np.float32) for n in (7, 11, 2)]
+    bags[0][:, 3] = 1.0  # a constant dimension keeps unit scale
+    for bag in bags[1:]:
+        bag[:, 3] = 1.0
+    scaler = FeatureStandardizer(4)
+    scaler.fit(bags)
+    pooled = np.concatenate(bags)
+    assert np.allclose(scaler.mean.numpy(), pooled.mean(0), atol=1e-5)
+    assert np.allclose(scaler.std.numpy()[:3], pooled.std(0)[:3], atol=1e-4)
+    assert scaler.std[3].item() == 1.0
+    out = scaler(torch.from_numpy(pooled)).numpy()
+    assert np.allclose(out[:, :3].mean(0), 0.0, atol=1e-5) and np.allclose(out[:, :3].std(0), 1.0, atol=1e-4)
+    # the statistics are buffers: they travel with the head's state dict
+    head = build_head("abmil", in_dim=4, n_classes=2, hidden_dim=8, dropout=0.0)
+    head.standardize.fit(bags)
+    assert torch.equal(head.state_dict()["standardize.mean"], scaler.mean)

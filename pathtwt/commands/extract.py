@@ -26,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="tile-reading processes (default: cores - 1, at most 4)")
     parser.add_argument("--threads", type=int, default=None, help="compute threads (default: torch's choice)")
     parser.add_argument("--skip-existing", action="store_true", help="leave features files that already exist")
+    parser.add_argument(
+        "--failures", metavar="TSV", default=None,
+        help="per-cohort failures table: a slide that fails (corrupt tile, NaN features) is recorded there and "
+        "gets a features file with status 'failed', and the run goes on (default: the first failure stops it)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -53,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     )
     summaries = extract_many(
         jobs, backbone, batch_size=args.batch_size, workers=args.workers,
-        progress=not args.quiet, skip_existing=args.skip_existing,
+        progress=not args.quiet, skip_existing=args.skip_existing, failures=args.failures,
     )
     for summary in summaries:
         print(json.dumps(summary))

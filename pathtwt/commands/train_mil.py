@@ -22,6 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--classes", type=int, default=None, help="number of classes (default: max label + 1 of the label table)")
     parser.add_argument("--allow-missing", action="store_true", help="skip label-table slides without features (and ignore unlisted features files), reporting how many")
+    parser.add_argument(
+        "--failed-slides", choices=("stop", "exclude"), default="stop",
+        help="slides whose extraction failed (features status 'failed'): stop with the list (default) or "
+        "exclude them with a counted warning",
+    )
     parser.add_argument("--no-resume", action="store_true", help="ignore an unfinished run's resume.pt in --out and start over")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice; 1 is fastest for small bags)")
@@ -81,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     config = make_config(args.protocol, **overrides)
     externals = [parse_external(spec) for spec in args.external]
     data = prepare_data(
-        features_dir=args.features, labels=args.labels, externals=externals, n_classes=args.classes, allow_missing=args.allow_missing
+        features_dir=args.features, labels=args.labels, externals=externals, n_classes=args.classes, allow_missing=args.allow_missing, failed=args.failed_slides
     )
     for name, counts in data.skipped().items():
         if any(counts.values()):

@@ -76,11 +76,16 @@ def match_table(
     return kept, {"missing_features": len(missing), "unlisted_features": len(unlisted)}
 
 
-def inspect_bags(rows: pd.DataFrame, *, where: str, check_finite: bool = True) -> tuple[list[Bag], int]:
+def inspect_bags(
+    rows: pd.DataFrame, *, where: str, check_finite: bool = True, failed: str = "stop", skipped: dict | None = None
+) -> tuple[list[Bag], int]:
     """Read each file's shape and status (and scan for NaN/inf); return the bags and the
-    feature dimension. Empty or failed bags and non-finite features are errors."""
+    feature dimension. Empty bags and non-finite features are errors; bags whose
+    extraction failed (status "failed") are errors too, or with ``failed="exclude"``
+    left out and counted in ``skipped["failed_extraction"]``."""
     bags: list[Bag] = []
     empty: list[str] = []
+    excluded: list[str] = []
     unreadable: list[str] = []
     non_finite: list[str] = []
     dims: dict[int, list[str]] = {}
@@ -91,6 +96,9 @@ def inspect_bags(rows: pd.DataFrame, *, where: str, check_finite: bool = True) -
                 status = h5.attrs.get("status", "ok")
                 status = status.decode() if isinstance(status, bytes) else str(status)
                 n_tiles = int(dataset.shape[0]) if dataset.ndim == 2 else 0
+                if status == "failed" and failed == "exclude":
+                    excluded.append(slide_id)
+                    continue
                 if n_tiles == 0 or status != "ok":
                     empty.append(f"{slide_id} ({n_tiles} tiles, status {status})")
                     continue
@@ -101,6 +109,8 @@ def inspect_bags(rows: pd.DataFrame, *, where: str, check_finite: bool = True) -
             unreadable.append(f"{slide_id} ({type(exc).__name__})")
             continue
         bags.append(Bag(slide_id=slide_id, label=int(label), path=Path(path), n_tiles=n_tiles))
+    if skipped is not None:
+        skipped["failed_extraction"] = len(excluded)
     if unreadable:
         raise ConfigError(
             f"{where}: unreadable features file(s) (no 'features' dataset or not HDF5): "
@@ -200,6 +210,7 @@ def prepare_data(
     externals: list[tuple[str, Path, Path]] = (),
     n_classes: int | None = None,
     allow_missing: bool = False,
+    failed: str = "stop",
 ) -> MILData:
     """Match the label table(s) with the features folder(s) and check everything before
     any training starts."""
@@ -210,7 +221,7 @@ def prepare_data(
     if odd:
         raise ConfigError(f"{labels}: split must be one of {', '.join(SPLITS)}; not so for slide(s) {slide_listing(odd)}")
     kept, skipped = match_table(table, features_dir, allow_missing=allow_missing, where=str(labels))
-    bags, dim = inspect_bags(kept, where=str(features_dir))
+    bags, dim = inspect_bags(kept, where=str(features_dir), failed=failed, skipped=skipped)
     split_of = dict(zip(kept["slide_id"], kept["split"]))
     cohorts = {s: Cohort(name=s, bags=[b for b in bags if split_of[b.slide_id] == s], skipped=skipped) for s in SPLITS}
     for needed in ("train", "val"):
@@ -222,7 +233,7 @@ def prepare_data(
             raise ConfigError(f"--external {name}: the name is taken (train/val/test or another external); rename it")
         ext_table = read_label_table(csv, need_split=False)
         ext_kept, ext_skipped = match_table(ext_table, folder, allow_missing=allow_missing, where=str(csv))
-        ext_bags, ext_dim = inspect_bags(ext_kept, where=str(folder))
+        ext_bags, ext_dim = inspect_bags(ext_kept, where=str(folder), failed=failed, skipped=ext_skipped)
         if ext_dim != dim:
             raise ConfigError(f"--external {name}: features are {ext_dim}-d but the training features are {dim}-d; extract both with the same backbone variant")
         if not ext_bags:

@@ -27,12 +27,45 @@ def _as_bag(features: torch.Tensor) -> torch.Tensor:
     return features
 
 
+class FeatureStandardizer(nn.Module):
+    """Per-dimension standardisation of tile features with statistics of the training
+    bags. Frozen ViT embeddings mix dimensions of very different scale (final-norm gains,
+    CLS next to patch means), which otherwise dominates a head's first layer and its early
+    updates. The statistics are buffers, so they travel with every checkpoint."""
+
+    def __init__(self, in_dim: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(in_dim))
+        self.register_buffer("std", torch.ones(in_dim))
+
+    @torch.no_grad()
+    def fit(self, bags) -> None:
+        """Set the statistics from an iterable of (N, D) arrays or tensors."""
+        total, total_sq, count = None, None, 0
+        for bag in bags:
+            x = torch.as_tensor(bag, dtype=torch.float64).reshape(-1, self.mean.shape[0])
+            total = x.sum(0) if total is None else total + x.sum(0)
+            total_sq = (x * x).sum(0) if total_sq is None else total_sq + (x * x).sum(0)
+            count += x.shape[0]
+        if not count:
+            return
+        mean = total / count
+        var = (total_sq / count - mean * mean).clamp_min(0.0)
+        self.mean.copy_(mean.to(self.mean.dtype))
+        # dimensions that never vary keep unit scale instead of dividing by ~0
+        self.std.copy_(torch.where(var > 1e-12, var.sqrt(), torch.ones_like(var)).to(self.std.dtype))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return (features - self.mean) / self.std
+
+
 class ABMIL(nn.Module):
     """Gated attention MIL: h = ReLU(W x); a = softmax(w^T (tanh(V h) * sigmoid(U h)));
     slide = sum a_i h_i; logits = classifier(slide)."""
 
     def __init__(self, *, in_dim: int, n_classes: int, hidden_dim: int = 512, attention_dim: int = 256, dropout: float = 0.25):
         super().__init__()
+        self.standardize = FeatureStandardizer(in_dim)
         self.project = nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.ReLU(), nn.Dropout(dropout))
         self.attention_tanh = nn.Sequential(nn.Linear(hidden_dim, attention_dim), nn.Tanh(), nn.Dropout(dropout))
         self.attention_gate = nn.Sequential(nn.Linear(hidden_dim, attention_dim), nn.Sigmoid(), nn.Dropout(dropout))
@@ -40,7 +73,7 @@ class ABMIL(nn.Module):
         self.classifier = nn.Linear(hidden_dim, n_classes)
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = self.project(_as_bag(features)[0])  # (N, H)
+        h = self.project(self.standardize(_as_bag(features)[0]))  # (N, H)
         scores = self.attention_score(self.attention_tanh(h) * self.attention_gate(h)).squeeze(-1)  # (N,)
         attention = torch.softmax(scores, dim=0)
         slide = attention @ h  # (H,)
@@ -141,6 +174,7 @@ class TransMIL(nn.Module):
 
     def __init__(self, *, in_dim: int, n_classes: int, hidden_dim: int = 512, heads: int = 8, landmarks: int | None = None, dropout: float = 0.1):
         super().__init__()
+        self.standardize = FeatureStandardizer(in_dim)
         self.project = nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.ReLU())
         self.cls_token = nn.Parameter(torch.randn(1, 1, hidden_dim))
         landmarks = hidden_dim // 2 if landmarks is None else landmarks
@@ -151,7 +185,7 @@ class TransMIL(nn.Module):
         self.classifier = nn.Linear(hidden_dim, n_classes)
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = self.project(_as_bag(features))  # (1, N, H)
+        h = self.project(self.standardize(_as_bag(features)))  # (1, N, H)
         n = h.shape[1]
         side = math.ceil(math.sqrt(n))
         fill = side * side - n

@@ -56,7 +56,7 @@ def torch_threads(threads: int | None) -> Iterator[None]:
 def make_model(config: MILConfig, data: MILData) -> torch.nn.Module:
     torch.manual_seed(config.seed)
     dropout = DEFAULT_DROPOUT[config.aggregator] if config.dropout is None else config.dropout
-    return build_head(
+    model = build_head(
         config.aggregator,
         in_dim=data.dim,
         n_classes=data.n_classes,
@@ -65,6 +65,10 @@ def make_model(config: MILConfig, data: MILData) -> torch.nn.Module:
         heads=config.heads,
         landmarks=config.landmarks,
     )
+    # standardise inputs with the training split's statistics only (no peeking at
+    # validation, test or external cohorts)
+    model.standardize.fit(load_bag(bag)[0] for bag in data.cohort("train").bags)
+    return model
 
 
 def class_weights(labels: np.ndarray, n_classes: int) -> torch.Tensor:

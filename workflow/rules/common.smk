@@ -182,6 +182,14 @@ def get_model_args(wildcards):
     return f"--backbone {get_model_dir(wildcards.backbone, wildcards.variant)}"
 
 
+def get_failures_arg(wildcards):
+    """`pathtwt extract --failures` for the cohort's failures table, or nothing when the
+    config says a failing slide stops the job."""
+    if config["extract"]["on_failure"] == "stop":
+        return ""
+    return f"--failures results/failures/{wildcards.backbone}/{wildcards.variant}/{wildcards.cohort}.tsv"
+
+
 def get_model_inputs(wildcards):
     if config["variants"][wildcards.variant]["method"] == "none":
         return get_teacher_inputs(wildcards)

@@ -20,6 +20,7 @@ if config["extract"]["per_slide_jobs"]:
             model=get_model_args,
             batch_size=config["extract"]["batch_size"],
             device=config["extract"]["device"],
+            failures=get_failures_arg,
         log:
             "logs/extract/{backbone}/{variant}/{cohort}/{slide}.log",
         group:
@@ -33,7 +34,7 @@ if config["extract"]["per_slide_jobs"]:
             "../envs/pathtwt.yaml"
         shell:
             "pathtwt extract {input.slide} --coords {input.coords} --out {output} {params.model}"
-            " --batch-size {params.batch_size} --device {params.device} --quiet > {log} 2>&1"
+            " --batch-size {params.batch_size} --device {params.device} {params.failures} --quiet > {log} 2>&1"
 
 else:
 
@@ -63,6 +64,7 @@ else:
             model=get_model_args,
             batch_size=config["extract"]["batch_size"],
             device=config["extract"]["device"],
+            failures=get_failures_arg,
         log:
             "logs/extract/{backbone}/{variant}/{cohort}.log",
         threads: 2
@@ -74,4 +76,4 @@ else:
             "../envs/pathtwt.yaml"
         shell:
             "pathtwt extract --manifest {input.manifest} {params.model}"
-            " --batch-size {params.batch_size} --device {params.device} --quiet > {log} 2>&1"
+            " --batch-size {params.batch_size} --device {params.device} {params.failures} --quiet > {log} 2>&1"

@@ -15,6 +15,7 @@ rule train_mil:
         external=get_external_args,
         epochs=get_epochs_arg,
         device=config["mil"]["device"],
+        failed=config["mil"]["failed_slides"],
         extra=config["mil"]["extra_args"],
     log:
         "logs/mil/{backbone}/{variant}/{task}/{head}/seed{seed}.log",
@@ -30,7 +31,7 @@ rule train_mil:
         " --labels results/labels/{params.cohort}.csv --protocol {params.protocol} --classes {params.classes}"
         " --aggregator {wildcards.head} --seed {wildcards.seed}"
         " --out results/mil/{wildcards.backbone}/{wildcards.variant}/{wildcards.task}/{wildcards.head}/seed{wildcards.seed}"
-        " {params.external} {params.epochs} --device {params.device} --no-progress {params.extra} > {log} 2>&1"
+        " {params.external} {params.epochs} --device {params.device} --failed-slides {params.failed} --no-progress {params.extra} > {log} 2>&1"
 
 
 rule summarize_mil:
