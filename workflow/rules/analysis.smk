@@ -74,6 +74,9 @@ for _analysis, _summary in (("intrinsic-dim", "intrinsic_dim.json"), ("stability
         params:
             backbone=lambda wc: get_backbone_args(wc.backbone),
             device=config["compress"]["device"],
+            # Snakemake re-evaluates the shell expression when the job runs, after the loop
+            # has moved on: the loop variable must reach the command through params.
+            analysis=_analysis,
         log:
             f"logs/analysis/{{backbone}}/{{variant}}/{_analysis}.log",
         threads: 2
@@ -84,7 +87,7 @@ for _analysis, _summary in (("intrinsic-dim", "intrinsic_dim.json"), ("stability
         conda:
             "../envs/pathtwt.yaml"
         shell:
-            f"pathtwt analyze {_analysis} {{params.backbone}} --calibration {{input.calibration}}"
-            f" --student results/models/{{wildcards.backbone}}/{{wildcards.variant}}"
-            f" --out results/analysis/{{wildcards.backbone}}/{{wildcards.variant}}/{_analysis}"
+            "pathtwt analyze {params.analysis} {params.backbone} --calibration {input.calibration}"
+            " --student results/models/{wildcards.backbone}/{wildcards.variant}"
+            " --out results/analysis/{wildcards.backbone}/{wildcards.variant}/{params.analysis}"
             " --device {params.device} > {log} 2>&1"
