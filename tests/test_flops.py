@@ -76,3 +76,15 @@ def test_shared_block_counts_params_once_and_macs_per_use():
     model.blocks[1] = model.blocks[0]  # block 0 applied twice (weight-shared recurrence)
     assert count_params(model) == params - per_block_params
     assert count_macs(model) == macs
+
+
+def test_a_probe_inside_the_final_norm_is_counted_on_every_token():
+    from pathtwt.backbones import build_timm_model, get_spec
+    from pathtwt.compress.baselines.patches import apply_baseline_patches
+    from pathtwt.compress.flops import count_macs
+
+    spec = get_spec("vit-s14-tiny")
+    plain = build_timm_model(spec, depth=2)
+    probed = apply_baseline_patches(build_timm_model(spec, depth=2), {"probe": True})
+    tokens = 16 + 1  # 56 px / 14 = 4 x 4 patches, plus CLS
+    assert count_macs(probed) - count_macs(plain) == tokens * 64 * 64

@@ -173,3 +173,16 @@ def test_read_plan_checks_coverage(tmp_path):
     p.write_text('{"blocks": [[1, 3], [5, 12]]}')
     with pytest.raises(ConfigError, match="not contiguous"):
         read_plan(p, 12)
+
+
+def test_method_options_parse_and_refuse_unknown_keys():
+    from pathtwt.commands.compress import parse_method_options
+    from pathtwt.errors import ConfigError
+
+    got = parse_method_options(["ridge=1e-3", "search_budget=20", "random_control=true"])
+    assert got == {"ridge": 1e-3, "search_budget": 20, "random_control": True}
+    assert isinstance(got["search_budget"], int)
+    with pytest.raises(ConfigError, match="ridge"):
+        parse_method_options(["ridg=1"])
+    with pytest.raises(ConfigError, match="not a number"):
+        parse_method_options(["ridge=abc"])

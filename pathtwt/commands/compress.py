@@ -51,6 +51,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-after", type=int, default=None,
                         help="stop after this many steps, keeping the checkpoint; rerun to resume")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--option", action="append", default=[], metavar="KEY=VALUE",
+        help="a method-specific setting, repeatable: " + ", ".join(f"{k} ({v})" for k, v in METHOD_OPTIONS.items()),
+    )
+
+
+# Method-specific settings (CompressOptions.extra) and the methods that read them.
+METHOD_OPTIONS = {
+    "audition_lr": "twt; default 1e-4",
+    "ridge": "linear; default 1e-6",
+    "linear_single_layers": "linear; true/false, default false",
+    "stage1_fraction": "raptor; default 0.3",
+    "rollout_ramp": "raptor; default 0.25",
+    "dilute_fraction": "nose; default 0.3",
+    "search_budget": "subset; default 2L+12",
+    "search_steps": "subset; default steps/10",
+    "random_control": "subset; true/false, default false",
+}
+
+
+def parse_method_options(pairs: list[str]) -> dict:
+    """``KEY=VALUE`` strings into a dict of numbers and booleans, refusing unknown keys."""
+    from ..errors import ConfigError
+
+    out: dict = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in METHOD_OPTIONS:
+            raise ConfigError(f"--option {pair!r}: expected KEY=VALUE with KEY one of {', '.join(METHOD_OPTIONS)}")
+        lowered = value.strip().lower()
+        if lowered in ("true", "false"):
+            out[key] = lowered == "true"
+            continue
+        try:
+            out[key] = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            raise ConfigError(f"--option {pair!r}: {value!r} is not a number or true/false") from None
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from ..compress.intermediates import resolve_device
 
     method = get_method(args.method)  # fail on an unknown method before loading anything
+    extra = parse_method_options(args.option)
     # float32 teacher whatever the backbone's inference precision: its outputs are the targets
     teacher = create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init,
                               device=str(resolve_device(args.device)), precision="fp32")
@@ -71,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         audition_steps=args.audition_steps, schedule=args.schedule, layer_scale=args.layer_scale,
         augment=args.augment, init=args.init, seed=args.seed, device=teacher.device, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, keep_checkpoint=args.keep_checkpoint, stop_after=args.stop_after,
-        progress=not args.no_progress and sys.stderr.isatty(),
+        progress=not args.no_progress and sys.stderr.isatty(), extra=extra,
         command=[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if not k.startswith("_") and v is not None],
     )
     out = method(teacher, calib, options)

@@ -71,6 +71,10 @@ def count_macs(model: nn.Module, input_size: int | tuple[int, int] | None = None
     macs = n_patches * proj.out_channels * proj.in_channels * int(proj.kernel_size[0]) * int(proj.kernel_size[1])
     for block in model.blocks:
         macs += block_macs(block, tokens)
+    # a linear map inside the final norm (WDPruning's probe) runs on every token
+    final_norm = getattr(model, "norm", None)
+    if isinstance(final_norm, nn.Module):
+        macs += sum(tokens * m.in_features * m.out_features for m in final_norm.modules() if isinstance(m, nn.Linear))
     head = getattr(model, "head", None)
     if isinstance(head, nn.Linear):
         macs += head.in_features * head.out_features

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from ...errors import ConfigError
-from .common import count_tokens
 from .patches import ProbeNorm
 
 
@@ -53,8 +52,7 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
         raise ConfigError(f"--method wdpruning needs --depth K with 1 <= K < {num_layers} (the layers kept)")
     depth = int(options.depth)
     student = build_wdpruning_student(teacher, depth)
-    dim = teacher.model.embed_dim
-    macs = count_macs(student) + count_tokens(student) * dim * dim
+    macs = count_macs(student)  # the probe's per-token linear map included
     # boundaries=None: the only loss term is the probe's output against the teacher's final features
     return distill_and_export(
         teacher, calib, options, method="wdpruning", student=student, objective=DeepSupervision(None), boundaries=None,
