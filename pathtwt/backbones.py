@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .devices import resolve_device
 from .errors import WeightsError
 from .weights import load_state_dict_file, resolve_weights_path, state_dict_to_timm
 
@@ -331,8 +332,7 @@ def create_backbone(
     """
     import torch
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(device)
 
     from .transforms import TileTransform
 

@@ -328,3 +328,15 @@ def _nearest_centroid_loo(feats: np.ndarray, labels: np.ndarray) -> float:
         centroids = np.stack([feats[keep & (labels == c)].mean(0) for c in classes])
         correct += classes[int(np.argmin(np.linalg.norm(centroids - feats[i], axis=1)))] == labels[i]
     return correct / len(feats)
+
+
+def test_device_rule_is_shared_by_every_command(monkeypatch):
+    from pathtwt.devices import resolve_device
+    from pathtwt.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu" and resolve_device(torch.device("cpu")) == "cpu"
+    with pytest.raises(ConfigError, match="--device cuda: no CUDA device"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda" and resolve_device("cuda:1") == "cuda:1"

@@ -95,13 +95,13 @@ def run(args: argparse.Namespace) -> int:
     from ..compress.calibration import load_calibration
     from ..compress.methods import CompressOptions, get_method
     from ..backbones import create_backbone
-    from ..compress.intermediates import resolve_device
+    from ..devices import resolve_device
 
     method = get_method(args.method)  # fail on an unknown method before loading anything
     extra = parse_method_options(args.option)
     # float32 teacher whatever the backbone's inference precision: its outputs are the targets
     teacher = create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init,
-                              device=str(resolve_device(args.device)), precision="fp32")
+                              device=resolve_device(args.device), precision="fp32")
     calib = load_calibration(args.calibration, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout,
                              patch_size=teacher.spec.input_size)
     options = CompressOptions(

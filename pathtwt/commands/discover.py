@@ -41,9 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_teacher(args: argparse.Namespace) -> Any:
     from ..backbones import create_backbone
-    from ..compress.intermediates import resolve_device
+    from ..devices import resolve_device
 
-    device = str(resolve_device(args.device))
+    device = resolve_device(args.device)
     return create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init, device=device)
 
 

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..backbones import create_backbone
+    from ..devices import resolve_device
     from ..errors import PathtwtError
     from ..extract import extract_many, jobs_from_lists, read_manifest
 
@@ -48,13 +49,9 @@ def run(args: argparse.Namespace) -> int:
         raise PathtwtError("nothing to extract: give SLIDE --coords COORDS.h5 --out OUT.h5 or --manifest TSV")
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise PathtwtError("--device cuda given but no CUDA device is available; use --device cpu")
     backbone = create_backbone(
-        args.backbone, weights=args.weights, pretrained=not args.random_init, device=device, precision=args.precision
+        args.backbone, weights=args.weights, pretrained=not args.random_init, device=resolve_device(args.device),
+        precision=args.precision
     )
     summaries = extract_many(
         jobs, backbone, batch_size=args.batch_size, workers=args.workers,

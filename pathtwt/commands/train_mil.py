@@ -50,18 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     preset.add_argument("--landmarks", type=int, help="TransMIL Nystrom landmarks")
 
 
-def _device(name: str) -> str:
-    import torch
-
-    from ..errors import ConfigError
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
-    return name
-
-
 def _check_positive(args: argparse.Namespace) -> None:
     from ..errors import ConfigError
 
@@ -75,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from ..mil.data import parse_external, prepare_data
     from ..mil.protocols import OVERRIDABLE, make_config
     from ..mil.run import run_mil
+    from ..devices import resolve_device
 
     _check_positive(args)
     if args.threads is not None:
@@ -93,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"pathtwt train-mil: {name} label table: skipped {counts}", file=sys.stderr)
     sources = {"features": str(args.features), "labels": str(args.labels), "external": args.external}
     metrics = run_mil(
-        data, config, out_dir=args.out, device=_device(args.device), progress=not args.no_progress,
+        data, config, out_dir=args.out, device=resolve_device(args.device), progress=not args.no_progress,
         resume=not args.no_resume, sources=sources,
     )
     for name, values in metrics["cohorts"].items():

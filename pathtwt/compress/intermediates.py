@@ -30,12 +30,6 @@ def block_input(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model.norm_pre(x)
 
 
-def resolve_device(device: str = "auto") -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def tiles_to_batch(
     transform: Callable, tiles: np.ndarray, device: torch.device, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
