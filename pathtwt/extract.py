@@ -84,13 +84,10 @@ class TileDataset(torch.utils.data.Dataset):
 def _worker_init(_worker_id: int) -> None:
     # Workers only read and decode: one thread each, so they do not steal the compute
     # threads of the forward pass.
-    torch.set_num_threads(1)
-    try:
-        import cv2
+    import cv2
 
-        cv2.setNumThreads(1)
-    except ImportError:  # pragma: no cover - cv2 is a dependency
-        pass
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
 
 
 def default_workers() -> int:
