@@ -10,7 +10,7 @@ sampler with a seeded held-out split. Discovery (the merge plan) runs once per d
 shared by the methods that use one.
 
 Also printed: the starting fidelity of the TWT student with auditioned versus random
-surrogate layers, parameters and MACs per tile (pathtwt.compress.flops) and tiles/s
+surrogate layers, parameters and MACs per tile (pathtwt.models.flops) and tiles/s
 measured here (batch 16, this machine, after one warm-up batch). Depth K means: K layers
 (twt, truncation, wdpruning, subset), K blocks (linear: a linear map per multi-layer block;
 raptor: K shared layers run recurrently to the teacher's 12), or K layers keeping their
@@ -42,8 +42,8 @@ SHARED = REPO.parent / "shared"
 
 def tissue_coords(slide_path: Path, out: Path, patch: int = 224) -> Path:
     """A coords file of the non-background 224 px level-0 squares of a slide."""
-    from pathtwt.h5io import write_coords
-    from pathtwt.slides import open_slide
+    from pathtwt.io.h5 import write_coords
+    from pathtwt.wsi.slides import open_slide
 
     with open_slide(slide_path) as slide:
         w, h = slide.dimensions
@@ -71,7 +71,7 @@ def tiles_per_second(model: torch.nn.Module, input_size: int, batch: int = 16, r
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--methods", nargs="+", default=list(METHODS), help="registry names (pathtwt.compress.methods)")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), help="registry names (pathtwt.compress.registry)")
     p.add_argument("--depths", nargs="+", type=int, default=[6, 4])
     p.add_argument("--steps", type=int, default=100, help="distillation steps per method (the shared budget)")
     p.add_argument("--batch-size", type=int, default=4)
@@ -87,13 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from pathtwt.backbones import create_backbone
+    from pathtwt.models.registry import create_backbone
     from pathtwt.compress.calibration import load_calibration
     from pathtwt.compress.fidelity import evaluate_fidelity
-    from pathtwt.compress.flops import count_macs, count_params
-    from pathtwt.compress.methods import CompressOptions, get_method, resolve_plan
+    from pathtwt.models.flops import count_macs, count_params
+    from pathtwt.compress.pipeline import CompressOptions, resolve_plan
+    from pathtwt.compress.registry import get_method
     from pathtwt.compress.twt import build_twt_student
-    from pathtwt.fileio import write_json_atomic
+    from pathtwt.io.atomic import write_json_atomic
 
     weights = SHARED / "weights" / "vit_s14_imgfocus.safetensors"
     if not weights.exists():

@@ -1,6 +1,6 @@
 """Memory over a long extraction run: peak and current RSS after 10 and after 100 slides
 extracted in ONE process with ONE loaded backbone (random weights), through
-pathtwt.extract.extract_slide. Small generated slides (JPEG-tiled TIFF, ~10-30 tissue
+pathtwt.features.extract.extract_slide. Small generated slides (JPEG-tiled TIFF, ~10-30 tissue
 tiles each) are tiled in the same process first. Prints one JSON object.
 
     python benchmarks/extract_memory.py [--slides 100] [--backbone vit-s14-tiny] [--workers 0]
@@ -64,11 +64,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pathtwt.backbones import create_backbone
-    from pathtwt.extract import extract_slide
-    from pathtwt.h5io import write_coords
-    from pathtwt.slides import open_slide
-    from pathtwt.tiling import tile_slide
+    from pathtwt.models.registry import create_backbone
+    from pathtwt.features.extract import extract_slide
+    from pathtwt.io.h5 import write_coords
+    from pathtwt.wsi.slides import open_slide
+    from pathtwt.wsi.tiling import tile_slide
 
     backbone = create_backbone(args.backbone, pretrained=False)
     tile_size = backbone.spec.input_size

@@ -11,7 +11,7 @@ and the cosine between bf16 and fp32 tile embeddings on real slide tiles when th
 
 Timings are the best of repeated runs (the least-disturbed one on a shared machine); the
 ratios compare numbers measured in this same run. FLOPs = 2 x MACs (see
-pathtwt.compress.flops for what the MACs count).
+pathtwt.models.flops for what the MACs count).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from pathtwt import h5io
-from pathtwt.backbones import Backbone, build_timm_model, create_backbone, get_spec
-from pathtwt.compress.flops import count_macs
-from pathtwt.embedding import embed_batch
-from pathtwt.extract import default_workers, extract_slide
+from pathtwt.io import h5 as h5io
+from pathtwt.models.registry import Backbone, build_timm_model, create_backbone, get_spec
+from pathtwt.models.flops import count_macs
+from pathtwt.models.embedding import embed_tiles
+from pathtwt.features.extract import default_workers, extract_slide
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared"))
@@ -73,7 +73,7 @@ def forward_call(model: torch.nn.Module, batch: int, prefix: int, device: str, d
 
     def call():
         with torch.inference_mode():
-            return embed_batch(model, x, prefix)
+            return embed_tiles(model, x, prefix)
 
     return call
 
@@ -91,7 +91,7 @@ def _slide_coords(path: Path, n_tiles: int) -> Path:
 
 
 def real_tiles(n: int) -> torch.Tensor:
-    from pathtwt.slides import open_slide
+    from pathtwt.wsi.slides import open_slide
 
     with open_slide(SLIDE) as slide:
         xs = [(x, y) for y in range(300, 2600, 448) for x in range(100, 2000, 448)][:n]
@@ -102,8 +102,8 @@ def bf16_check(backbone: Backbone, tiles: np.ndarray, device: str) -> float:
     """Smallest cosine between fp32 and bf16 embeddings of the same real tiles."""
     x = backbone.transform.batch(tiles).to(device)
     with torch.inference_mode():
-        ref = embed_batch(backbone.model, x, backbone.spec.num_prefix_tokens)
-        low = embed_batch(backbone.model.to(torch.bfloat16), x, backbone.spec.num_prefix_tokens)
+        ref = embed_tiles(backbone.model, x, backbone.spec.num_prefix_tokens)
+        low = embed_tiles(backbone.model.to(torch.bfloat16), x, backbone.spec.num_prefix_tokens)
     backbone.model.float()
     return float(torch.nn.functional.cosine_similarity(ref, low.float(), dim=1).min())
 
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _transform(spec):
-    from pathtwt.transforms import TileTransform
+    from pathtwt.models.transform import TileTransform
 
     return TileTransform(input_size=spec.input_size, mean=spec.mean, std=spec.std)
 

@@ -106,8 +106,8 @@ def make_slide(path: Path, width: int, height: int, seed: int = 0) -> None:
 
 
 def time_mask_read(slide_path: Path) -> tuple[float, dict]:
-    from pathtwt.slides import open_slide
-    from pathtwt.tissue import TissueParams, mask_read_plan, read_low_resolution
+    from pathtwt.wsi.slides import open_slide
+    from pathtwt.wsi.tissue import TissueParams, mask_read_plan, read_low_resolution
 
     with open_slide(slide_path) as slide:
         level, factor = mask_read_plan(slide, TissueParams().mask_mpp)
@@ -145,7 +145,7 @@ def main() -> int:
         make_slide(slide_path, args.width, args.height)
         generated_s = round(time.perf_counter() - start, 1)
 
-    from pathtwt.h5io import read_coords
+    from pathtwt.io.h5 import read_coords
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "tiles.h5"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import ConfigError
+from pathtwt.errors import ConfigError
 
 
 def resolve_device(name: object = "auto") -> str:

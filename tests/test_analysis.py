@@ -10,9 +10,9 @@ import pytest
 from safetensors.torch import save_file
 
 from pathtwt.analysis.stability import augment_tile
-from pathtwt.backbones import create_backbone, variant_metadata
+from pathtwt.models.registry import create_backbone, variant_metadata
 from pathtwt.cli import main
-from pathtwt.fileio import write_json_atomic
+from pathtwt.io.atomic import write_json_atomic
 
 PLAN = [[1, 3], [4, 6], [7, 9], [10, 12]]
 

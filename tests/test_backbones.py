@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pathtwt import backbones
-from pathtwt.backbones import BACKBONES, build_timm_model, create_backbone, get_spec, variant_metadata
-from pathtwt.compress.flops import meta_model
-from pathtwt.embedding import tile_embedding
+from pathtwt.models import registry as backbones
+from pathtwt.models.registry import BACKBONES, build_timm_model, create_backbone, get_spec, variant_metadata
+from pathtwt.models.flops import meta_model
+from pathtwt.models.embedding import pool_tokens
 from pathtwt.errors import WeightsError
-from pathtwt.hibou_convert import hf_dinov2_to_timm
+from pathtwt.models.hf_dinov2 import hf_dinov2_to_timm
 
 # ---------------------------------------------------------------- architectures
 
@@ -105,14 +105,14 @@ def test_weights_load_from_each_file_kind_and_record_sha(tmp_path):
     for path in (tmp_path / "w.safetensors", tmp_path / "w.pth", snap):
         bb = create_backbone("vit-s14-tiny", weights=path)
         assert bb.source == str(path) and len(bb.weights_sha256) == 64
-        outs.append(bb.embed(x))
-    from pathtwt.fileio import sha256_file
+        outs.append(bb.embed_tiles(x))
+    from pathtwt.io.atomic import sha256_file
 
     assert create_backbone("vit-s14-tiny", weights=tmp_path / "w.safetensors").weights_sha256 == sha256_file(
         tmp_path / "w.safetensors"
     )
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
-    assert not torch.equal(outs[0], create_backbone("vit-s14-tiny", pretrained=False).embed(x))
+    assert not torch.equal(outs[0], create_backbone("vit-s14-tiny", pretrained=False).embed_tiles(x))
 
 
 def test_bad_keys_and_shapes_are_named(tmp_path):
@@ -206,7 +206,7 @@ def test_full_hibou_config_keys_and_shapes_convert():
 def _write_variant(folder: Path, depth: int, patches: dict) -> dict:
     spec = get_spec("h0-mini-tiny")
     model = build_timm_model(spec, depth=depth)
-    from pathtwt.layer_patches import apply_layer_patches
+    from pathtwt.models.layer_patches import apply_layer_patches
 
     apply_layer_patches(model, patches)
     folder.mkdir(parents=True)
@@ -256,14 +256,14 @@ def test_embedding_is_cls_and_mean_of_patch_tokens_without_registers():
     x = torch.randn(3, 3, 56, 56)
     with torch.no_grad():
         tokens = bb.model.forward_features(x)
-        emb = bb.embed(x)
+        emb = bb.embed_tiles(x)
     assert emb.shape == (3, 128) and emb.dtype == torch.float32
     assert torch.allclose(emb[:, :64], tokens[:, 0])
     assert torch.allclose(emb[:, 64:], tokens[:, 5:21].mean(dim=1), atol=1e-6)
     with_registers = tokens[:, 1:].mean(dim=1)
     assert not torch.allclose(emb[:, 64:], with_registers, atol=1e-3)
     with pytest.raises(ValueError):
-        tile_embedding(tokens[:, :5], 5)
+        pool_tokens(tokens[:, :5], 5)
 
 
 def test_transform_resizes_and_normalises():
@@ -285,11 +285,11 @@ def vit_s(vit_s_weights):
 
 def _embed_images(bb, images):
     with torch.inference_mode():
-        return bb.embed(bb.transform.batch(images)).numpy()
+        return bb.embed_tiles(bb.transform.batch(images)).numpy()
 
 
 def test_real_vit_s_deterministic_on_slide_tiles(vit_s, shared_slides):
-    from pathtwt.slides import open_slide
+    from pathtwt.wsi.slides import open_slide
 
     with open_slide(shared_slides / "CMU-1-Small-Region.svs") as slide:
         tiles = [slide.read_tile(x, y, 448, 0, 224) for x, y in [(600, 800), (1200, 1600), (200, 2400)]]

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from pathtwt.compress.baselines.subset import (
+from pathtwt.compress.methods.subset import (
     BudgetedScorer,
     local_search,
     random_search,
@@ -73,7 +73,7 @@ def test_budgeted_scorer_caches_and_stops():
     scorer((5, 4, 3, 2, 1, 0))  # same subset: cached, not paid for
     scorer((0, 1, 2, 3, 4, 6))
     assert len(scorer.cache) == 2
-    from pathtwt.compress.baselines.subset import BudgetExhausted
+    from pathtwt.compress.methods.subset import BudgetExhausted
 
     with pytest.raises(BudgetExhausted):
         scorer((0, 1, 2, 3, 4, 7))

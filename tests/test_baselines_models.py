@@ -14,15 +14,16 @@ import pytest
 import torch
 from torch import nn
 
-from pathtwt.backbones import build_timm_model, create_backbone
-from pathtwt.compress.baselines.linear import GramAccumulator, fit_linear_maps
-from pathtwt.compress.baselines.nose import DilutedDeepSupervision, finish_attention_free
-from pathtwt.compress.baselines.patches import DilutedAttentionBlock, LinearBlock, ProbeNorm, apply_baseline_patches, tie_blocks
-from pathtwt.compress.baselines.raptor import BlockwiseRollout, build_recurrent_student
+from pathtwt.models.registry import build_timm_model, create_backbone
+from pathtwt.compress.methods.linear import GramAccumulator, fit_linear_maps
+from pathtwt.compress.methods.nose import DilutedDeepSupervision, finish_attention_free
+from pathtwt.models.variant_layers import DilutedAttentionBlock, LinearBlock, ProbeNorm, apply_baseline_patches, tie_blocks
+from pathtwt.compress.methods.raptor import BlockwiseRollout, build_recurrent_student
 from pathtwt.compress.calibration import CalibrationSet
-from pathtwt.compress.flops import count_macs, count_params
+from pathtwt.models.flops import count_macs, count_params
 from pathtwt.compress.intermediates import iter_layer_outputs
-from pathtwt.compress.methods import CompressOptions, get_method
+from pathtwt.compress.pipeline import CompressOptions
+from pathtwt.compress.registry import get_method
 from pathtwt.errors import ConfigError, WeightsError
 
 D, TOKENS, L = 64, 17, 12  # vit-s14-tiny: width 64, CLS + 16 patches, 12 layers
@@ -93,7 +94,7 @@ def test_ridge_shrinks_the_map():
 
 
 def test_linear_block_patch_costs_and_keys(teacher):
-    from pathtwt.backbones import build_timm_model
+    from pathtwt.models.registry import build_timm_model
 
     model = apply_baseline_patches(build_timm_model(teacher.spec, depth=3), {"linear_blocks": [1]})
     assert isinstance(model.blocks[1], LinearBlock)
@@ -106,7 +107,7 @@ def test_linear_block_patch_costs_and_keys(teacher):
 
 
 def test_probe_norm_keeps_the_norm_keys(teacher):
-    from pathtwt.backbones import build_timm_model
+    from pathtwt.models.registry import build_timm_model
 
     model = apply_baseline_patches(build_timm_model(teacher.spec, depth=2), {"probe": True})
     assert isinstance(model.norm, ProbeNorm)
@@ -118,7 +119,7 @@ def test_probe_norm_keeps_the_norm_keys(teacher):
 
 
 def test_tied_blocks_share_one_module_and_count_once(teacher):
-    from pathtwt.backbones import build_timm_model
+    from pathtwt.models.registry import build_timm_model
 
     model = tie_blocks(build_timm_model(teacher.spec, depth=12), [[1, 1], [2, 5], [6, 12]])
     assert len({id(b) for b in model.blocks}) == 3

@@ -10,7 +10,7 @@ from PIL import Image
 from pathtwt.cli import main
 from pathtwt.compress.calibration import allocate, draw_tiles, expand_sources, load_calibration, load_part
 from pathtwt.errors import ConfigError
-from pathtwt.h5io import write_coords
+from pathtwt.io.h5 import write_coords
 
 
 def write_slide_coords(path, slide, coords, patch_size=64, status="ok"):
@@ -62,7 +62,7 @@ def test_image_sources_are_cut_resized_and_seeded(image_dir):
 
 
 def test_calibrate_cli_reads_slide_tiles_and_round_trips(tmp_path, shared_slides, image_dir):
-    from pathtwt.slides import open_slide
+    from pathtwt.wsi.slides import open_slide
 
     slide = shared_slides / "CMU-1-Small-Region.svs"
     cdir = tmp_path / "coords"

@@ -20,7 +20,7 @@ from pathtwt.demo.corrupt import corrupt_middle_tile
 from pathtwt.demo.make import write_slide
 from pathtwt.demo.synthetic import SlideRecipe, SyntheticSlide
 from pathtwt.demo.tiff_writer import pyramid_dims, write_pyramidal_tiff
-from pathtwt.fileio import sha256_file
+from pathtwt.io.atomic import sha256_file
 
 
 @pytest.fixture(scope="module")

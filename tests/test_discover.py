@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pathtwt.backbones import create_backbone
+from pathtwt.models.registry import create_backbone
 from pathtwt.cli import main
 from pathtwt.compress.intermediates import block_input, layer_outputs, tiles_to_batch
 from pathtwt.compress.partition import partition_exact_k, partition_min_blocks

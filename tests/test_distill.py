@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from pathtwt.backbones import create_backbone
+from pathtwt.models.registry import create_backbone
 from pathtwt.cli import main
 from pathtwt.compress.distill import DeepSupervision, DistillOptions, batch_indices, distill
 from pathtwt.compress.schedule import default_alphas
@@ -136,7 +136,7 @@ def _teacher_weights(teacher, path):
 
 
 def _coords_file(slides, path):
-    from pathtwt.h5io import write_coords
+    from pathtwt.io.h5 import write_coords
 
     xy = np.array([[600 + 112 * i, 900 + 112 * j] for i in range(3) for j in range(2)])
     attrs = dict(patch_size=56, patch_size_level0=112, target_mpp=1.0, level0_mpp=0.499, read_level=0,

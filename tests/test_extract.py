@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from pathtwt import h5io
-from pathtwt.backbones import create_backbone
+from pathtwt.io import h5 as h5io
+from pathtwt.models.registry import create_backbone
 from pathtwt.cli import main
 from pathtwt.errors import NumericsError, SlideError
-from pathtwt.extract import extract_slide
+from pathtwt.features.extract import extract_slide
 
 CMU = "CMU-1-Small-Region.svs"
 XY = [(0, 0), (448, 0), (896, 448), (1344, 896), (448, 1792), (1700, 2400), (224, 2500)]
@@ -31,7 +31,7 @@ def tiny():
 
 
 def test_extract_real_slide_with_workers_keeps_order(tmp_path, shared_slides, tiny):
-    from pathtwt.slides import open_slide
+    from pathtwt.wsi.slides import open_slide
 
     slide = shared_slides / CMU
     coords = _coords(tmp_path / "c.h5", slide, XY)
@@ -46,7 +46,7 @@ def test_extract_real_slide_with_workers_keeps_order(tmp_path, shared_slides, ti
     with open_slide(slide) as s:
         tiles = [s.read_tile(x, y, 448, 0, 224) for x, y in XY[::-1]]
     with torch.inference_mode():
-        direct = tiny.embed(tiny.transform.batch(tiles)).numpy()[::-1]
+        direct = tiny.embed_tiles(tiny.transform.batch(tiles)).numpy()[::-1]
     assert np.allclose(feats, direct, atol=1e-5)
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
@@ -104,7 +104,7 @@ def test_nan_features_raise_numerics_error(tmp_path, shared_slides):
 def test_failures_table_records_a_corrupt_slide_and_the_cohort_goes_on(tmp_path, shared_slides, capsys):
     import cv2
 
-    from pathtwt.failures import read_failures
+    from pathtwt.io.failures import read_failures
 
     good, bad = shared_slides / CMU, shared_slides / "unreadable.svs"
     _coords(tmp_path / "good.h5", good, XY[:3])

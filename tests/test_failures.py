@@ -1,4 +1,4 @@
-"""pathtwt.failures: the per-cohort failures.tsv, appended by concurrent jobs."""
+"""pathtwt.io.failures: the per-cohort failures.tsv, appended by concurrent jobs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import multiprocessing
 import pytest
 
 from pathtwt.errors import PathtwtError
-from pathtwt.failures import HEADER, failed_slides, read_failures, record_failure
+from pathtwt.io.failures import HEADER, failed_slides, read_failures, record_failure
 
 
 def test_record_and_read_back(tmp_path):

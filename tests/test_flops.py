@@ -1,4 +1,4 @@
-"""Parameter and MAC counting (pathtwt.compress.flops) against the paper's figures and an
+"""Parameter and MAC counting (pathtwt.models.flops) against the paper's figures and an
 independent operator-level count."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from pathtwt.backbones import build_timm_model, create_backbone, get_spec
-from pathtwt.compress.flops import count_macs, count_params, describe_cost, meta_model
-from pathtwt.layer_patches import apply_layer_patches
+from pathtwt.models.registry import build_timm_model, create_backbone, get_spec
+from pathtwt.models.flops import count_macs, count_params, describe_cost, meta_model
+from pathtwt.models.layer_patches import apply_layer_patches
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +79,9 @@ def test_shared_block_counts_params_once_and_macs_per_use():
 
 
 def test_a_probe_inside_the_final_norm_is_counted_on_every_token():
-    from pathtwt.backbones import build_timm_model, get_spec
-    from pathtwt.compress.baselines.patches import apply_baseline_patches
-    from pathtwt.compress.flops import count_macs
+    from pathtwt.models.registry import build_timm_model, get_spec
+    from pathtwt.models.variant_layers import apply_baseline_patches
+    from pathtwt.models.flops import count_macs
 
     spec = get_spec("vit-s14-tiny")
     plain = build_timm_model(spec, depth=2)

@@ -8,7 +8,7 @@ import pytest
 
 from pathtwt.cli import main
 from pathtwt.errors import ConfigError, NumericsError
-from pathtwt.h5io import write_features
+from pathtwt.io.h5 import write_features
 from pathtwt.mil.data import load_bag, parse_external, prepare_data
 from pathtwt.mil.synthetic import write_planted_cohort
 

@@ -14,7 +14,7 @@ import torch
 
 from pathtwt.cli import main
 from pathtwt.errors import NumericsError
-from pathtwt.h5io import read_features, write_features
+from pathtwt.io.h5 import read_features, write_features
 from pathtwt.mil.data import prepare_data
 from pathtwt.mil.models import build_head
 from pathtwt.mil.protocols import make_config

@@ -15,9 +15,9 @@ from wsi_writers import corrupt_tile, he_image, pyramid, write_generic_tiff, wri
 
 from pathtwt.cli import main
 from pathtwt.errors import SlideError
-from pathtwt.h5io import read_coords
-from pathtwt.slides import open_slide
-from pathtwt.tiling import tile_slide
+from pathtwt.io.h5 import read_coords
+from pathtwt.wsi.slides import open_slide
+from pathtwt.wsi.tiling import tile_slide
 
 PINK = (200, 110, 170)
 
@@ -104,8 +104,8 @@ def test_corrupt_tile_slide_tiles_but_the_tile_fails_by_name(corrupt, tmp_path):
 
 
 def test_corrupt_tile_stops_extraction_naming_slide_and_tile(corrupt, tmp_path):
-    from pathtwt.backbones import create_backbone
-    from pathtwt.extract import extract_slide
+    from pathtwt.models.registry import create_backbone
+    from pathtwt.features.extract import extract_slide
 
     coords = tmp_path / "coords.h5"
     assert main(["tile", str(corrupt), "--out", str(coords), "--tile-size", "56", "--mpp", "1.0"]) == 0

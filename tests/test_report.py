@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from pathtwt.cli import main
-from pathtwt.fileio import write_json_atomic
-from pathtwt.report_html import attention_grid
+from pathtwt.io.atomic import write_json_atomic
+from pathtwt.report.html import attention_grid
 
 # (variant, head) -> internal-test QWK per seed, external QWK per seed
 QWK = {
@@ -94,7 +94,7 @@ def test_report_tables_hold_mean_std_delta_and_cost(tmp_path):
     assert "val_qwk_mean" not in rows[("twt-6", "abmil")]  # validation is not a reported cohort
     assert rows[("twt-6", "abmil")]["params"] == "1234567"
     # the uncompressed teacher is counted on its architecture by the project's counter
-    from pathtwt.compress.flops import describe_cost, meta_model
+    from pathtwt.models.flops import describe_cost, meta_model
 
     teacher = describe_cost(meta_model("vit-s14-tiny"))
     assert int(rows[("uncompressed", "abmil")]["params"]) == teacher["params"]

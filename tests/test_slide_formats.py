@@ -21,9 +21,9 @@ from wsi_writers import he_image, pyramid, write_generic_tiff, write_ndpi_like, 
 
 from pathtwt.cli import main
 from pathtwt.errors import SlideError
-from pathtwt.h5io import read_coords
-from pathtwt.slides import mpp_from_properties, open_options_from_attrs, open_slide
-from pathtwt.tiling import tile_slide
+from pathtwt.io.h5 import read_coords
+from pathtwt.wsi.slides import mpp_from_properties, open_options_from_attrs, open_slide
+from pathtwt.wsi.tiling import tile_slide
 
 MPP = 0.5
 WRITERS = {

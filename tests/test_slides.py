@@ -1,4 +1,4 @@
-"""pathtwt.slides on the real test slides in ../shared/data/slides and on small TIFFs
+"""pathtwt.wsi.slides on the real test slides in ../shared/data/slides and on small TIFFs
 written here (grey, transparent)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import tifffile
 
 from pathtwt.errors import SlideError
-from pathtwt.slides import mpp_from_properties, open_slide
+from pathtwt.wsi.slides import mpp_from_properties, open_slide
 
 
 def test_cmu_small_region_geometry_and_pixels(shared_slides):

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import tifffile
 
-from pathtwt import tissue as tissue_module
+from pathtwt.wsi import tissue as tissue_module
 from pathtwt.cli import main
-from pathtwt.h5io import read_coords
-from pathtwt.slides import Slide, open_slide
-from pathtwt.tiling import grid_tissue_fraction, tile_slide
-from pathtwt.tissue import detect_tissue, read_low_resolution
+from pathtwt.io.h5 import read_coords
+from pathtwt.wsi.slides import Slide, open_slide
+from pathtwt.wsi.tiling import grid_tissue_fraction, tile_slide
+from pathtwt.wsi.tissue import detect_tissue, read_low_resolution
 
 MPP = 0.5
 SIZE = (4096, 3072)  # level-0 (w, h): 2 x 1.5 mm

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from pathtwt.backbones import create_backbone
+from pathtwt.models.registry import create_backbone
 from pathtwt.compress.audition import AuditionOptions, audition, averaged_layer
-from pathtwt.compress.methods import get_method, known_methods, read_plan
+from pathtwt.compress.pipeline import read_plan
+from pathtwt.compress.registry import get_method, known_methods
 from pathtwt.compress.schedule import cosine_lr_factor, default_alphas, ramp_weight, term_weights
 from pathtwt.compress.student import (
     ScaledBlock,
@@ -64,7 +65,7 @@ def test_folding_branch_scalars_changes_no_output(teacher, layer_scale):
         spec = dataclasses.replace(spec, timm_kwargs={**spec.timm_kwargs, "init_values": None})
     layers = clone_layers(teacher.model, [0, 5, 11])
     if not layer_scale:
-        from pathtwt.backbones import build_timm_model
+        from pathtwt.models.registry import build_timm_model
 
         torch.manual_seed(1)
         layers = list(build_timm_model(spec, depth=3).blocks)
@@ -176,7 +177,7 @@ def test_read_plan_checks_coverage(tmp_path):
 
 
 def test_method_options_parse_and_refuse_unknown_keys():
-    from pathtwt.commands.compress import parse_method_options
+    from pathtwt.cli.compress import parse_method_options
     from pathtwt.errors import ConfigError
 
     got = parse_method_options(["ridge=1e-3", "search_budget=20", "random_control=true"])

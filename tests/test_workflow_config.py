@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from pathtwt.cli import main
-from pathtwt.config_check import check_references, load_and_check, read_label_table, validate_schema
+from pathtwt.config.check import check_references, load_and_check, read_label_table, validate_schema
 from pathtwt.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

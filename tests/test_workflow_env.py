@@ -66,8 +66,3 @@ def test_lumi_profile():
     doc = (PROFILES / "README.md").read_text()
     assert "ROCm" in doc and "HDF5_USE_FILE_LOCKING" in doc and "standard-g" in doc
     assert "HDF5_USE_FILE_LOCKING" in (REPO / "workflow" / "rules" / "common.smk").read_text()
-
-
-def test_default_profile_is_local():
-    prof = yaml.safe_load((PROFILES / "default" / "config.yaml").read_text())
-    assert "executor" not in prof and prof["cores"] == "all"

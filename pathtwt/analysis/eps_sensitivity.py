@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..compress.partition import check_similarity, eps_sweep
-from ..errors import ConfigError
+from pathtwt.compress.partition import check_similarity, eps_sweep
+from pathtwt.errors import ConfigError
 
 
 def load_discovery(folder: str | os.PathLike) -> tuple[str, np.ndarray]:

@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..fileio import atomic_output, write_json_atomic
+from pathtwt.io.atomic import atomic_output, write_json_atomic
 
 
 def _pyplot():

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import NumericsError
+from pathtwt.errors import NumericsError
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..compress.intermediates import iter_layer_outputs
+from pathtwt.compress.intermediates import iter_layer_outputs
 
 
 @dataclass

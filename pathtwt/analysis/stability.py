@@ -16,8 +16,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..compress.intermediates import iter_layer_outputs
-from .intrinsic_dim import REPRESENTATIONS, representation, two_nn
+from pathtwt.compress.intermediates import iter_layer_outputs
+from pathtwt.analysis.intrinsic_dim import REPRESENTATIONS, representation, two_nn
 
 # representations kept across draws for the representation sd (small: one vector per tile)
 SPREAD_KINDS = ("cls", "patch-mean")

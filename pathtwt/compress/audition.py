@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .distill import Transform
-from .intermediates import tiles_to_batch
-from .student import block_outputs
+from pathtwt.compress.distill import Transform
+from pathtwt.compress.intermediates import tiles_to_batch
+from pathtwt.compress.student import block_outputs
 
 
 @dataclass

@@ -21,8 +21,8 @@ from typing import Any, Iterable, Sequence
 import h5py
 import numpy as np
 
-from ..errors import ConfigError, PathtwtError, SlideError
-from ..fileio import atomic_output
+from pathtwt.errors import ConfigError, PathtwtError, SlideError
+from pathtwt.io.atomic import atomic_output
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def restrict_to_splits(
 
 
 def _coords_group(path: Path) -> tuple[_Group | None, dict[str, Any]]:
-    from ..h5io import read_coords
+    from pathtwt.io.h5 import read_coords
 
     coords, _, attrs = read_coords(path)
     if attrs.get("status", "ok") != "ok" or len(coords) == 0:
@@ -183,7 +183,7 @@ def _read_coords_tiles(
 ) -> np.ndarray:
     import cv2
 
-    from ..slides import open_slide
+    from pathtwt.wsi.slides import open_slide
 
     slide_path = Path(str(attrs.get("slide_path", "")))
     if not slide_path.is_absolute() and not slide_path.exists():

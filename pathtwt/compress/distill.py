@@ -28,12 +28,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import NumericsError, PathtwtError
-from ..fileio import atomic_output
-from .augment import TileAugmenter, step_seed
-from .intermediates import tiles_to_batch
-from .schedule import cosine_lr_factor, term_weights
-from .student import block_outputs
+from pathtwt.errors import NumericsError, PathtwtError
+from pathtwt.io.atomic import atomic_output
+from pathtwt.compress.augment import TileAugmenter, step_seed
+from pathtwt.compress.intermediates import tiles_to_batch
+from pathtwt.compress.schedule import cosine_lr_factor, term_weights
+from pathtwt.compress.student import block_outputs
 
 Transform = Callable[[np.ndarray], torch.Tensor]
 CHECKPOINT_FORMAT = "pathtwt-distill-checkpoint/1"

@@ -6,7 +6,7 @@ teacher's timm name and keyword arguments with ``depth`` set to the student's de
     model = timm.create_model(meta["timm_name"], pretrained=False, **meta["timm_kwargs"])
     model.load_state_dict(safetensors.torch.load_file(DIR / "model.safetensors"), strict=True)
 
-rebuilds it with timm alone; ``pathtwt.backbones.create_backbone(DIR)`` reads the same
+rebuilds it with timm alone; ``pathtwt.models.registry.create_backbone(DIR)`` reads the same
 two files. Methods whose student is not a plain ViT describe the difference in
 ``layer_patches`` (TWT and truncation export none). Both files are written atomically and
 ``model.json`` last, so a folder with a ``model.json`` is always complete.
@@ -21,14 +21,14 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import PathtwtError
-from ..fileio import atomic_output, sha256_file, write_json_atomic
+from pathtwt.errors import PathtwtError
+from pathtwt.io.atomic import atomic_output, sha256_file, write_json_atomic
 
 def _versions() -> dict[str, str]:
     import timm
     import torch
 
-    from .. import __version__
+    from pathtwt import __version__
 
     return {"pathtwt": __version__, "torch": torch.__version__, "timm": timm.__version__, "python": platform.python_version()}
 
@@ -39,7 +39,7 @@ def calibration_hashes(sources: list[str]) -> dict[str, str]:
 
 
 def cost(model: nn.Module, input_size: int) -> dict[str, int]:
-    from .flops import count_macs, count_params
+    from pathtwt.models.flops import count_macs, count_params
 
     return {"params": int(count_params(model)), "macs_per_tile": int(count_macs(model, input_size=input_size))}
 
@@ -56,12 +56,12 @@ def export_backbone(
     options: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``out/model.safetensors`` and ``out/model.json`` for ``model`` (a plain timm ViT
-    of the teacher's family); ``teacher`` is the ``pathtwt.backbones.Backbone`` compressed.
+    of the teacher's family); ``teacher`` is the ``pathtwt.models.registry.Backbone`` compressed.
     ``extra`` holds the method's own keys (plan, audition, fidelity, ...)."""
     from safetensors.torch import save_file
 
-    from ..backbones import build_timm_model, variant_metadata
-    from ..layer_patches import apply_layer_patches
+    from pathtwt.models.registry import build_timm_model, variant_metadata
+    from pathtwt.models.layer_patches import apply_layer_patches
 
     spec = teacher.spec
     depth = len(model.blocks)

@@ -1,7 +1,7 @@
 """Held-out fidelity of a compressed backbone to its teacher.
 
 The number that matters downstream is the tile embedding (concat of CLS and mean patch
-token, ``pathtwt.embedding.tile_embedding``), so fidelity is the cosine between student and
+token, ``pathtwt.models.embedding.pool_tokens``), so fidelity is the cosine between student and
 teacher embeddings of held-out calibration tiles; per-block MSE at the block boundaries
 says where a student drifts.
 """
@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .distill import Transform
-from .intermediates import tiles_to_batch
-from .student import block_outputs
+from pathtwt.compress.distill import Transform
+from pathtwt.compress.intermediates import tiles_to_batch
+from pathtwt.compress.student import block_outputs
 
 
 @torch.no_grad()
@@ -33,7 +33,7 @@ def evaluate_fidelity(
 ) -> dict[str, object]:
     """Embedding cosine (mean, min) on ``tiles``; with ``boundaries`` (teacher layer e_j matched
     by student block j) also the per-block MSE and the final-feature MSE."""
-    from ..embedding import tile_embedding
+    from pathtwt.models.embedding import pool_tokens
 
     if len(tiles) == 0:
         return {"n_tiles": 0}
@@ -44,8 +44,8 @@ def evaluate_fidelity(
         x = tiles_to_batch(transform, tiles[i : i + batch_size], device)
         s_out, t_out = block_outputs(student, x), block_outputs(teacher, x)
         s_final, t_final = student.norm(s_out[-1]), teacher.norm(t_out[-1])
-        cos = nn.functional.cosine_similarity(tile_embedding(s_final, num_prefix_tokens).float(),
-                                              tile_embedding(t_final, num_prefix_tokens).float(), dim=-1)
+        cos = nn.functional.cosine_similarity(pool_tokens(s_final, num_prefix_tokens).float(),
+                                              pool_tokens(t_final, num_prefix_tokens).float(), dim=-1)
         cos_parts.append(cos.cpu())
         n = x.shape[0]
         final_sum += float(nn.functional.mse_loss(s_final, t_final)) * n

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, NumericsError
+from pathtwt.errors import ConfigError, NumericsError
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,6 @@ class Partition:
     @property
     def n_blocks(self) -> int:
         return len(self.blocks)
-
-    @property
-    def block_ends(self) -> list[int]:
-        return [e for _, e in self.blocks]
 
     def to_dict(self) -> dict:
         return {

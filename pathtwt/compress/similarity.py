@@ -15,9 +15,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..errors import ConfigError, NumericsError
-from ..fileio import atomic_output, write_text_atomic
-from .intermediates import iter_layer_outputs
+from pathtwt.errors import ConfigError, NumericsError
+from pathtwt.io.atomic import atomic_output, write_text_atomic
+from pathtwt.compress.intermediates import iter_layer_outputs
 
 TOKEN_MODES = ("all", "cls", "patch-mean")
 

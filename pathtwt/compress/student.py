@@ -1,7 +1,7 @@
 """The K-layer student: a plain timm ``VisionTransformer`` whose blocks are surrogate layers.
 
 The student is built from the teacher's own timm name and keyword arguments
-(``pathtwt.backbones.build_timm_model``) with only ``depth`` changed, so the exported model is loadable with timm alone. Everything that is
+(``pathtwt.models.registry.build_timm_model``) with only ``depth`` changed, so the exported model is loadable with timm alone. Everything that is
 not a block (patch embedding, class/register tokens, position embedding, final norm) is
 copied from the teacher.
 
@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import nn
 
-from .intermediates import block_input
+from pathtwt.compress.intermediates import block_input
 
 
 def non_block_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -31,7 +31,7 @@ def stitch_student(teacher: nn.Module, layers: Sequence[nn.Module], *, spec: Any
     """A ``len(layers)``-layer timm ViT of the teacher's ``spec`` (a ``BackboneSpec``) with the
     teacher's embeddings and final norm and copies of ``layers`` (timm ``Block`` modules,
     possibly :class:`ScaledBlock`-wrapped: their scalars are folded first) as its blocks."""
-    from ..backbones import build_timm_model
+    from pathtwt.models.registry import build_timm_model
 
     student = build_timm_model(spec, depth=len(layers))
     state = non_block_state(teacher)

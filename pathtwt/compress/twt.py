@@ -9,16 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .methods import CompressOptions, backbone_default, distill_and_export, distill_options, resolve_plan
+from pathtwt.compress.pipeline import CompressOptions, backbone_default, distill_and_export, distill_options, resolve_plan
 
 
 def build_twt_student(teacher: Any, calib: Any, plan: dict[str, Any], options: CompressOptions) -> tuple[Any, list[dict]]:
     """The stitched K-layer student and the audition report (empty for ``init="random"``)."""
     import torch
 
-    from ..backbones import build_timm_model
-    from .audition import AuditionOptions, audition
-    from .student import stitch_student
+    from pathtwt.models.registry import build_timm_model
+    from pathtwt.compress.audition import AuditionOptions, audition
+    from pathtwt.compress.student import stitch_student
 
     spec, blocks = teacher.spec, plan["blocks"]
     if options.init == "random":
@@ -36,9 +36,9 @@ def build_twt_student(teacher: Any, calib: Any, plan: dict[str, Any], options: C
 
 
 def compress_twt(teacher: Any, calib: Any, options: CompressOptions) -> Path | None:
-    from .distill import DeepSupervision
-    from .schedule import default_alphas
-    from .student import add_branch_scales
+    from pathtwt.compress.distill import DeepSupervision
+    from pathtwt.compress.schedule import default_alphas
+    from pathtwt.compress.student import add_branch_scales
 
     plan = resolve_plan(teacher, calib, options)
     student, report = build_twt_student(teacher, calib, plan, options)

@@ -8,7 +8,7 @@
   differently stained counterparts) written by ``pathtwt demo make-slides``.
 """
 
-from .synthetic import SlideRecipe, SyntheticSlide
-from .tiff_writer import pyramid_dims, write_pyramidal_tiff
+from pathtwt.demo.synthetic import SlideRecipe, SyntheticSlide
+from pathtwt.demo.tiff_writer import pyramid_dims, write_pyramidal_tiff
 
 __all__ = ["SlideRecipe", "SyntheticSlide", "pyramid_dims", "write_pyramidal_tiff"]

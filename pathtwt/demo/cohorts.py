@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
-from .styles import STAIN_EXTERNAL, STAIN_INTERNAL, Stain, jitter_stain
-from .synthetic import SlideRecipe
+from pathtwt.errors import ConfigError
+from pathtwt.demo.styles import STAIN_EXTERNAL, STAIN_INTERNAL, Stain, jitter_stain
+from pathtwt.demo.synthetic import SlideRecipe
 
 GRADES = 6
 # Tumour share of the tissue per grade: disjoint ranges so the label is recoverable.

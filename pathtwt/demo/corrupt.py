@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fileio import atomic_output
+from pathtwt.io.atomic import atomic_output
 
 
 def corrupt_middle_tile(path: str | os.PathLike, *, seed: int = 0) -> tuple[int, int]:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..fileio import atomic_output, write_json_atomic, write_text_atomic
-from .cohorts import SCALES, PlannedSlide, planned_slides
-from .synthetic import TUMOUR_LABEL, SlideRecipe, SyntheticSlide
-from .tiff_writer import write_pyramidal_tiff
+from pathtwt.errors import ConfigError
+from pathtwt.io.atomic import atomic_output, write_json_atomic, write_text_atomic
+from pathtwt.demo.cohorts import SCALES, PlannedSlide, planned_slides
+from pathtwt.demo.synthetic import TUMOUR_LABEL, SlideRecipe, SyntheticSlide
+from pathtwt.demo.tiff_writer import write_pyramidal_tiff
 
 MANIFEST = "demo.json"
 FORMAT = "pathtwt-demo/1"

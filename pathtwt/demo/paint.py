@@ -6,17 +6,26 @@ noise) and nuclei drawn with anti-aliased ellipses; the stain model turns them i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import cv2
 import numpy as np
 
-from .noise import bilinear_points, hash_uniform, value_noise
-from .scene import FAINT, INTENSITY, TISSUE, TUMOUR
-from .styles import NucleusStyle, Stain
+from pathtwt.demo.noise import bilinear_points, hash_uniform, value_noise
+from pathtwt.demo.scene import FAINT, INTENSITY, TISSUE, TUMOUR
+from pathtwt.demo.styles import NucleusStyle, Stain
 
-if TYPE_CHECKING:
-    from .synthetic import SyntheticSlide
+
+class SyntheticSlide(Protocol):
+    """What painting reads of a slide (pathtwt.demo.synthetic.SyntheticSlide provides it)."""
+
+    recipe: Any
+    mpp: float
+    edge_px: float
+    scene: Any
+    style: Any
+    nuclei: tuple[NucleusStyle, NucleusStyle]
+
 
 # Nuclei are drawn one by one while the smallest is at least this many output pixels in
 # radius; below that they are painted as their mean coverage.

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage
 
-from .noise import sample_grid, signed_distance, smooth_field
+from pathtwt.demo.noise import sample_grid, signed_distance, smooth_field
 
 # Channels of SceneFields.grid
 TISSUE, TUMOUR, FAINT, INTENSITY = range(4)

@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
-from .paint import paint
-from .scene import TISSUE, TUMOUR, Layout, build_scene
-from .styles import STAIN_INTERNAL, TISSUES, NucleusStyle, Stain
+from pathtwt.demo.paint import paint
+from pathtwt.demo.scene import TISSUE, TUMOUR, Layout, build_scene
+from pathtwt.demo.styles import STAIN_INTERNAL, TISSUES, NucleusStyle, Stain
 
 BACKGROUND, TISSUE_LABEL, TUMOUR_LABEL = 0, 1, 2  # values of label_map()
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import PathtwtError
-from ..fileio import atomic_output
+from pathtwt.errors import PathtwtError
+from pathtwt.io.atomic import atomic_output
 
 # tile_fn(x, y, w, h, downsample) -> (h, w, 3) uint8: the level-0 region starting at (x, y),
 # one output pixel per downsample x downsample level-0 pixels.
@@ -214,9 +214,3 @@ def _halve(band: np.ndarray) -> np.ndarray:
     return cv2.resize(band, (band.shape[1] // 2, band.shape[0] // 2), interpolation=cv2.INTER_AREA)
 
 
-def level_dims_on_disk(path: str | os.PathLike) -> list[tuple[int, int]]:
-    """(w, h) of every page, as written (for checks and manifests)."""
-    import tifffile
-
-    with tifffile.TiffFile(Path(path)) as tif:
-        return [(int(p.imagewidth), int(p.imagelength)) for p in tif.pages]

@@ -16,8 +16,8 @@ import h5py
 import numpy as np
 import pandas as pd
 
-from ..errors import ConfigError, NumericsError
-from .labels import slide_listing
+from pathtwt.errors import ConfigError, NumericsError
+from pathtwt.mil.labels import slide_listing
 
 SPLITS = ("train", "val", "test")
 SCAN_ROWS = 8192  # rows per read when scanning for NaN/inf: bounded memory per slide
@@ -214,7 +214,7 @@ def prepare_data(
 ) -> MILData:
     """Match the label table(s) with the features folder(s) and check everything before
     any training starts."""
-    from .labels import read_label_table
+    from pathtwt.mil.labels import read_label_table
 
     table = read_label_table(labels)
     odd = table.loc[~table["split"].isin(SPLITS), "slide_id"].tolist()

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import ConfigError
+from pathtwt.errors import ConfigError
 
 REQUIRED_COLUMNS = ("slide_id", "label")
 BENIGN_NAMES = {"benign", "negative", "0+0", "none"}

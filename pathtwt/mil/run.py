@@ -24,11 +24,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import __version__
-from ..fileio import atomic_output, write_json_atomic
-from .data import MILData
-from .protocols import MILConfig
-from .train import RESUME_FILE, Evaluation, evaluate, fit
+from pathtwt import __version__
+from pathtwt.io.atomic import atomic_output, write_json_atomic
+from pathtwt.mil.data import MILData
+from pathtwt.mil.protocols import MILConfig
+from pathtwt.mil.train import RESUME_FILE, Evaluation, evaluate, fit
 
 METRICS_FORMAT = "pathtwt-mil-metrics/1"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, PathtwtError
+from pathtwt.errors import ConfigError, PathtwtError
 
 SUMMARY_METRICS = ("qwk_x100", "accuracy", "balanced_accuracy", "auc_macro")
 

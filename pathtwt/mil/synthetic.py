@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..fileio import atomic_output
-from ..h5io import write_features
+from pathtwt.io.atomic import atomic_output
+from pathtwt.io.h5 import write_features
 
 
 

@@ -18,13 +18,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, NumericsError
-from ..fileio import atomic_output
-from .data import Cohort, MILData, load_bag
-from .metrics import slide_metrics
-from .models import build_head
-from .protocols import MILConfig
-from .selection import select_epoch
+from pathtwt.errors import ConfigError, NumericsError
+from pathtwt.io.atomic import atomic_output
+from pathtwt.mil.data import Cohort, MILData, load_bag
+from pathtwt.mil.metrics import slide_metrics
+from pathtwt.mil.models import build_head
+from pathtwt.mil.protocols import MILConfig
+from pathtwt.mil.selection import select_epoch
 
 RESUME_FILE = "resume.pt"
 DEFAULT_DROPOUT = {"abmil": 0.25, "transmil": 0.1}

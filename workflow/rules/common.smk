@@ -4,7 +4,7 @@ import os
 import sys
 from pathlib import Path
 
-from pathtwt import config_check
+from pathtwt.config import check as config_check
 from pathtwt.errors import ConfigError
 from snakemake.exceptions import WorkflowError
 
@@ -247,7 +247,7 @@ def get_calibration_coords(wildcards):
 def write_file_list(files, out):
     """One path per line: long lists go to commands through a file, since a single
     shell command line is limited to 128 KiB on Linux."""
-    from pathtwt.fileio import write_text_atomic
+    from pathtwt.io.atomic import write_text_atomic
 
     write_text_atomic(out, "".join(f"{f}\n" for f in files))
 
@@ -258,7 +258,7 @@ def get_cohort_coords(wildcards):
 
 def write_extract_manifest(wildcards, out):
     """slide, coords, features file per line: the batch of one `pathtwt extract` job."""
-    from pathtwt.fileio import write_text_atomic
+    from pathtwt.io.atomic import write_text_atomic
 
     slides = get_slide_paths(wildcards.cohort)
     folder = f"results/features/{wildcards.backbone}/{wildcards.variant}/{wildcards.cohort}"

@@ -1,0 +1,85 @@
+"""The ``pathtwt`` command: one subcommand per workflow step.
+
+Each subcommand lives in ``pathtwt/cli/<name>.py`` and defines ``HELP`` (one line),
+``add_arguments(parser)`` and ``run(args) -> int | None``. Modules are imported only when
+their subcommand runs, so ``pathtwt tile`` never pays for importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> module under pathtwt.cli, in workflow order
+COMMANDS: dict[str, str] = {
+    "demo": "demo",
+    "tile": "tile",
+    "extract": "extract",
+    "calibrate": "calibrate",
+    "discover": "discover",
+    "compress": "compress",
+    "train-mil": "train_mil",
+    "summarize-mil": "summarize_mil",
+    "analyze": "analyze",
+    "report": "report",
+    "check-config": "check_config",
+}
+
+# one-line descriptions shown by `pathtwt --help` without importing every module
+SUMMARIES: dict[str, str] = {
+    "demo": "write the synthetic demo cohorts (pyramidal TIFF slides, label tables, true masks)",
+    "tile": "find tissue and write the tile coordinates of one slide to HDF5",
+    "extract": "embed every tile of a slide with a (compressed) backbone into HDF5",
+    "calibrate": "draw the calibration tiles for compression from the training cohort",
+    "discover": "layer-similarity matrix and the exact min-max partition into blocks",
+    "compress": "compress a backbone (TWT or a comparison method) and export a timm ViT",
+    "train-mil": "train and evaluate an ABMIL or TransMIL slide head on frozen features",
+    "summarize-mil": "mean +- std of MIL metrics over seeds",
+    "analyze": "norm growth, eps sensitivity, intrinsic dimension and stability analyses",
+    "report": "build the results tables and HTML report",
+    "check-config": "validate a workflow config and its label tables before any job runs",
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    from pathtwt import __version__
+
+    parser = argparse.ArgumentParser(prog="pathtwt", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"pathtwt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=SUMMARIES[name], add_help=False)
+            continue
+        module = importlib.import_module(f"pathtwt.cli.{module_name}")
+        p = sub.add_parser(name, help=SUMMARIES[name], description=getattr(module, "HELP", SUMMARIES[name]))
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pathtwt.errors import PathtwtError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only=chosen if chosen in COMMANDS else "")
+    args = parser.parse_args(argv)
+    if getattr(args, "_module", None) is None:
+        parser.print_help()
+        return 0 if not argv else 2
+    try:
+        code = args._module.run(args)
+    except PathtwtError as exc:
+        # Expected, user-facing failures: one line, no traceback.
+        print(f"pathtwt {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"pathtwt {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""pathtwt calibrate: draw the calibration tiles for compression."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "draw a seeded calibration set of tiles (with a held-out part) from training-cohort coords files or images"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--coords", nargs="+", default=[], metavar="PATH",
+        help="coords .h5 files or folders of them (training cohort only)",
+    )
+    parser.add_argument(
+        "--images", nargs="+", default=[], metavar="PATH",
+        help="image files or folders (tif/tiff/png/jpg); large images are cut into tiles",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="calibration HDF5 to write")
+    parser.add_argument("--n-tiles", type=int, default=10_000, help="tiles to draw (default 10000)")
+    parser.add_argument("--holdout", type=float, default=0.1, help="held-out fraction (default 0.1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the draw (default 0)")
+    parser.add_argument(
+        "--patch-size", type=int, default=None,
+        help="tile side in pixels (default: the coords files' patch_size, else 224); slide tiles are resized to it",
+    )
+    parser.add_argument(
+        "--labels", type=Path, default=None,
+        help="label table (slide_id,label,split): keep only coords files of slides in --splits",
+    )
+    parser.add_argument("--splits", nargs="+", default=["train"], help="splits allowed with --labels (default train)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathtwt.compress.calibration import draw_tiles, expand_sources, restrict_to_splits, write_calibration
+    from pathtwt.errors import ConfigError
+
+    if not args.coords and not args.images:
+        raise ConfigError("give --coords and/or --images")
+    calib, coords, _ = expand_sources(args.coords)
+    if calib:
+        raise ConfigError(f"{calib[0]} is already a calibration file; pass coords files to --coords")
+    if args.labels is not None:
+        n_before = len(coords)
+        coords = restrict_to_splits(coords, args.labels, args.splits)
+        print(f"{args.labels}: {len(coords)} of {n_before} coords files are in splits {', '.join(args.splits)}")
+    _, _, images = expand_sources(args.images)
+    if args.coords and not coords:
+        raise ConfigError(f"no coords .h5 files found in --coords {' '.join(args.coords)}")
+    if args.images and not images:
+        raise ConfigError(f"no images found in --images {' '.join(args.images)}")
+    drawn = draw_tiles(
+        coords, images, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout, patch_size=args.patch_size
+    )
+    provenance = {
+        "seed": args.seed,
+        "n_tiles_requested": args.n_tiles,
+        "n_tiles": int(len(drawn.tiles)),
+        "holdout": args.holdout,
+        "labels": str(args.labels) if args.labels else None,
+        "splits": args.splits if args.labels else None,
+        "coords": [str(p) for p in coords],
+        "images": [str(p) for p in images],
+    }
+    write_calibration(args.out, drawn, provenance)
+    n_hold = int(drawn.split.sum())
+    print(f"{args.out}: {len(drawn.tiles)} tiles of {drawn.patch_size} px "
+          f"({len(drawn.tiles) - n_hold} fit, {n_hold} holdout) from {len(drawn.sources)} sources")
+    return 0

@@ -1,0 +1,128 @@
+"""pathtwt compress: compress a backbone with TWT or a comparison method and export it as a
+backbone variant folder (``model.safetensors`` + ``model.json``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = "compress a backbone (TWT or a comparison method) and export it as a plain timm ViT variant folder"
+
+
+def _on_off(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
+    return value == "on"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pathtwt.cli.options import add_backbone_arguments
+
+    add_backbone_arguments(parser)
+    parser.add_argument("--method", default="twt", help="twt (default), truncation, or a comparison method "
+                        "(raptor, wdpruning, nose, linear, subset)")
+    parser.add_argument("--out", required=True, type=Path, help="variant folder to write")
+    goal = parser.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--depth", type=int, help="exactly K blocks (discovery runs here unless --plan)")
+    goal.add_argument("--eps", type=float, help="fewest blocks with discrepancy <= EPS (discovery runs here)")
+    goal.add_argument("--plan", type=Path, help="plan.json from `pathtwt discover`")
+    parser.add_argument("--tokens", choices=("all", "cls", "patch-mean"), default="all",
+                        help="token mode of the similarity matrix when discovering here (default all)")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=int, help="distillation optimiser steps")
+    budget.add_argument("--epochs", type=float, help="distillation passes over the fit tiles (default 1)")
+    parser.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
+    parser.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up before the cosine decay (default 0)")
+    parser.add_argument("--audition-steps", type=int, default=50,
+                        help="fitting steps per audition candidate, 0 = rank as they are (default 50)")
+    parser.add_argument("--schedule", type=_on_off, default=None, metavar="on|off",
+                        help="staggered cosine loss-weight ramp (default: off for pathology backbones, on otherwise)")
+    parser.add_argument("--layer-scale", type=_on_off, default=None, metavar="on|off",
+                        help="learnable scalar per surrogate branch, folded at export (default as --schedule)")
+    parser.add_argument("--augment", type=_on_off, default=True, metavar="on|off",
+                        help="colour jitter + Gaussian blur (default on; off caches teacher targets)")
+    parser.add_argument("--init", choices=("audition", "random"), default="audition",
+                        help="surrogate initialisation (random: ablation)")
+    parser.add_argument("--holdout", type=float, default=0.1, help="held-out fraction of drawn calibration tiles (default 0.1)")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="resume file (default OUT/checkpoint.pt)")
+    parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
+    parser.add_argument("--keep-checkpoint", action="store_true", help="keep the checkpoint after a successful export")
+    parser.add_argument("--stop-after", type=int, default=None,
+                        help="stop after this many steps, keeping the checkpoint; rerun to resume")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--option", action="append", default=[], metavar="KEY=VALUE",
+        help="a method-specific setting, repeatable: " + ", ".join(f"{k} ({v})" for k, v in METHOD_OPTIONS.items()),
+    )
+
+
+# Method-specific settings (CompressOptions.extra) and the methods that read them.
+METHOD_OPTIONS = {
+    "audition_lr": "twt; default 1e-4",
+    "ridge": "linear; default 1e-6",
+    "linear_single_layers": "linear; true/false, default false",
+    "stage1_fraction": "raptor; default 0.3",
+    "rollout_ramp": "raptor; default 0.25",
+    "dilute_fraction": "nose; default 0.3",
+    "search_budget": "subset; default 2L+12",
+    "search_steps": "subset; default steps/10",
+    "random_control": "subset; true/false, default false",
+}
+
+
+def parse_method_options(pairs: list[str]) -> dict:
+    """``KEY=VALUE`` strings into a dict of numbers and booleans, refusing unknown keys."""
+    from pathtwt.errors import ConfigError
+
+    out: dict = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in METHOD_OPTIONS:
+            raise ConfigError(f"--option {pair!r}: expected KEY=VALUE with KEY one of {', '.join(METHOD_OPTIONS)}")
+        lowered = value.strip().lower()
+        if lowered in ("true", "false"):
+            out[key] = lowered == "true"
+            continue
+        try:
+            out[key] = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            raise ConfigError(f"--option {pair!r}: {value!r} is not a number or true/false") from None
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathtwt.compress.calibration import load_calibration
+    from pathtwt.compress.pipeline import CompressOptions
+    from pathtwt.compress.registry import get_method
+    from pathtwt.models.registry import create_backbone
+    from pathtwt.devices import resolve_device
+
+    method = get_method(args.method)  # fail on an unknown method before loading anything
+    extra = parse_method_options(args.option)
+    # float32 teacher whatever the backbone's inference precision: its outputs are the targets
+    teacher = create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init,
+                              device=resolve_device(args.device), precision="fp32")
+    calib = load_calibration(args.calibration, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout,
+                             patch_size=teacher.spec.input_size)
+    options = CompressOptions(
+        out=args.out, depth=args.depth, eps=args.eps, plan=args.plan, tokens=args.tokens, steps=args.steps,
+        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
+        audition_steps=args.audition_steps, schedule=args.schedule, layer_scale=args.layer_scale,
+        augment=args.augment, init=args.init, seed=args.seed, device=teacher.device, checkpoint=args.checkpoint,
+        checkpoint_every=args.checkpoint_every, keep_checkpoint=args.keep_checkpoint, stop_after=args.stop_after,
+        progress=not args.no_progress and sys.stderr.isatty(), extra=extra,
+        command=[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if not k.startswith("_") and v is not None],
+    )
+    out = method(teacher, calib, options)
+    if out is None:
+        print(f"{args.out}: stopped after step {args.stop_after}; rerun the same command to resume")
+        return 0
+    import json
+
+    meta = json.loads((Path(out) / "model.json").read_text())
+    fid = meta.get("fidelity", {})
+    print(f"{out}: {meta['name']}, {meta['params'] / 1e6:.2f} M params, {meta['macs_per_tile'] / 1e9:.2f} G MACs/tile, "
+          f"held-out embedding cosine {fid.get('initial', {}).get('embedding_cosine_mean', float('nan')):.4f} -> "
+          f"{fid.get('final', {}).get('embedding_cosine_mean', float('nan')):.4f}")
+    return 0

@@ -1,0 +1,67 @@
+"""pathtwt discover: layer-similarity matrix of a frozen backbone and its exact partition."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pathtwt.cli.options import add_backbone_arguments, load_fit_tiles, load_teacher, teacher_provenance
+
+HELP = "layer-similarity matrix of a frozen backbone on calibration tiles and the exact min-max merge plan"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_backbone_arguments(parser)
+    parser.add_argument("--out", required=True, type=Path, help="output folder")
+    goal = parser.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--eps", type=float, help="fewest blocks with every block discrepancy <= EPS")
+    goal.add_argument("--depth", type=int, help="exactly K blocks with the smallest worst discrepancy")
+    parser.add_argument(
+        "--tokens", choices=("all", "cls", "patch-mean"), default="all",
+        help="tokens compared: all (per token, averaged; default), cls, or the patch-token mean",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathtwt.analysis.figures import similarity_heatmap
+    from pathtwt.compress.partition import default_eps_grid, eps_sweep, partition_exact_k, partition_min_blocks
+    from pathtwt.compress.similarity import save_similarity, similarity_matrix
+    from pathtwt.io.atomic import write_json_atomic, write_text_atomic
+
+    backbone = load_teacher(args)
+    calib = load_fit_tiles(args)
+    S = similarity_matrix(
+        backbone.model, backbone.transform, calib.fit, num_prefix_tokens=backbone.spec.num_prefix_tokens,
+        tokens=args.tokens, batch_size=args.batch_size, device=backbone.device,
+    )
+    part = partition_exact_k(S, args.depth) if args.depth is not None else partition_min_blocks(S, args.eps)
+    grid = default_eps_grid(S)
+    sweep = eps_sweep(S, grid)
+    out: Path = args.out
+    save_similarity(out, S)
+    write_text_atomic(
+        out / "eps_sweep.csv", "eps,n_blocks\n" + "".join(f"{e:.6f},{n}\n" for e, n in zip(grid, sweep))
+    )
+    plan = {
+        "eps": args.eps,
+        "depth": args.depth,
+        "num_layers": int(S.shape[0]),
+        **part.to_dict(),
+        "tokens": args.tokens,
+        "eps_sweep": [[float(e), int(n)] for e, n in zip(grid, sweep)],
+        **teacher_provenance(backbone, len(calib.fit), args),
+    }
+    similarity_heatmap(
+        S, part.blocks, out / "similarity.png",
+        title=f"{backbone.spec.name}: {part.n_blocks} blocks",
+        caption=(
+            f"{backbone.spec.name}: mean cosine distance ({args.tokens} tokens) between the outputs of its "
+            f"{S.shape[0]} layers on {len(calib.fit)} calibration tiles; red squares: the {part.n_blocks} blocks "
+            f"(worst discrepancy {part.max_discrepancy:.3f})."
+        ),
+    )
+    write_json_atomic(out / "plan.json", plan)  # last: its presence means the folder is complete
+    blocks = " ".join(f"[{s}-{e}]" for s, e in part.blocks)
+    print(f"{out}: {part.n_blocks} blocks {blocks}, worst discrepancy {part.max_discrepancy:.4f}"
+          f" ({len(calib.fit)} tiles)")
+    return 0

@@ -1,0 +1,73 @@
+"""pathtwt tile: tissue tile coordinates of one slide -> coords HDF5 (+ thumbnail PNG)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "find tissue on one slide (Otsu on a low-resolution level) and write its tile coordinates to HDF5"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pathtwt.wsi.tissue import TissueParams
+
+    parser.add_argument("slide", help="whole-slide image (any format OpenSlide or tiffslide reads)")
+    parser.add_argument("--out", required=True, help="coords HDF5 to write")
+    parser.add_argument("--mpp", type=float, default=0.5, help="target microns per pixel of the tiles (default 0.5 = 20x)")
+    parser.add_argument("--tile-size", type=int, default=256, help="tile side in pixels at the target mpp (default 256)")
+    parser.add_argument(
+        "--tissue",
+        choices=("fraction", "otsu"),
+        default="fraction",
+        help="fraction: keep tiles with tissue fraction >= --min-tissue; otsu: keep tiles touching tissue",
+    )
+    parser.add_argument("--min-tissue", type=float, default=0.6, help="minimum tissue fraction for --tissue fraction")
+    parser.add_argument(
+        "--slide-mpp", type=float, default=None, help="level-0 um/px to use when the slide metadata has none"
+    )
+    parser.add_argument(
+        "--mask-mpp",
+        type=float,
+        default=TissueParams.mask_mpp,
+        help=f"resolution of the tissue mask in um/px (default {TissueParams.mask_mpp})",
+    )
+    parser.add_argument(
+        "--reader", choices=("auto", "openslide", "tiffslide"), default="auto",
+        help="slide reader (default auto: OpenSlide, then tiffslide); recorded so extraction reopens it the same way",
+    )
+    parser.add_argument(
+        "--channels", default=None, metavar="I,J,K",
+        help="for fluorescence/multiplexed slides: the three channel indices shown as R, G, B",
+    )
+    parser.add_argument("--thumbnail", default=None, help="also write a PNG with the tissue outline and kept tiles")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathtwt.errors import PathtwtError
+    from pathtwt.io.h5 import write_coords
+    from pathtwt.wsi.slides import open_slide
+    from pathtwt.wsi.thumbnail import write_thumbnail
+    from pathtwt.wsi.tiling import tile_slide
+    from pathtwt.wsi.tissue import TissueParams
+
+    if args.tile_size < 1 or args.mpp <= 0 or args.mask_mpp <= 0:
+        raise PathtwtError("--tile-size, --mpp and --mask-mpp must be positive")
+    with open_slide(args.slide, mpp_fallback=args.slide_mpp, reader=args.reader, channel_map=args.channels) as slide:
+        tiling = tile_slide(
+            slide,
+            target_mpp=args.mpp,
+            tile_size=args.tile_size,
+            tissue=args.tissue,
+            min_tissue=args.min_tissue,
+            params=TissueParams(mask_mpp=args.mask_mpp),
+        )
+    # Thumbnail first: the coords file is the output the workflow waits for, so it
+    # appears last, once everything else has succeeded.
+    if args.thumbnail:
+        write_thumbnail(args.thumbnail, tiling)
+    write_coords(args.out, tiling.coords, tiling.tissue_fraction, tiling.attrs)
+    print(
+        f"{args.slide}: {len(tiling.coords)} tiles of {args.tile_size} px at {args.mpp} um/px "
+        f"(level-0 side {tiling.attrs['patch_size_level0']}, read level {tiling.attrs['read_level']}, "
+        f"status {tiling.attrs['status']}) -> {args.out}"
+    )
+    return 0

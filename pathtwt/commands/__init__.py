@@ -1,1 +1,0 @@
-"""One module per ``pathtwt`` subcommand (see pathtwt/cli.py for the contract)."""

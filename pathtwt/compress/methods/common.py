@@ -1,0 +1,100 @@
+"""What the comparison methods add to the shared compression machinery
+(:mod:`pathtwt.compress.registry`): short side runs of the distillation loop (Raptor's
+stage 1, the subset search's candidate scoring), held-out fidelity as one number, and
+export of students whose weights are tied.
+
+Every method is judged like TWT: the cosine between student and teacher tile embeddings
+(concat(CLS, mean of patch tokens)) on the calibration set's held-out tiles.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def fit_steps(options: Any, n_fit: int) -> int:
+    """The method's full distillation budget in optimiser steps (``--steps`` or ``--epochs``)."""
+    from pathtwt.compress.pipeline import distill_options
+
+    return distill_options(options).resolved_steps(n_fit)
+
+
+def side_run_options(options: Any, *, steps: int, augment: bool | None = None, seed_offset: int = 0) -> Any:
+    """Loop options for a run that is not the method's main distillation: no checkpoint
+    (the main run's file must not be mixed up with it), no progress bar."""
+    from pathtwt.compress.pipeline import distill_options
+
+    base = distill_options(options)
+    return dataclasses.replace(base, steps=int(steps), epochs=None, checkpoint=None, stop_after=None, progress=False,
+                               augment=base.augment if augment is None else bool(augment), seed=base.seed + seed_offset)
+
+
+def variant_name(teacher: Any, method: str, n: int) -> str:
+    """``<backbone>/<method>-<n>`` where the exported depth is not the number that names the
+    variant (NOSE: layers keeping attention; Raptor: distinct shared layers)."""
+    return f"{teacher.spec.base_backbone or teacher.spec.name}/{method}-{int(n)}"
+
+
+def untied_copy(model: nn.Module) -> nn.Module:
+    """A copy in which every block is its own module (tied blocks duplicated), so the
+    state dict holds plain tensors that safetensors and timm accept."""
+    out = copy.deepcopy(model)
+    out.blocks = nn.Sequential(*(copy.deepcopy(b) for b in model.blocks))
+    return out
+
+
+def holdout_fidelity(student: nn.Module, teacher: Any, calib: Any, options: Any) -> dict[str, Any]:
+    """The shared fidelity record on the held-out tiles (fit tiles if there are none)."""
+    from pathtwt.compress.fidelity import evaluate_fidelity
+
+    tiles = calib.holdout if len(calib.holdout) else calib.fit
+    return evaluate_fidelity(student, teacher.model, tiles, transform=teacher.transform,
+                             num_prefix_tokens=teacher.spec.num_prefix_tokens, device=options.device, batch_size=options.batch_size)
+
+
+def holdout_cosine(student: nn.Module, teacher: Any, calib: Any, options: Any) -> float:
+    """Mean held-out embedding cosine of ``student`` to the teacher."""
+    return float(holdout_fidelity(student, teacher, calib, options)["embedding_cosine_mean"])
+
+
+@torch.no_grad()
+def export_with_fidelity(student: nn.Module, *, teacher: Any, calib: Any, options: Any, method: str, extra: dict[str, Any],
+                         initial: dict[str, Any] | None = None, layer_patches: dict[str, Any] | None = None) -> Path:
+    """Measure held-out fidelity and write the variant folder through the shared exporter.
+    ``initial`` is the fidelity before training (None: the method does not train, so the
+    final numbers are also the initial ones)."""
+    from pathtwt.compress.export import export_backbone
+
+    student.eval()
+    final = holdout_fidelity(student, teacher, calib, options)
+    return export_backbone(
+        options.out, student, teacher=teacher, method=method, layer_patches=layer_patches,
+        calibration_sources=list(getattr(calib, "sources", [])), options=options.to_dict(),
+        extra={**extra, "fidelity": {"holdout_tiles": final.get("n_tiles", 0), "on": "holdout" if len(calib.holdout) else "fit",
+                                     "initial": final if initial is None else initial, "final": final}},
+    )
+
+
+def distill_main(student: nn.Module, *, teacher: Any, calib: Any, options: Any, objective: Any, description: str,
+                 steps: int | None = None) -> Any:
+    """The method's main distillation (checkpointed and resumable like TWT's); returns the
+    loop's result, whose ``completed`` is False when ``--stop-after`` ended it early."""
+    from pathtwt.compress.distill import distill
+    from pathtwt.compress.pipeline import distill_options
+
+    dopts = distill_options(options)
+    if steps is not None:
+        dopts = dataclasses.replace(dopts, steps=int(steps), epochs=None)
+    return distill(student, teacher.model, calib.fit, transform=teacher.transform, objective=objective, options=dopts,
+                   description=description)
+
+
+def drop_checkpoint(options: Any) -> None:
+    if not options.keep_checkpoint:
+        options.checkpoint_path().unlink(missing_ok=True)

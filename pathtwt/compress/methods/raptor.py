@@ -1,0 +1,112 @@
+"""Raptor (block-recurrent ViT): one shared layer per discovered block [s_j, e_j], applied
+k_j = e_j - s_j + 1 times, so the model keeps the teacher's depth and MACs while storing
+about TWT's parameters (one layer per block).
+
+Stage 1 trains each block's shared layer alone from the teacher's block input h_{s-1}:
+the loss mixes the teacher-forced one-step loss (mean over i of MSE(f(h_{i-1}), h_i)) with
+the autoregressive rollout loss (z_0 = h_{s-1}, z_i = f(z_{i-1}), mean of MSE(z_i, h_i));
+the rollout weight p rises linearly from 0 to 1 over the first ``rollout_ramp`` (default
+0.25) of stage 1, then stays 1. All blocks train at once, each from teacher inputs, so
+this is the same as training them one by one. Stage 2 trains the whole recurrent model
+end to end with a loss at every layer (TWT's deep supervision, every layer a boundary).
+Stage 1 takes ``stage1_fraction`` (default 0.3) of the method's budget, stage 2 the rest.
+Each shared layer starts as the teacher's first layer of its block.
+
+Export: a plain timm ViT of the teacher's depth whose layers within a block hold identical
+tensors (timm alone loads and runs it; the shared layer really runs k_j times, and the
+MAC counter walks every layer). ``model.json`` records ``shared_blocks``, the parameters
+counted once, and the ``tied_blocks`` layer patch (:mod:`.patches`) that ties the layers
+again on load, so the reloaded model counts each shared layer once too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from pathtwt.compress.methods.common import (distill_main, drop_checkpoint, export_with_fidelity, fit_steps, holdout_fidelity, side_run_options,
+                     untied_copy, variant_name)
+from pathtwt.models.variant_layers import tie_blocks
+
+Blocks = Sequence[Sequence[int]]
+
+
+class BlockwiseRollout:
+    """Stage 1's objective: every block's shared layer against the teacher's layer outputs
+    inside that block, teacher-forced and rolled out, mixed by the step."""
+
+    def __init__(self, blocks: Blocks, ramp_steps: int) -> None:
+        self.blocks = [(int(s), int(e)) for s, e in blocks]
+        self.ramp_steps = max(1, int(ramp_steps))
+
+    def targets(self, teacher: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+        from pathtwt.compress.student import block_outputs
+
+        return block_outputs(teacher, x)  # [h_0, ..., h_L]
+
+    def rollout_weight(self, step: int) -> float:
+        return min(1.0, step / self.ramp_steps)
+
+    def loss(self, student: nn.Module, x: torch.Tensor, targets: list[torch.Tensor], step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        mse = nn.functional.mse_loss
+        p = self.rollout_weight(step)
+        total, forced_sum, rolled_sum = 0.0, 0.0, 0.0
+        for s, e in self.blocks:
+            layer = student.blocks[s - 1]  # the block's shared module
+            forced = sum(mse(layer(targets[i - 1]), targets[i]) for i in range(s, e + 1)) / (e - s + 1)
+            z, rolled = targets[s - 1], 0.0
+            for i in range(s, e + 1):
+                z = layer(z)
+                rolled = rolled + mse(z, targets[i])
+            rolled = rolled / (e - s + 1)
+            total = total + (1 - p) * forced + p * rolled
+            forced_sum += float(forced.detach())
+            rolled_sum += float(rolled.detach())
+        return total, {"forced": forced_sum, "rollout": rolled_sum, "rollout_weight": p}
+
+
+def build_recurrent_student(teacher: Any, blocks: Blocks) -> nn.Module:
+    """The teacher's depth, layers s..e of each block one shared module (initialised as the
+    teacher's layer s)."""
+    from pathtwt.compress.methods.truncation import truncated_student
+
+    return tie_blocks(truncated_student(teacher, len(teacher.model.blocks)), blocks)
+
+
+def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
+    """Registry entry (``--method raptor``): plan, stage 1, stage 2, export."""
+    from pathtwt.compress.distill import DeepSupervision, distill
+    from pathtwt.models.flops import count_params
+    from pathtwt.compress.pipeline import resolve_plan
+
+    plan = resolve_plan(teacher, calib, options)
+    blocks = [[int(s), int(e)] for s, e in plan["blocks"]]
+    num_layers = len(teacher.model.blocks)
+    student = build_recurrent_student(teacher, blocks)
+    initial = holdout_fidelity(student, teacher, calib, options)  # each block's first layer, recurrent
+    total = fit_steps(options, len(calib.fit))
+    stage1 = int(round(float(options.extra.get("stage1_fraction", 0.3)) * total))
+    ramp = int(float(options.extra.get("rollout_ramp", 0.25)) * stage1)
+    # a stage-2 checkpoint already holds what stage 1 produced, so a resumed run skips it
+    if stage1 > 0 and not options.checkpoint_path().exists():
+        distill(student, teacher.model, calib.fit, transform=teacher.transform, objective=BlockwiseRollout(blocks, ramp),
+                options=side_run_options(options, steps=stage1), description="raptor stage 1")
+    result = distill_main(student, teacher=teacher, calib=calib, options=options, steps=total - stage1,
+                          description="raptor stage 2", objective=DeepSupervision(boundaries=list(range(1, num_layers + 1))))
+    if not result.completed:
+        return None
+    params = count_params(student)  # tied: each shared layer once
+    multi = [b for b in blocks if b[1] > b[0]]
+    out = export_with_fidelity(
+        untied_copy(student), teacher=teacher, calib=calib, options=options, method="raptor", initial=initial,
+        layer_patches={"tied_blocks": multi} if multi else None,
+        extra={"name": variant_name(teacher, "raptor", len(blocks)), "params": int(params), "plan": plan,
+               "shared_blocks": blocks, "recurrence": [e - s + 1 for s, e in blocks],
+               "stages": {"stage1_steps": stage1, "rollout_ramp_steps": ramp, "stage2_steps": total - stage1},
+               "distillation": {"steps": result.total_steps, "resumed_from": result.resumed_from}},
+    )
+    drop_checkpoint(options)
+    return out

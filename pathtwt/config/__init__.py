@@ -1,0 +1,1 @@
+"""Workflow configuration: schema validation and checks of label tables and slides."""

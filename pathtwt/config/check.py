@@ -1,0 +1,303 @@
+"""Workflow configuration checks, run by `pathtwt check-config` and by the Snakefile at
+parse time, so that a bad config or label table fails before any job starts.
+
+The schema (workflow/schemas/config.schema.yaml) fixes the keys and their defaults; this
+module adds what a schema cannot say: label tables with duplicate slide ids, unknown
+splits or slides missing on disk, and references between sections (a task naming a
+cohort that does not exist). Every error is one line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from pathtwt.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+# Offending rows listed in one error line before it is cut short.
+MAX_LISTED = 8
+
+
+def load_yaml(path: str | os.PathLike) -> Any:
+    import yaml
+
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+
+
+def _key_path(parts: Iterable[Any]) -> str:
+    return ".".join(str(p) for p in parts) or "<top level>"
+
+
+def validate_schema(config: dict, *, source: str, schema_path: str | os.PathLike = SCHEMA_PATH) -> dict:
+    """Validate ``config`` against the schema and fill in defaults (on a deep copy, so
+    two cohorts never share one default dict). Raises ConfigError naming the key."""
+    import jsonschema
+
+    schema = load_yaml(schema_path)
+    base = jsonschema.Draft202012Validator
+    validate_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema_node):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema_node)
+
+    validator_cls = jsonschema.validators.extend(base, {"properties": set_defaults})
+    config = copy.deepcopy(config) if config is not None else {}
+    if not isinstance(config, dict):
+        raise ConfigError(f"{source}: the config must be a mapping of keys to values")
+    errors = sorted(validator_cls(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        raise ConfigError(f"{source}: key {_key_path(err.absolute_path)}: {err.message}{more}")
+    return config
+
+
+def resolve(config: Mapping[str, Any], path: str) -> Path:
+    """A cohort path as the workflow sees it: absolute, or relative to data_root."""
+    p = Path(os.path.expandvars(os.path.expanduser(path)))
+    return p if p.is_absolute() else Path(config.get("data_root", ".")) / p
+
+
+def is_glob(spec: str) -> bool:
+    return any(ch in spec for ch in "*?[")
+
+
+def list_slides(config: Mapping[str, Any], cohort: str) -> dict[str, Path]:
+    """slide_id -> slide file for a cohort's `slides` entry (folder, glob or CSV table).
+
+    Names starting with "." are ignored (temporary files of atomic writes)."""
+    cfg = config["cohorts"][cohort]
+    spec = str(cfg["slides"])
+    where = f"cohorts.{cohort}.slides"
+    target = resolve(config, spec)
+    if spec.endswith(".csv") and not is_glob(spec):
+        return _slides_from_table(target, where)
+    if is_glob(spec):
+        candidates = [Path(p) for p in sorted(glob.glob(str(target)))]
+    elif target.is_dir():
+        candidates = sorted(target.iterdir())
+    else:
+        raise ConfigError(f"{target}: {where} is neither a folder, a glob nor a CSV table; fix the path")
+    exts = tuple(e.lower() for e in cfg.get("extensions", []))
+    slides: dict[str, Path] = {}
+    for path in candidates:
+        name = path.name
+        if name.startswith(".") or not name.lower().endswith(exts):
+            continue
+        slide_id = name[: -len(next(e for e in exts if name.lower().endswith(e)))]
+        if slide_id in slides:
+            raise ConfigError(f"{path}: {where} holds two slides with the id {slide_id!r}; rename one")
+        slides[slide_id] = path
+    return slides
+
+
+def _slides_from_table(table: Path, where: str) -> dict[str, Path]:
+    import pandas as pd
+
+    if not table.is_file():
+        raise ConfigError(f"{table}: slide table of {where} not found")
+    df = pd.read_csv(table, dtype=str)
+    missing = {"slide_id", "path"} - set(df.columns)
+    if missing:
+        raise ConfigError(f"{table}: slide table of {where} lacks columns {sorted(missing)}")
+    dup = df["slide_id"][df["slide_id"].duplicated()].tolist()
+    if dup:
+        raise ConfigError(f"{table}: duplicate slide_id in {where}: {_listing(dup)}")
+    return {
+        row.slide_id: (Path(row.path) if Path(row.path).is_absolute() else table.parent / row.path)
+        for row in df.itertuples()
+    }
+
+
+def _listing(items: list[Any]) -> str:
+    shown = ", ".join(str(i) for i in items[:MAX_LISTED])
+    return shown + (f" ... ({len(items)} in all)" if len(items) > MAX_LISTED else "")
+
+
+@dataclass(frozen=True)
+class LabelTable:
+    """A cohort's label table reduced to the columns the workflow uses."""
+
+    path: Path
+    slide_ids: tuple[str, ...]
+    labels: tuple[str, ...]
+    splits: tuple[str, ...]
+
+    def ids_in_split(self, split: str) -> list[str]:
+        return [s for s, sp in zip(self.slide_ids, self.splits) if sp == split]
+
+
+def read_label_table(
+    path: str | os.PathLike,
+    *,
+    label_column: str = "label",
+    split_column: str = "split",
+    splits: Iterable[str] = ("train", "val", "test"),
+    where: str = "labels",
+) -> LabelTable:
+    """Read and check a label table; duplicate ids, empty labels and unknown splits are
+    rejected with the offending rows (1-based data rows, header excluded)."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: label table ({where}) not found")
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: label table ({where}) is not a readable CSV ({exc})") from None
+    missing = [c for c in ("slide_id", label_column, split_column) if c not in df.columns]
+    if missing:
+        raise ConfigError(
+            f"{path}: label table ({where}) lacks columns {missing}; it has {list(df.columns)}"
+        )
+    ids = df["slide_id"].str.strip()
+    rows = lambda mask: [f"row {i + 1} ({ids[i]!r})" for i in mask[mask].index]  # noqa: E731
+    dup = ids.duplicated(keep=False) & (ids != "")
+    if dup.any():
+        raise ConfigError(f"{path}: duplicate slide_id in {where}: {_listing(rows(dup))}")
+    empty = (ids == "") | (df[label_column].str.strip() == "")
+    if empty.any():
+        raise ConfigError(f"{path}: empty slide_id or {label_column} in {where}: {_listing(rows(empty))}")
+    allowed = list(splits)
+    bad = ~df[split_column].str.strip().isin(allowed)
+    if bad.any():
+        listed = [f"{r}: {s!r}" for r, s in zip(rows(bad), df[split_column][bad])]
+        raise ConfigError(
+            f"{path}: unknown {split_column} in {where} (allowed {allowed}; set its `splits`): {_listing(listed)}"
+        )
+    return LabelTable(
+        path=path,
+        slide_ids=tuple(ids),
+        labels=tuple(df[label_column].str.strip()),
+        splits=tuple(df[split_column].str.strip()),
+    )
+
+
+def cohort_label_table(config: Mapping[str, Any], cohort: str) -> LabelTable:
+    cfg = config["cohorts"][cohort]
+    return read_label_table(
+        resolve(config, cfg["labels"]),
+        label_column=cfg["label_column"],
+        split_column=cfg["split_column"],
+        splits=cfg["splits"],
+        where=f"cohorts.{cohort}.labels",
+    )
+
+
+def check_slides_on_disk(config: Mapping[str, Any], cohort: str, table: LabelTable) -> dict[str, Path]:
+    """slide_id -> path for every labelled slide; labelled slides without a file are an error."""
+    found = list_slides(config, cohort)
+    missing = [f"row {i + 1} ({s!r})" for i, s in enumerate(table.slide_ids) if s not in found or not found[s].exists()]
+    if missing:
+        raise ConfigError(
+            f"{table.path}: slides of cohorts.{cohort} missing on disk under "
+            f"{resolve(config, config['cohorts'][cohort]['slides'])}: {_listing(missing)}"
+        )
+    return {s: found[s] for s in table.slide_ids}
+
+
+def demo_pending(config: Mapping[str, Any], cohort: str) -> bool:
+    """True for a demo cohort whose data the workflow has not generated yet."""
+    cfg = config["cohorts"][cohort]
+    return bool(cfg.get("demo")) and not resolve(config, cfg["labels"]).is_file()
+
+
+def check_references(config: Mapping[str, Any], *, source: str) -> None:
+    cohorts, tasks, variants = config["cohorts"], config["tasks"], config["variants"]
+    for name, task in tasks.items():
+        for key, cohort in [("cohort", task["cohort"])] + [("external", c) for c in task["external"]]:
+            if cohort not in cohorts:
+                raise ConfigError(f"{source}: key tasks.{name}.{key}: unknown cohort {cohort!r}; add it under cohorts")
+        splits = cohorts[task["cohort"]]["splits"]
+        for key in ("train_split", "val_split", "test_split"):
+            if task[key] not in splits:
+                raise ConfigError(
+                    f"{source}: key tasks.{name}.{key}: split {task[key]!r} is not one of "
+                    f"cohorts.{task['cohort']}.splits {splits}"
+                )
+    for name, bb in config["backbones"].items():
+        for task in bb["calibrate_on"]:
+            if task not in tasks:
+                raise ConfigError(f"{source}: key backbones.{name}.calibrate_on: unknown task {task!r}")
+        for variant in bb["variants"]:
+            if variant not in variants:
+                raise ConfigError(f"{source}: key backbones.{name}.variants: unknown variant {variant!r}")
+    for name, var in variants.items():
+        if var["method"] != "none" and (var["depth"] is None) == (var["eps"] is None):
+            raise ConfigError(f"{source}: key variants.{name}: give exactly one of depth and eps")
+        if var["eps"] is not None and var["method"] != "twt":
+            raise ConfigError(f"{source}: key variants.{name}.eps: only the twt method takes eps; give a depth")
+    if any(c.get("demo") for c in cohorts.values()) and not config["demo"]["enabled"]:
+        raise ConfigError(f"{source}: key demo.enabled: cohorts marked demo: true need demo.enabled: true")
+
+
+def check_config(config: Mapping[str, Any], *, source: str, require_slides: bool = True) -> dict[str, LabelTable]:
+    """Cross-section references, label tables and slides on disk. Returns the label
+    tables of cohorts whose data exist (demo cohorts not generated yet are skipped)."""
+    check_references(config, source=source)
+    tables: dict[str, LabelTable] = {}
+    for cohort in config["cohorts"]:
+        if demo_pending(config, cohort):
+            continue
+        tables[cohort] = cohort_label_table(config, cohort)
+        if require_slides:
+            check_slides_on_disk(config, cohort, tables[cohort])
+    return tables
+
+
+def load_and_check(paths: Iterable[str | os.PathLike], *, require_slides: bool = True) -> tuple[dict, dict[str, LabelTable]]:
+    """Merge config files (later ones override keys of earlier ones, as Snakemake's
+    --configfile does), validate, and check the tables."""
+    merged: dict = {}
+    names = []
+    for path in paths:
+        data = load_yaml(path) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the config must be a mapping of keys to values")
+        _deep_update(merged, data)
+        names.append(str(path))
+    source = " + ".join(names)
+    config = validate_schema(merged, source=source)
+    return config, check_config(config, source=source, require_slides=require_slides)
+
+
+def _deep_update(base: dict, new: Mapping) -> None:
+    for key, value in new.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _deep_update(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+
+
+def write_normalized_labels(table: LabelTable, out: str | os.PathLike, rename: Mapping[str, str] | None = None) -> None:
+    """The label table as `pathtwt train-mil` reads it: slide_id,label,split, with the
+    cohort's split names renamed to train/val/test (``rename``: old -> new)."""
+    import csv
+    import io
+
+    from pathtwt.io.atomic import write_text_atomic
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["slide_id", "label", "split"])
+    rename = dict(rename or {})
+    writer.writerows(zip(table.slide_ids, table.labels, (rename.get(s, s) for s in table.splits)))
+    write_text_atomic(out, buf.getvalue())

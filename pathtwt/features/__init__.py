@@ -1,0 +1,1 @@
+"""Tile features: frozen-backbone extraction from slides to HDF5."""

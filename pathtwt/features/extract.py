@@ -1,0 +1,270 @@
+"""Frozen-backbone tile embeddings of a slide, to a features HDF5 file.
+
+Tiles are read at the geometry stored in the coords file (``Slide.read_tile``) by
+DataLoader worker processes, each with its own slide handle and one compute thread, so
+reading and decoding overlap with the batched forward pass in the main process, which
+keeps all the compute threads. Several slides are extracted with one loaded backbone
+(:func:`extract_many`), since loading it costs more than a small slide's forward passes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from pathtwt.models.registry import Backbone
+from pathtwt.models.embedding import RECIPE, embed_tiles
+from pathtwt.errors import NumericsError, PathtwtError, SlideError
+from pathtwt.io.h5 import COORDS_ATTRS, FeaturesWriter, read_coords, write_features
+from pathtwt.wsi.slides import open_options_from_attrs
+
+# the tile geometry copied from the coords file into the features file
+GEOMETRY_ATTRS = tuple(k for k in COORDS_ATTRS if k not in ("status", "slide_path"))
+
+
+@dataclass(frozen=True)
+class ExtractJob:
+    slide: Path
+    coords: Path
+    out: Path
+
+
+class TileDataset(torch.utils.data.Dataset):
+    """Tile i of a slide -> (i, normalised tensor, error text or "").
+
+    A tile that cannot be read is returned as zeros with the reason, and the main
+    process raises one :class:`SlideError` naming the slide and the tile coordinates
+    (an exception raised inside a worker would arrive wrapped in a multi-line traceback).
+    """
+
+    def __init__(self, slide_path: Path, coords: np.ndarray, geometry: dict[str, Any], transform: Any):
+        self.slide_path = Path(slide_path)
+        self.coords = np.asarray(coords, dtype=np.int64)
+        self.patch_size_level0 = int(geometry["patch_size_level0"])
+        self.read_level = int(geometry["read_level"])
+        self.patch_size = int(geometry["patch_size"])
+        # reopen the slide exactly as it was tiled: same reader (read_level indexes its
+        # levels), same channel map, the level-0 mpp as fallback
+        self.open_options = open_options_from_attrs(geometry)
+        self.transform = transform
+        self._slide = None  # opened lazily, so each worker process has its own handle
+
+    def __len__(self) -> int:
+        return len(self.coords)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_slide"] = None
+        return state
+
+    def _open(self):
+        if self._slide is None:
+            from pathtwt.wsi.slides import open_slide
+
+            self._slide = open_slide(self.slide_path, **self.open_options)
+        return self._slide
+
+    def __getitem__(self, index: int):
+        x, y = (int(v) for v in self.coords[index])
+        try:
+            tile = self._open().read_tile(x, y, self.patch_size_level0, self.read_level, self.patch_size)
+            return index, self.transform(tile), ""
+        except Exception as exc:  # noqa: BLE001 - carried to the main process and raised there
+            size = self.transform.input_size
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+            return index, torch.zeros(3, size, size), reason
+
+
+def _worker_init(_worker_id: int) -> None:
+    # Workers only read and decode: one thread each, so they do not steal the compute
+    # threads of the forward pass.
+    import cv2
+
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+
+
+def default_workers() -> int:
+    return max(1, min(4, (os.cpu_count() or 2) - 1))
+
+
+def features_attrs(backbone: Backbone, coords_attrs: dict[str, Any], slide: Path, coords: Path, n: int) -> dict[str, Any]:
+    spec = backbone.spec
+    attrs: dict[str, Any] = {k: coords_attrs[k] for k in GEOMETRY_ATTRS if k in coords_attrs}
+    attrs.update(
+        backbone=spec.name,
+        base_backbone=spec.base_backbone or spec.name,
+        weights_sha256=backbone.weights_sha256 or "",
+        weights_source=backbone.source,
+        embedding_recipe=RECIPE,
+        embedding_dim=spec.embedding_dim,
+        input_size=spec.input_size,
+        precision=backbone.precision,
+        slide_path=str(slide),
+        coords_path=str(coords),
+        coords_status=str(coords_attrs.get("status", "")),
+        n_tiles=int(n),
+        status="ok",
+    )
+    return attrs
+
+
+def extract_slide(
+    slide: str | os.PathLike,
+    coords: str | os.PathLike,
+    out: str | os.PathLike,
+    backbone: Backbone,
+    batch_size: int = 32,
+    workers: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Embed every tile of ``slide`` listed in ``coords`` into ``out`` (written atomically).
+    Returns a summary (tiles, seconds, tiles/s)."""
+    slide, coords, out = Path(slide), Path(coords), Path(out)
+    xy, _tissue, coords_attrs = read_coords(coords)
+    missing = [k for k in ("patch_size", "patch_size_level0", "read_level") if k not in coords_attrs]
+    if missing:
+        raise PathtwtError(f"{coords}: coords file lacks attrs {missing}; re-run `pathtwt tile` for this slide")
+    if not slide.is_file():
+        raise SlideError(f"{slide}: slide file not found (named by {coords})")
+    n = len(xy)
+    attrs = features_attrs(backbone, coords_attrs, slide, coords, n)
+    start = time.perf_counter()
+    with FeaturesWriter(out, n_tiles=n, dim=backbone.spec.embedding_dim, attrs=attrs) as writer:
+        writer.coords[...] = xy
+        if n:
+            dataset = TileDataset(slide, xy, coords_attrs, backbone.transform)
+            for index, feats in _embed_stream(dataset, backbone, batch_size, workers, progress, slide):
+                writer.features[index[0] : index[-1] + 1] = feats
+    seconds = time.perf_counter() - start
+    return {"slide": str(slide), "out": str(out), "tiles": n, "seconds": seconds, "tiles_per_s": n / max(seconds, 1e-9)}
+
+
+def _embed_stream(dataset: TileDataset, backbone: Backbone, batch_size: int, workers: int | None, progress: bool, slide: Path):
+    from tqdm import tqdm
+
+    workers = default_workers() if workers is None else int(workers)
+    if workers:
+        # OpenCV's thread pool does not survive fork: once this process has used cv2
+        # (e.g. tiling in the same process), a worker touching the pool (the
+        # cv2.setNumThreads in _worker_init) waits forever for the parent's idle pool
+        # threads, which it does not have. Stop the pool before forking; restore after.
+        import cv2
+
+        cv2_threads = cv2.getNumThreads()
+        cv2.setNumThreads(1)
+    on_cuda = str(backbone.device).startswith("cuda")
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=int(batch_size),
+        shuffle=False,  # in order: batch b holds tiles [b * batch_size, ...)
+        num_workers=workers,
+        worker_init_fn=_worker_init if workers else None,
+        prefetch_factor=4 if workers else None,
+        pin_memory=on_cuda,
+    )
+    model, prefix = backbone.model, backbone.spec.num_prefix_tokens
+    bar = tqdm(total=len(dataset), unit="tile", desc=slide.name, disable=not progress, dynamic_ncols=True)
+    try:
+        with torch.inference_mode():
+            for index, images, errors in loader:
+                bad = next((i for i, e in enumerate(errors) if e), None)
+                if bad is not None:
+                    x, y = dataset.coords[int(index[bad])]
+                    raise SlideError(f"{slide}: cannot read tile at level-0 (x={x}, y={y}): {errors[bad]}")
+                feats = embed_tiles(model, images.to(backbone.device, non_blocking=on_cuda), prefix)
+                finite = torch.isfinite(feats).all(dim=1)
+                if not bool(finite.all()):
+                    x, y = dataset.coords[int(index[int((~finite).nonzero()[0])])]
+                    raise NumericsError(
+                        f"{slide}: NaN/inf features (first at tile x={x}, y={y}) with precision "
+                        f"{backbone.precision}; retry with --precision fp32 or check the weights"
+                    )
+                bar.update(len(index))
+                yield index.tolist(), feats.cpu().numpy()
+    finally:
+        bar.close()
+        if workers:
+            cv2.setNumThreads(cv2_threads)
+
+
+def extract_many(
+    jobs: Sequence[ExtractJob],
+    backbone: Backbone,
+    batch_size: int = 32,
+    workers: int | None = None,
+    progress: bool = True,
+    skip_existing: bool = False,
+    failures: str | os.PathLike | None = None,
+) -> list[dict[str, Any]]:
+    """Extract several slides with one loaded backbone.
+
+    Without ``failures`` the first slide that fails stops the run (SlideError /
+    NumericsError). With it, a failing slide is recorded in that per-cohort
+    ``failures.tsv`` and gets a features file with no tiles, ``status`` "failed" and
+    ``failure_reason``, so the workflow goes on and the MIL stage excludes or refuses
+    it as configured; the other slides are extracted as usual."""
+    summaries = []
+    for job in jobs:
+        if skip_existing and job.out.exists():
+            summaries.append({"slide": str(job.slide), "out": str(job.out), "skipped": True})
+            continue
+        try:
+            summaries.append(extract_slide(job.slide, job.coords, job.out, backbone, batch_size, workers, progress))
+        except (SlideError, NumericsError) as exc:
+            if failures is None:
+                raise
+            summaries.append(record_failed_slide(job, backbone, str(exc), failures))
+    return summaries
+
+
+def record_failed_slide(job: ExtractJob, backbone: Backbone, reason: str, failures: str | os.PathLike) -> dict[str, Any]:
+    """Publish a features file that says the slide failed, and log it in ``failures``."""
+    from pathtwt.io.failures import record_failure
+
+    try:
+        _xy, _tissue, coords_attrs = read_coords(job.coords)
+    except PathtwtError:
+        coords_attrs = {}
+    attrs = features_attrs(backbone, coords_attrs, job.slide, job.coords, 0)
+    attrs.update(status="failed", failure_reason=reason)
+    dim = backbone.spec.embedding_dim
+    write_features(job.out, np.zeros((0, dim), np.float32), np.zeros((0, 2), np.int64), attrs)
+    record_failure(failures, slide=job.slide.stem, stage="extract", reason=reason)
+    return {"slide": str(job.slide), "out": str(job.out), "tiles": 0, "failed": reason}
+
+
+def read_manifest(path: str | os.PathLike) -> list[ExtractJob]:
+    """Tab-separated ``slide<TAB>coords<TAB>out`` lines; a header line and lines starting
+    with '#' are ignored; relative paths are taken from the current directory."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise PathtwtError(f"{path}: cannot read the manifest ({exc.strerror})") from None
+    jobs = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        if [f.strip().lower() for f in fields] == ["slide", "coords", "out"]:
+            continue
+        if len(fields) != 3:
+            raise PathtwtError(f"{path}:{number}: expected 3 tab-separated fields slide, coords, out; got {len(fields)}")
+        jobs.append(ExtractJob(*(Path(f.strip()) for f in fields)))
+    return jobs
+
+
+def jobs_from_lists(slides: Iterable[str], coords: Iterable[str], outs: Iterable[str]) -> list[ExtractJob]:
+    slides, coords, outs = list(slides), list(coords), list(outs)
+    if not (len(slides) == len(coords) == len(outs)):
+        raise PathtwtError(
+            f"give as many --coords ({len(coords)}) and --out ({len(outs)}) as slides ({len(slides)})"
+        )
+    return [ExtractJob(Path(s), Path(c), Path(o)) for s, c, o in zip(slides, coords, outs)]

@@ -1,0 +1,178 @@
+"""The HDF5 files between stages (README.md, "The pipeline and its files").
+
+Coords file (``results/tiles/{cohort}/{slide}.h5``), written by ``pathtwt tile``:
+  datasets ``coords`` int64 (N, 2) level-0 top-left (x, y), ``tissue_fraction`` float32 (N,)
+  attrs ``patch_size``, ``patch_size_level0``, ``target_mpp``, ``level0_mpp``,
+  ``read_level``, ``level0_width``, ``level0_height``, ``target_magnification``,
+  ``status`` ("ok" | "no_tissue"), ``slide_path``.
+
+Features file (``results/features/{variant}/{cohort}/{slide}.h5``), written by
+``pathtwt extract``: datasets ``features`` float32 (N, D) and ``coords`` (as above), attrs
+naming the backbone variant, weights sha256, embedding recipe, tile geometry and
+``status`` ("ok" | "failed", with ``failure_reason``). Names follow the TRIDENT/CLAM
+layout so their tools read these files.
+
+All writers go through :func:`pathtwt.io.atomic.atomic_output`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import h5py
+import numpy as np
+
+from pathtwt.errors import PathtwtError
+from pathtwt.io.atomic import atomic_output
+
+COORDS_ATTRS = (
+    "patch_size",
+    "patch_size_level0",
+    "target_mpp",
+    "level0_mpp",
+    "read_level",
+    "level0_width",
+    "level0_height",
+    "target_magnification",
+    "status",
+    "slide_path",
+)
+
+
+def _set_attrs(h5: h5py.File, attrs: Mapping[str, Any]) -> None:
+    for key, value in attrs.items():
+        if value is None:
+            value = ""  # HDF5 has no null; "" reads back as "not recorded"
+        elif isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        elif isinstance(value, (dict, list, tuple)) and not _is_numeric_sequence(value):
+            import json
+
+            value = json.dumps(value)
+        h5.attrs[key] = value
+
+
+def _is_numeric_sequence(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value)
+
+
+def _plain_attrs(h5: h5py.File) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in h5.attrs.items():
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, np.generic):
+            value = value.item()
+        elif isinstance(value, np.ndarray):
+            value = value.tolist()
+        out[key] = value
+    return out
+
+
+def write_coords(
+    path: str | os.PathLike,
+    coords: np.ndarray,
+    tissue_fraction: np.ndarray,
+    attrs: Mapping[str, Any],
+) -> None:
+    """Write a coords file atomically. ``attrs`` must hold every key of COORDS_ATTRS."""
+    missing = [k for k in COORDS_ATTRS if k not in attrs]
+    if missing:
+        raise ValueError(f"coords attrs missing {missing}")
+    coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
+    tissue_fraction = np.asarray(tissue_fraction, dtype=np.float32).reshape(-1)
+    if len(coords) != len(tissue_fraction):
+        raise ValueError("coords and tissue_fraction differ in length")
+    with atomic_output(path) as tmp:
+        with h5py.File(tmp, "w") as h5:
+            h5.create_dataset("coords", data=coords)
+            h5.create_dataset("tissue_fraction", data=tissue_fraction)
+            _set_attrs(h5, attrs)
+
+
+def read_coords(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Return (coords (N, 2) int64, tissue_fraction (N,) float32, attrs)."""
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as h5:
+            coords = h5["coords"][()].astype(np.int64).reshape(-1, 2)
+            tissue = (
+                h5["tissue_fraction"][()].astype(np.float32)
+                if "tissue_fraction" in h5
+                else np.ones(len(coords), np.float32)
+            )
+            attrs = _plain_attrs(h5)
+    except (OSError, KeyError) as exc:
+        raise PathtwtError(
+            f"{path}: not a readable coords file ({exc}); re-run `pathtwt tile` for this slide"
+        ) from None
+    return coords, tissue, attrs
+
+
+def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
+    with h5py.File(path, "r") as h5:
+        return _plain_attrs(h5)
+
+
+def write_features(
+    path: str | os.PathLike,
+    features: np.ndarray,
+    coords: np.ndarray,
+    attrs: Mapping[str, Any],
+) -> None:
+    """Write a whole features file atomically (streaming writers use
+    :class:`FeaturesWriter`)."""
+    with FeaturesWriter(path, n_tiles=len(coords), dim=int(np.shape(features)[1]), attrs=attrs) as w:
+        w.coords[...] = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
+        if len(coords):
+            w.features[...] = features
+
+
+class FeaturesWriter:
+    """Stream features into a temporary HDF5 file and publish it atomically on close.
+
+    >>> with FeaturesWriter(out, n_tiles=N, dim=D, attrs={...}) as w:
+    ...     w.coords[...] = coords
+    ...     w.features[i:j] = batch
+    On an exception nothing is left at ``out``.
+    """
+
+    def __init__(self, path: str | os.PathLike, n_tiles: int, dim: int, attrs: Mapping[str, Any]):
+        self.path = Path(path)
+        self.n_tiles, self.dim, self.attrs = int(n_tiles), int(dim), dict(attrs)
+
+    def __enter__(self) -> "FeaturesWriter":
+        self._ctx = atomic_output(self.path)
+        tmp = self._ctx.__enter__()
+        self.h5 = h5py.File(tmp, "w")
+        chunk_rows = max(1, min(self.n_tiles, 1024))
+        self.features = self.h5.create_dataset(
+            "features",
+            shape=(self.n_tiles, self.dim),
+            dtype=np.float32,
+            chunks=(chunk_rows, self.dim) if self.n_tiles else None,
+        )
+        self.coords = self.h5.create_dataset("coords", shape=(self.n_tiles, 2), dtype=np.int64)
+        _set_attrs(self.h5, self.attrs)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.h5.close()
+        return bool(self._ctx.__exit__(exc_type, exc, tb))
+
+
+def read_features(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Return (features (N, D) float32, coords (N, 2) int64, attrs)."""
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as h5:
+            feats = h5["features"][()].astype(np.float32, copy=False)
+            coords = h5["coords"][()].astype(np.int64) if "coords" in h5 else np.zeros((len(feats), 2), np.int64)
+            attrs = _plain_attrs(h5)
+    except (OSError, KeyError) as exc:
+        raise PathtwtError(
+            f"{path}: not a readable features file ({exc}); re-run `pathtwt extract` for this slide"
+        ) from None
+    return feats, coords, attrs

@@ -1,0 +1,364 @@
+"""Backbone registry and loaders.
+
+Per-model facts (timm architecture and keyword arguments, input size, normalisation,
+token layout, hub id, default precision) are data in :data:`BACKBONES`;
+:func:`create_backbone` returns the model together with its transform and precision, so
+the normalisation used for a model can never be mismatched.
+
+``timm_kwargs`` are plain JSON (they are also written to a variant's ``model.json``), so
+a user without pathtwt rebuilds any registry model or exported variant with::
+
+    timm.create_model(meta["timm_name"], pretrained=False, **meta["timm_kwargs"])
+
+Layer classes given as dotted names ("timm.layers.SwiGLUPacked") are still accepted and
+resolved by :func:`resolve_timm_kwargs`, for hand-written variant folders.
+
+Weights resolve in this order: an explicit local path (``.safetensors``, ``.pth``/``.pt``,
+``.bin``, or a Hugging Face snapshot folder), the spec's local hint, the hub (only when
+reachable and ``PATHTWT_OFFLINE`` is unset), otherwise a :class:`WeightsError` that says
+which file to download and where to put it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from pathtwt.devices import resolve_device
+from pathtwt.errors import WeightsError
+from pathtwt.models.spec import BackboneSpec
+from pathtwt.models.weights import load_state_dict_file, resolve_weights_path, state_dict_to_timm
+
+VARIANT_FORMAT = "pathtwt-backbone/1"
+
+H_OPTIMUS_MEAN = (0.707223, 0.578729, 0.703617)
+H_OPTIMUS_STD = (0.211883, 0.230117, 0.177517)
+HIBOU_MEAN = (0.7068, 0.5755, 0.7220)
+HIBOU_STD = (0.1950, 0.2316, 0.1816)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# Layer classes that may appear as dotted names in JSON timm_kwargs. A whitelist, not
+# an import of arbitrary strings from a model.json.
+_LAYER_CLASSES = {
+    "timm.layers.SwiGLUPacked": ("timm.layers", "SwiGLUPacked"),
+    "timm.layers.SwiGLU": ("timm.layers", "SwiGLU"),
+    "timm.layers.Mlp": ("timm.layers", "Mlp"),
+    "timm.layers.GluMlp": ("timm.layers", "GluMlp"),
+    "torch.nn.SiLU": ("torch.nn", "SiLU"),
+    "torch.nn.GELU": ("torch.nn", "GELU"),
+}
+
+
+# DINOv2-with-registers ViT-B/14 with a packed SwiGLU MLP (fc1 -> 4096 = 2 x 2048 -> 768).
+# mlp_ratio is fc1's width over embed_dim; 4096 / 768 gives the 85.74 M parameters of the
+# paper's H0-mini (5.3375, H-optimus-0's ratio, would give an odd width at 768).
+# The timm entry is the reg4 DINOv2 family member whose defaults already carry the packed
+# SwiGLU MLP and SiLU (timm's "giant" entry); width, heads and depth are overridden to
+# ViT-B below. Its modules and state-dict keys are exactly those of H0-mini's hub model,
+# and it keeps every keyword argument plain JSON, so an exported student loads with
+# `timm.create_model(name, **kwargs)` alone, without passing layer classes.
+_SWIGLU_REG4_TIMM_NAME = "vit_giant_patch14_reg4_dinov2"
+_VIT_B14_REG4_SWIGLU: dict[str, Any] = dict(
+    img_size=224,
+    patch_size=14,
+    embed_dim=768,
+    num_heads=12,
+    depth=12,
+    num_classes=0,
+    global_pool="token",
+    init_values=1e-5,
+    reg_tokens=4,
+    no_embed_class=True,
+    mlp_ratio=4096 / 768,
+)
+
+H0_MINI = BackboneSpec(
+    name="h0-mini",
+    timm_name=_SWIGLU_REG4_TIMM_NAME,
+    timm_kwargs=_VIT_B14_REG4_SWIGLU,
+    input_size=224,
+    mean=H_OPTIMUS_MEAN,
+    std=H_OPTIMUS_STD,
+    num_prefix_tokens=5,
+    num_register_tokens=4,
+    embed_dim=768,
+    depth=12,
+    hub_id="hf-hub:bioptimus/H0-mini",
+    default_weights="h0-mini.safetensors",
+)
+# Hibou-B has the same architecture; it is published in Hugging Face's layout.
+HIBOU_B = dataclasses.replace(
+    H0_MINI,
+    name="hibou-b",
+    mean=HIBOU_MEAN,
+    std=HIBOU_STD,
+    hub_id="hf-hub:histai/hibou-b",
+    weights_layout="hf-dinov2-registers",
+    default_weights="hibou-b.safetensors",
+)
+VIT_S14_IMGFOCUS = BackboneSpec(
+    name="vit-s14-imgfocus",
+    timm_name="vit_small_patch14_dinov2",
+    timm_kwargs=dict(img_size=224, patch_size=14, num_classes=0, init_values=1e-5),
+    input_size=224,
+    mean=IMAGENET_MEAN,
+    std=IMAGENET_STD,
+    num_prefix_tokens=1,
+    num_register_tokens=0,
+    embed_dim=384,
+    depth=12,
+    pathology=False,
+    default_weights="vit_s14_imgfocus.safetensors",
+)
+
+
+def _tiny(spec: BackboneSpec, name: str) -> BackboneSpec:
+    """The same structure (tokens, MLP type, LayerScale, registers, weights layout) at
+    width 64, 4 heads, 56 px (16 patches), for fast tests. The MLP keeps its shape: GELU
+    ratio 4; packed SwiGLU fc1 352 = 2 x 176, Hibou's rounding rule applied to width 64."""
+    swiglu = spec.timm_name == _SWIGLU_REG4_TIMM_NAME or "SwiGLU" in str(spec.timm_kwargs.get("mlp_layer", ""))
+    kwargs = {**spec.timm_kwargs, "embed_dim": 64, "num_heads": 4, "depth": 12, "img_size": 56,
+              "mlp_ratio": 352 / 64 if swiglu else 4.0}
+    return dataclasses.replace(
+        spec, name=name, timm_kwargs=kwargs, input_size=56, embed_dim=64, depth=12, hub_id=None, default_weights=None
+    )
+
+
+BACKBONES: dict[str, BackboneSpec] = {spec.name: spec for spec in (H0_MINI, HIBOU_B, VIT_S14_IMGFOCUS)}
+BACKBONES.update(
+    {tiny.name: tiny for tiny in (_tiny(BACKBONES[name], f"{name.removesuffix('-imgfocus')}-tiny") for name in BACKBONES)}
+)
+
+
+def known_backbones() -> str:
+    return ", ".join(sorted(BACKBONES))
+
+
+def get_spec(name_or_dir: str | os.PathLike) -> BackboneSpec:
+    """Registry entry by name, or the spec of a variant folder holding ``model.json``."""
+    key = os.fspath(name_or_dir)
+    if key in BACKBONES:
+        return BACKBONES[key]
+    path = Path(key)
+    if (path / "model.json").is_file():
+        return spec_from_variant(path)
+    if path.exists():
+        raise WeightsError(
+            f"{path}: not a backbone variant folder (no model.json); give a registry name "
+            f"({known_backbones()}) or a folder written by `pathtwt compress`"
+        )
+    raise WeightsError(f"unknown backbone {key!r}; known backbones: {known_backbones()} (or a variant folder)")
+
+
+def spec_from_variant(folder: str | os.PathLike) -> BackboneSpec:
+    """Read a variant folder's ``model.json`` (written by pathtwt.compress.export) into a spec."""
+    folder = Path(folder)
+    meta_path = folder / "model.json"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise WeightsError(f"{meta_path}: unreadable ({exc}); re-run `pathtwt compress` for this variant") from None
+    if meta.get("format") != VARIANT_FORMAT:
+        raise WeightsError(f"{meta_path}: format is {meta.get('format')!r}, expected {VARIANT_FORMAT!r}")
+    required = ("name", "timm_name", "timm_kwargs", "input_size", "mean", "std", "num_prefix_tokens", "embed_dim")
+    missing = [k for k in required if k not in meta]
+    if missing:
+        raise WeightsError(f"{meta_path}: missing keys {missing}; re-run `pathtwt compress` for this variant")
+    base = BACKBONES.get(meta.get("base_backbone", ""))
+    kwargs = dict(meta["timm_kwargs"])
+    return BackboneSpec(
+        name=str(meta["name"]),
+        timm_name=str(meta["timm_name"]),
+        timm_kwargs=kwargs,
+        input_size=int(meta["input_size"]),
+        mean=tuple(float(v) for v in meta["mean"]),
+        std=tuple(float(v) for v in meta["std"]),
+        num_prefix_tokens=int(meta["num_prefix_tokens"]),
+        num_register_tokens=int(meta.get("num_register_tokens", int(meta["num_prefix_tokens"]) - 1)),
+        embed_dim=int(meta["embed_dim"]),
+        depth=int(meta.get("depth", kwargs.get("depth", 12))),
+        default_precision=meta.get("default_precision", base.default_precision if base else "fp32"),
+        pathology=bool(meta.get("pathology", base.pathology if base else True)),
+        default_weights=str(folder / "model.safetensors"),
+        base_backbone=meta.get("base_backbone"),
+        layer_patches=dict(meta.get("layer_patches") or {}),
+        variant_dir=str(folder),
+    )
+
+
+def variant_metadata(spec: BackboneSpec, depth: int, **extra: Any) -> dict[str, Any]:
+    """The architecture part of a variant's ``model.json`` for a depth-``depth`` student
+    of ``spec``; exporters add params, MACs, hashes, plan and provenance via ``extra``."""
+    meta: dict[str, Any] = {
+        "format": VARIANT_FORMAT,
+        "base_backbone": spec.base_backbone or spec.name,
+        "depth": int(depth),
+        "timm_name": spec.timm_name,
+        "timm_kwargs": {**spec.timm_kwargs, "depth": int(depth)},
+        "input_size": spec.input_size,
+        "mean": list(spec.mean),
+        "std": list(spec.std),
+        "num_prefix_tokens": spec.num_prefix_tokens,
+        "num_register_tokens": spec.num_register_tokens,
+        "embed_dim": spec.embed_dim,
+        "default_precision": spec.default_precision,
+        "pathology": spec.pathology,
+        "layer_patches": {},
+    }
+    meta.update(extra)
+    return meta
+
+
+def resolve_timm_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Turn dotted layer-class names in JSON timm kwargs into the classes timm expects."""
+    import importlib
+
+    out = dict(kwargs)
+    for key in ("mlp_layer", "act_layer", "block_fn"):
+        value = out.get(key)
+        if isinstance(value, str) and "." in value:
+            if value not in _LAYER_CLASSES:
+                raise WeightsError(
+                    f"timm_kwargs[{key!r}] = {value!r} is not a known layer class; known: {sorted(_LAYER_CLASSES)}"
+                )
+            module, attr = _LAYER_CLASSES[value]
+            out[key] = getattr(importlib.import_module(module), attr)
+    return out
+
+
+def build_timm_model(spec: BackboneSpec, depth: int | None = None, device: Any = None):
+    """The bare timm VisionTransformer of ``spec`` (random weights, layer patches applied),
+    optionally at another depth. ``device="meta"`` builds it without memory for shapes."""
+    import timm
+    import torch
+
+    kwargs = resolve_timm_kwargs(spec.timm_kwargs)
+    if depth is not None:
+        kwargs["depth"] = int(depth)
+    if device is not None:
+        with torch.device(device):
+            model = timm.create_model(spec.timm_name, pretrained=False, **kwargs)
+    else:
+        model = timm.create_model(spec.timm_name, pretrained=False, **kwargs)
+    if spec.layer_patches:
+        from pathtwt.models.layer_patches import apply_layer_patches
+
+        apply_layer_patches(model, spec.layer_patches)
+    return model.eval()
+
+
+@dataclass
+class Backbone:
+    """A ready-to-run backbone: model (eval mode), its transform and precision together."""
+
+    model: Any
+    transform: Any
+    precision: str
+    spec: BackboneSpec
+    weights_sha256: str | None
+    source: str
+    device: str = "cpu"
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.spec.embedding_dim
+
+    def embed_tiles(self, x):
+        """(B, 3, H, W) normalised input -> (B, 2 * D) float32 tile embeddings."""
+        from pathtwt.models.embedding import embed_tiles
+
+        return embed_tiles(self.model, x, self.spec.num_prefix_tokens)
+
+
+def create_backbone(
+    name_or_dir: str | os.PathLike,
+    weights: str | os.PathLike | None = None,
+    pretrained: bool = True,
+    device: str = "cpu",
+    precision: str = "auto",
+    init_seed: int = 0,
+) -> Backbone:
+    """Build a backbone by registry name or variant folder.
+
+    ``pretrained=False`` builds the exact architecture with random weights drawn with
+    ``init_seed`` (for tests and benchmarks; the global RNG is left untouched).
+    ``device="auto"`` picks CUDA when available. Parameters are frozen (eval mode).
+    """
+    import torch
+
+    device = resolve_device(device)
+
+    from pathtwt.models.transform import TileTransform
+
+    spec = get_spec(name_or_dir)
+    resolved_precision = resolve_precision(precision, spec, device)
+    # weights first: a missing file is reported before the (slow) model build
+    path = resolve_weights_path(spec, weights) if (pretrained or weights is not None) else None
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init_seed)
+        model = build_timm_model(spec)
+    sha: str | None = None
+    source = f"random-init(seed={init_seed})"
+    if path is not None:
+        state = load_state_dict_file(path)
+        state = state_dict_to_timm(state, model)
+        load_exact(model, state, source=str(path))
+        from pathtwt.io.atomic import sha256_file
+
+        sha = sha256_file(path) if path.is_file() else _folder_weights_sha(path)
+        source = str(path)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[resolved_precision]
+    model = model.to(device=device, dtype=dtype).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    transform = TileTransform(input_size=spec.input_size, mean=spec.mean, std=spec.std)
+    return Backbone(
+        model=model, transform=transform, precision=resolved_precision, spec=spec,
+        weights_sha256=sha, source=source, device=str(device),
+    )
+
+
+def _folder_weights_sha(path: Path) -> str:
+    from pathtwt.io.atomic import sha256_file
+    from pathtwt.models.weights import snapshot_weights_file
+
+    return sha256_file(snapshot_weights_file(path))
+
+
+def resolve_precision(precision: str, spec: BackboneSpec, device: str) -> str:
+    choice = spec.default_precision if precision == "auto" else precision
+    if choice not in ("fp32", "bf16", "fp16"):
+        raise WeightsError(f"unknown precision {precision!r}; use auto, fp32, bf16 or fp16")
+    if choice == "fp16" and not str(device).startswith("cuda"):
+        raise WeightsError("precision fp16 needs --device cuda; use fp32 or bf16 on CPU")
+    return choice
+
+
+def load_exact(model, state: Mapping[str, Any], source: str) -> None:
+    """``load_state_dict(strict=True)`` with an error naming the first mismatching keys."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    wrong_shape = [
+        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and tuple(state[k].shape) != tuple(v.shape)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing {missing[:3]}")
+    if unexpected:
+        problems.append(f"unexpected {unexpected[:3]}")
+    if wrong_shape:
+        problems.append(f"shape {wrong_shape[:3]}")
+    if problems:
+        raise WeightsError(
+            f"{source}: weights do not fit the architecture ({'; '.join(problems)}); "
+            "check that --backbone matches the weights file"
+        )
+    model.load_state_dict(state, strict=True)

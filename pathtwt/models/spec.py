@@ -1,0 +1,41 @@
+"""What pathtwt needs to know about a backbone, as one frozen record (the registry's entries
+and the exported variants' model.json both become one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    """What pathtwt needs to know about a backbone, as data."""
+
+    name: str
+    timm_name: str
+    timm_kwargs: Mapping[str, Any]
+    input_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    num_prefix_tokens: int  # CLS + registers, in that order, before the patch tokens
+    num_register_tokens: int
+    embed_dim: int
+    depth: int
+    hub_id: str | None = None
+    default_precision: str = "fp32"
+    weights_layout: str = "timm"  # "timm" | "hf-dinov2-registers"
+    pathology: bool = True  # selects the paper's compression defaults for pathology models
+    default_weights: str | None = None  # file name looked up locally, or a variant's own file
+    base_backbone: str | None = None  # for variants: the registry name they derive from
+    layer_patches: Mapping[str, Any] = field(default_factory=dict)
+    variant_dir: str | None = None
+
+    @property
+    def num_patch_tokens(self) -> int:
+        patch = int(self.timm_kwargs.get("patch_size", 14))
+        return (self.input_size // patch) ** 2
+
+    @property
+    def embedding_dim(self) -> int:
+        # concat(CLS, mean of patch tokens)
+        return 2 * self.embed_dim

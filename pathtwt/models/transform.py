@@ -1,0 +1,55 @@
+"""Tile -> model input. One callable per backbone, carried by :class:`~pathtwt.models.registry.Backbone`
+so that the resize and normalisation of a model are never chosen separately from it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class TileTransform:
+    """uint8 RGB tile (H, W, 3) numpy array or PIL image -> float32 tensor (3, S, S),
+    resized to ``input_size`` (area when shrinking, bilinear when enlarging) and
+    normalised with the backbone's mean and std. Picklable, so DataLoader workers run it."""
+
+    def __init__(self, input_size: int, mean: tuple[float, ...], std: tuple[float, ...]):
+        self.input_size = int(input_size)
+        self.mean = np.asarray(mean, dtype=np.float32) * 255.0
+        self.inv_std = 1.0 / (np.asarray(std, dtype=np.float32) * 255.0)
+
+    def __repr__(self) -> str:
+        return f"TileTransform(input_size={self.input_size})"
+
+    def resize(self, image: Any) -> np.ndarray:
+        arr = np.asarray(image)
+        if arr.ndim != 3 or arr.shape[2] < 3:
+            raise ValueError(f"expected an RGB image (H, W, 3), got shape {arr.shape}")
+        arr = arr[:, :, :3]
+        h, w = arr.shape[:2]
+        if (h, w) != (self.input_size, self.input_size):
+            import cv2
+
+            shrink = h > self.input_size or w > self.input_size
+            interp = cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
+            arr = cv2.resize(np.ascontiguousarray(arr), (self.input_size, self.input_size), interpolation=interp)
+        return arr
+
+    def normalise(self, arr: np.ndarray) -> np.ndarray:
+        """uint8 (..., S, S, 3) -> float32 (..., 3, S, S)."""
+        out = (arr.astype(np.float32) - self.mean) * self.inv_std
+        return np.ascontiguousarray(np.moveaxis(out, -1, -3))
+
+    def __call__(self, image: Any):
+        import torch
+
+        return torch.from_numpy(self.normalise(self.resize(image)))
+
+    def batch(self, images: Any):
+        """Stack of tiles (B, H, W, 3) or list of images -> (B, 3, S, S) tensor."""
+        import torch
+
+        resized = np.stack([self.resize(im) for im in images]) if len(images) else np.zeros(
+            (0, self.input_size, self.input_size, 3), np.uint8
+        )
+        return torch.from_numpy(self.normalise(resized))

@@ -1,0 +1,129 @@
+"""Finding and reading backbone weight files.
+
+Order: an explicit local path, the spec's own file (variant folders) or its file name
+under a local weights folder, the hub (only when reachable and ``PATHTWT_OFFLINE`` is
+unset), otherwise a :class:`WeightsError` saying which file to download and where to put
+it. Checkpoint layouts other than timm's are converted by pure ``state_dict ->
+state_dict`` functions chosen by sentinel keys.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from pathtwt.errors import WeightsError
+
+if TYPE_CHECKING:
+    from pathtwt.models.spec import BackboneSpec
+
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+# Files a Hugging Face / timm hub snapshot folder may hold, in order of preference.
+SNAPSHOT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin", "pytorch_model.pth")
+# Wrappers some training scripts put around the weights.
+_WRAPPER_KEYS = ("state_dict", "model", "teacher", "model_state_dict")
+
+
+def local_weights_dirs() -> list[Path]:
+    """Folders searched for a spec's ``default_weights`` file name."""
+    dirs = []
+    if os.environ.get("PATHTWT_WEIGHTS_DIR"):
+        dirs.append(Path(os.environ["PATHTWT_WEIGHTS_DIR"]))
+    dirs.append(Path("weights"))
+    return dirs
+
+
+def resolve_weights_path(spec: "BackboneSpec", weights: str | os.PathLike | None) -> Path:
+    if weights is not None:
+        path = Path(weights)
+        if not path.exists():
+            raise WeightsError(f"weights file {path} does not exist; {_download_hint(spec)}")
+        return path
+    if spec.variant_dir is not None:
+        path = Path(spec.default_weights or "")
+        if not path.is_file():
+            raise WeightsError(f"{path}: variant weights missing; re-run `pathtwt compress` for {spec.name}")
+        return path
+    if spec.default_weights:
+        for folder in local_weights_dirs():
+            candidate = folder / spec.default_weights
+            if candidate.exists():
+                return candidate
+    if spec.hub_id and not os.environ.get("PATHTWT_OFFLINE"):
+        return _download_from_hub(spec)
+    raise WeightsError(f"no weights for backbone {spec.name!r}; {_download_hint(spec)}")
+
+
+def _download_hint(spec: "BackboneSpec") -> str:
+    where = f"put it at weights/{spec.default_weights} (or $PATHTWT_WEIGHTS_DIR)" if spec.default_weights else ""
+    if spec.hub_id:
+        repo = spec.hub_id.removeprefix("hf-hub:")
+        what = f"download model.safetensors from https://huggingface.co/{repo}"
+        return f"{what} and pass --weights PATH" + (f" or {where}" if where else "")
+    if spec.default_weights:
+        return f"pass --weights PATH to {spec.default_weights} or {where}"
+    return "pass --weights PATH (this backbone has no published weights; use pretrained=False for random weights)"
+
+
+def _download_from_hub(spec: "BackboneSpec") -> Path:
+    repo = (spec.hub_id or "").removeprefix("hf-hub:")
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(repo_id=repo, filename="model.safetensors"))
+    except Exception as exc:  # noqa: BLE001 - any hub/network failure becomes one actionable line
+        raise WeightsError(
+            f"cannot fetch {spec.hub_id} ({type(exc).__name__}); {_download_hint(spec)}"
+        ) from None
+
+
+def snapshot_weights_file(folder: Path) -> Path:
+    for name in SNAPSHOT_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    raise WeightsError(f"{folder}: no weights file in this folder (looked for {', '.join(SNAPSHOT_FILES)})")
+
+
+def load_state_dict_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a weights file or snapshot folder into a flat ``{name: tensor}`` dict."""
+    path = Path(path)
+    if path.is_dir():
+        path = snapshot_weights_file(path)
+    if path.suffix not in WEIGHT_SUFFIXES:
+        raise WeightsError(f"{path}: unsupported weights file type; use one of {', '.join(WEIGHT_SUFFIXES)}")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state: Any = load_file(str(path), device="cpu")
+        else:
+            import torch
+
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - corrupt or foreign files: say which file
+        raise WeightsError(f"{path}: cannot read weights ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+    for key in _WRAPPER_KEYS:
+        if isinstance(state, Mapping) and key in state and isinstance(state[key], Mapping):
+            state = state[key]
+    if not isinstance(state, Mapping):
+        raise WeightsError(f"{path}: does not hold a state dict")
+    return {_strip_prefix(k): v for k, v in state.items()}
+
+
+def _strip_prefix(key: str) -> str:
+    # DistributedDataParallel and torch.compile wrap names; the weights are the same.
+    for prefix in ("module.", "_orig_mod."):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+    return key
+
+
+def state_dict_to_timm(state: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    """Convert a checkpoint to ``model``'s timm layout, chosen by sentinel keys."""
+    from pathtwt.models.hf_dinov2 import is_hf_dinov2_layout, hf_dinov2_to_timm
+
+    if is_hf_dinov2_layout(state):
+        grid = tuple(int(g) for g in model.patch_embed.grid_size)
+        return hf_dinov2_to_timm(state, grid=grid, no_embed_class=bool(getattr(model, "no_embed_class", False)))
+    return dict(state)

@@ -1,0 +1,1 @@
+"""The results report: tables per task (CSV, Markdown) and the HTML page."""

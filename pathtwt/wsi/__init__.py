@@ -1,0 +1,1 @@
+"""Whole-slide images: readers, tissue detection, tiling and thumbnails (no torch)."""

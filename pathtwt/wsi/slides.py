@@ -1,0 +1,413 @@
+"""Whole-slide images behind one factory.
+
+``open_slide(path)`` tries OpenSlide first (Aperio, Hamamatsu, MIRAX, DICOM, generic
+tiled TIFF, ...) and falls back to tiffslide for TIFF variants OpenSlide refuses
+(``reader=`` forces one of them). Either way the result is a :class:`Slide` context
+manager with one API: level geometry, microns per pixel (mpp) and RGB ``read_region`` /
+``read_tile`` returning numpy arrays.
+
+Non-RGB slides (fluorescence, multiplexed) are refused unless ``channel_map`` names the
+three channels shown as red, green and blue.
+
+Opening a slide also reads a few small regions, so a slide whose tiles cannot be
+decoded fails here, with one line naming the file, rather than hours later inside
+feature extraction.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from pathtwt.errors import SlideError
+
+# Plausible microns per pixel for a slide scan. Values outside this range come from
+# placeholder TIFF resolution tags (e.g. 72 dpi => 352.8 um/px) and are treated as absent.
+MPP_MIN, MPP_MAX = 0.05, 100.0
+
+# Size of the regions read at open time to prove the pixel data decodes.
+_PROBE = 32
+
+READERS = ("openslide", "tiffslide")
+
+
+def _as_float(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) and out > 0 else None
+
+
+def _mpp_from_tiff_resolution(props: Mapping[str, Any]) -> float | None:
+    xres = _as_float(props.get("tiff.XResolution"))
+    unit = str(props.get("tiff.ResolutionUnit", "")).strip().lower()
+    if xres is None:
+        return None
+    # microns per unit / pixels per unit
+    if unit in ("centimeter", "cm", "3"):
+        return 1e4 / xres
+    if unit in ("inch", "2"):
+        return 25400.0 / xres
+    return None  # unit "none": the resolution is a ratio, not a physical size
+
+
+def _mpp_from_dicom(props: Mapping[str, Any]) -> float | None:
+    # DICOM PixelSpacing is (row spacing, column spacing) in millimetres.
+    for key in sorted(props):
+        if key.startswith("dicom.") and key.endswith("PixelSpacing[1]"):
+            mm = _as_float(props[key])
+            if mm is not None:
+                return mm * 1000.0
+    return None
+
+
+# OME units of PhysicalSizeX, in microns
+_OME_UNITS = {"µm": 1.0, "um": 1.0, "\u03bcm": 1.0, "nm": 1e-3, "mm": 1e3, "cm": 1e4, "m": 1e6}
+
+
+def _mpp_from_ome(props: Mapping[str, Any]) -> float | None:
+    # OME-TIFF keeps the pixel size in the OME-XML of the first ImageDescription
+    import re
+
+    text = str(props.get("tiff.ImageDescription", ""))
+    if "<OME" not in text:
+        return None
+    pixels = re.search(r"<(?:\w+:)?Pixels\b[^>]*>", text)
+    if pixels is None:
+        return None
+    size = re.search(r'\bPhysicalSizeX="([^"]+)"', pixels.group(0))
+    unit = re.search(r'\bPhysicalSizeXUnit="([^"]+)"', pixels.group(0))
+    value = _as_float(size.group(1)) if size else None
+    scale = _OME_UNITS.get(unit.group(1) if unit else "µm")
+    return None if value is None or scale is None else value * scale
+
+
+def mpp_from_properties(props: Mapping[str, Any]) -> tuple[float | None, str | None]:
+    """Level-0 microns per pixel from slide metadata, in order of trust:
+    ``openslide.mpp-x``, ``aperio.MPP``, ``tiff.XResolution`` with its unit,
+    ``tiffslide.mpp-x``, DICOM pixel spacing, OME-XML ``PhysicalSizeX``. Returns (mpp, key) or (None, None);
+    implausible values (outside [MPP_MIN, MPP_MAX]) are skipped."""
+    candidates = (
+        ("openslide.mpp-x", lambda p: _as_float(p.get("openslide.mpp-x"))),
+        ("aperio.MPP", lambda p: _as_float(p.get("aperio.MPP"))),
+        ("tiff.XResolution", _mpp_from_tiff_resolution),
+        ("tiffslide.mpp-x", lambda p: _as_float(p.get("tiffslide.mpp-x"))),
+        ("dicom.PixelSpacing", _mpp_from_dicom),
+        ("ome.PhysicalSizeX", _mpp_from_ome),
+    )
+    for key, getter in candidates:
+        mpp = getter(props)
+        if mpp is not None and MPP_MIN <= mpp <= MPP_MAX:
+            return mpp, key
+    return None, None
+
+
+class Slide:
+    """An open whole-slide image. Use as a context manager (or call :meth:`close`).
+
+    Coordinates are level-0 pixels (x to the right, y down) unless said otherwise.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        handle: Any,
+        reader: str,
+        mpp: float,
+        mpp_source: str,
+        channel_map: tuple[int, int, int] | None = None,
+    ):
+        self.path = path
+        self.reader = reader  # "openslide" | "tiffslide"
+        self.channel_map = channel_map  # source channels shown as R, G, B; None for RGB slides
+        self.mpp = float(mpp)  # level-0 microns per pixel
+        self.mpp_source = mpp_source  # metadata key, or "fallback"
+        self._handle = handle
+        self.level_count: int = int(handle.level_count)
+        self.level_dimensions: list[tuple[int, int]] = [(int(w), int(h)) for w, h in handle.level_dimensions]
+        self.level_downsamples: list[float] = [float(d) for d in handle.level_downsamples]
+        self.dimensions: tuple[int, int] = self.level_dimensions[0]
+        self.properties: dict[str, Any] = dict(handle.properties)
+
+    # -- context manager -------------------------------------------------------------
+    def __enter__(self) -> "Slide":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def __repr__(self) -> str:
+        return f"Slide({str(self.path)!r}, reader={self.reader}, levels={self.level_count}, mpp={self.mpp:.4g})"
+
+    # -- geometry ----------------------------------------------------------------------
+    def level_mpp(self, level: int) -> float:
+        return self.mpp * self.level_downsamples[level]
+
+    def level_for_mpp(self, target_mpp: float) -> int:
+        """The coarsest level whose mpp is <= target_mpp * 1.01, so pixels are only ever
+        downsampled to reach the target. Level 0 when even level 0 is coarser than the
+        target (the scan cannot offer more detail; the tile is then upsampled)."""
+        fine_enough = [lv for lv in range(self.level_count) if self.level_mpp(lv) <= target_mpp * 1.01]
+        return max(fine_enough, key=lambda lv: self.level_downsamples[lv], default=0)
+
+    # -- pixels ------------------------------------------------------------------------
+    def read_region(self, x: int, y: int, level: int, w: int, h: int) -> np.ndarray:
+        """RGB uint8 (h, w, 3) of the region whose top-left is level-0 (x, y), of size
+        (w, h) in ``level`` pixels. Transparent and out-of-slide pixels are white."""
+        if self._handle is None:
+            raise SlideError(f"{self.path}: slide is closed")
+        w, h = int(w), int(h)
+        if w <= 0 or h <= 0:
+            raise ValueError(f"region size must be positive, got {w}x{h}")
+        try:
+            if self.reader == "openslide":
+                return self._to_rgb(np.asarray(self._handle.read_region((int(x), int(y)), int(level), (w, h))))
+            return self._read_tiffslide(int(x), int(y), int(level), w, h)
+        except Exception as exc:  # the reader libraries raise many types on corrupt data
+            raise SlideError(
+                f"{self.path}: cannot decode region x={x} y={y} level={level} size={w}x{h} "
+                f"({type(exc).__name__}: {_one_line(exc)}); the file is corrupt or truncated: re-export or exclude it"
+            ) from None
+
+    def _read_tiffslide(self, x: int, y: int, level: int, w: int, h: int) -> np.ndarray:
+        # tiffslide pads out-of-bounds reads with black; read the in-bounds part and
+        # place it on white so both readers agree.
+        ds = self.level_downsamples[level]
+        lw, lh = self.level_dimensions[level]
+        lx, ly = int(math.floor(x / ds)), int(math.floor(y / ds))
+        x0, y0 = max(lx, 0), max(ly, 0)
+        x1, y1 = min(lx + w, lw), min(ly + h, lh)
+        if x0 == lx and y0 == ly and x1 - x0 == w and y1 - y0 == h:
+            return self._to_rgb(np.asarray(self._handle.read_region((x, y), level, (w, h), as_array=True)))
+        out = np.full((h, w, 3), 255, np.uint8)
+        if x1 > x0 and y1 > y0:
+            part = np.asarray(
+                self._handle.read_region(
+                    (int(round(x0 * ds)), int(round(y0 * ds))), level, (x1 - x0, y1 - y0), as_array=True
+                )
+            )
+            out[y0 - ly : y1 - ly, x0 - lx : x1 - lx] = self._to_rgb(part)
+        return out
+
+    def _to_rgb(self, arr: np.ndarray) -> np.ndarray:
+        if self.channel_map is None:
+            return _to_rgb(arr)
+        return map_channels(arr, self.channel_map)
+
+    def read_tile(self, x: int, y: int, patch_size_level0: int, read_level: int, patch_size: int) -> np.ndarray:
+        """The level-0 square [x, x + patch_size_level0) read at ``read_level`` (one
+        read_region) and resized to (patch_size, patch_size, 3) uint8."""
+        import cv2
+
+        side = max(1, int(round(patch_size_level0 / self.level_downsamples[read_level])))
+        region = self.read_region(x, y, read_level, side, side)
+        if side == patch_size:
+            return region
+        interp = cv2.INTER_AREA if side > patch_size else cv2.INTER_LINEAR
+        return cv2.resize(region, (patch_size, patch_size), interpolation=interp)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _to_rgb(arr: np.ndarray) -> np.ndarray:
+    """RGB uint8 from RGB/RGBA arrays; alpha is composited on white."""
+    arr = np.asarray(arr)
+    if arr.ndim == 3 and arr.shape[2] == 4:
+        alpha = arr[..., 3]
+        if alpha.min() == 255:
+            return np.ascontiguousarray(arr[..., :3])
+        # OpenSlide returns un-premultiplied RGBA: out = rgb * a + 255 * (1 - a)
+        a = alpha[..., None].astype(np.uint16)
+        rgb = (arr[..., :3].astype(np.uint16) * a + 255 * (255 - a) + 127) // 255
+        return rgb.astype(np.uint8)
+    if arr.ndim == 3 and arr.shape[2] == 3:
+        return arr.astype(np.uint8, copy=False)
+    raise ValueError(f"pixel data has shape {arr.shape}, not RGB")
+
+
+def map_channels(arr: np.ndarray, channel_map: tuple[int, int, int]) -> np.ndarray:
+    """RGB uint8 from the three channels ``channel_map`` of a (h, w[, c]) array; 16-bit
+    samples are scaled by 1/257 so that full scale stays full scale."""
+    arr = np.asarray(arr)
+    if arr.ndim == 2:
+        arr = arr[..., None]
+    rgb = arr[..., list(channel_map)]
+    if rgb.dtype == np.uint16:
+        rgb = (rgb.astype(np.uint32) * 255 + 32767) // 65535
+    return np.ascontiguousarray(rgb.astype(np.uint8))
+
+
+def _open_handle(path: Path, reader: str | None) -> tuple[Any, str, str]:
+    """(handle, reader name, why OpenSlide refused the file or "")."""
+    import openslide
+
+    first: BaseException | None = None
+    if reader in (None, "openslide"):
+        try:
+            return openslide.OpenSlide(str(path)), "openslide", ""
+        except (openslide.OpenSlideError, openslide.OpenSlideUnsupportedFormatError) as os_exc:
+            if reader == "openslide":
+                raise SlideError(
+                    f"{path}: OpenSlide cannot open it ({_one_line(os_exc)}); use reader tiffslide or auto"
+                ) from None
+            first = os_exc
+    import tiffslide
+
+    try:
+        return tiffslide.TiffSlide(str(path)), "tiffslide", _one_line(first) if first else ""
+    except Exception as ts_exc:  # tifffile raises assorted errors on non-TIFF input
+        tried = f"OpenSlide: {_one_line(first)}; " if first else ""
+        raise SlideError(
+            f"{path}: not a readable whole-slide image ({tried}tiffslide: {_one_line(ts_exc)}); "
+            "convert it to a pyramidal TIFF or exclude it"
+        ) from None
+
+
+def _check_pixels(slide: Slide, openslide_refusal: str) -> None:
+    """Make sure the image is colour (or has a channel map), then decode a small region
+    at the centre of level 0 and of the coarsest level."""
+    _check_colour(slide)
+    why = f" (OpenSlide refused it: {openslide_refusal})" if openslide_refusal else ""
+    for level in sorted({0, slide.level_count - 1}):
+        lw, lh = slide.level_dimensions[level]
+        if lw < 2 or lh < 2:
+            raise SlideError(
+                f"{slide.path}: {slide.reader} sees only {lw}x{lh} pixels at level {level}{why}; "
+                "the file is not a supported slide: convert it to a pyramidal TIFF or exclude it"
+            )
+        w, h = min(_PROBE, lw), min(_PROBE, lh)
+        ds = slide.level_downsamples[level]
+        try:
+            slide.read_region(int(((lw - w) // 2) * ds), int(((lh - h) // 2) * ds), level, w, h)
+        except SlideError as exc:
+            raise SlideError(f"{exc}{why}") from None
+
+
+def _check_colour(slide: Slide) -> None:
+    """Refuse grey, multi-channel (fluorescence) or 16-bit slides unless a channel map
+    says which three channels to show as RGB: the pipeline is for brightfield RGB. Both
+    readers would silently turn a grey TIFF into RGB, so the TIFF header of level 0 is
+    inspected; non-TIFF formats (DICOM, MIRAX, ...) are colour by the readers' own checks."""
+    import tifffile
+
+    try:
+        with tifffile.TiffFile(slide.path) as tif:
+            page = tif.pages[0]
+            samples, bits, photometric = page.samplesperpixel, page.bitspersample, page.photometric
+    except (tifffile.TiffFileError, OSError, ValueError, IndexError):
+        samples, bits, photometric = 3, 8, 2
+    if slide.channel_map is not None:
+        if slide.reader == "openslide":
+            if samples < 3 or bits != 8 or int(photometric) in (0, 1):
+                raise SlideError(
+                    f"{slide.path}: OpenSlide turns its {samples} channel(s) into RGB itself; "
+                    "a channel map needs reader tiffslide (or auto)"
+                )
+            samples = 3  # OpenSlide always delivers RGB(A)
+        if any(not 0 <= c < samples for c in slide.channel_map) or bits not in (8, 16):
+            raise SlideError(
+                f"{slide.path}: channel map {list(slide.channel_map)} does not fit its {samples} channel(s) of "
+                f"{bits} bits; give three channel indices in 0..{samples - 1}"
+            )
+        return
+    # Photometric: 1 = min-is-black (grey), 2 = RGB, 6 = YCbCr (JPEG), 0 = min-is-white
+    if samples < 3 or bits != 8 or int(photometric) in (0, 1):
+        raise SlideError(
+            f"{slide.path}: pixels are {samples} sample(s) of {bits} bits ({getattr(photometric, 'name', photometric)}), "
+            "not 8-bit RGB; for fluorescence or multiplexed slides set the cohort's `channels` key "
+            "(three channel indices shown as R, G, B), otherwise convert or exclude it"
+        )
+
+
+def _check_channel_map(path: Path, channel_map: Any) -> tuple[int, int, int] | None:
+    if channel_map is None or (isinstance(channel_map, str) and not channel_map.strip()):
+        return None
+    if isinstance(channel_map, str):
+        channel_map = channel_map.replace(",", " ").split()
+    try:
+        out = tuple(int(c) for c in channel_map)
+    except (TypeError, ValueError):
+        out = ()
+    if len(out) != 3 or min(out) < 0:
+        raise SlideError(f"{path}: channel map {channel_map!r} must be three channel indices >= 0 (R, G, B)")
+    return out  # type: ignore[return-value]
+
+
+def open_slide(
+    path: str | os.PathLike,
+    mpp_fallback: float | None = None,
+    *,
+    reader: str | None = None,
+    channel_map: Any = None,
+) -> Slide:
+    """Open a whole-slide image. Raises :class:`SlideError` (one line) when the file is
+    missing, unreadable, corrupt, not RGB (and no ``channel_map``), or has no usable mpp
+    and no ``mpp_fallback``.
+
+    ``reader``: None (OpenSlide, then tiffslide), "openslide" or "tiffslide" to force one;
+    the level list (and so a coords file's ``read_level``) belongs to the reader.
+    ``channel_map``: three channel indices (or "i,j,k") shown as R, G, B, for
+    fluorescence or multiplexed slides stored with interleaved channels.
+    """
+    path = Path(path)
+    if reader in ("", "auto"):
+        reader = None
+    if reader is not None and reader not in READERS:
+        raise SlideError(f"{path}: reader {reader!r} is unknown; use auto, openslide or tiffslide")
+    if not path.is_file():
+        raise SlideError(f"{path}: slide file not found")
+    channels = _check_channel_map(path, channel_map)
+    if channels is not None and reader is None:
+        reader = "tiffslide"  # the raw channels: OpenSlide would hand over its own RGB rendering
+    handle, reader, openslide_refusal = _open_handle(path, reader)
+    # mpp is resolved after the pixel check: a corrupt file should say so, not ask for an mpp
+    try:
+        slide = Slide(path, handle, reader, mpp=math.nan, mpp_source="", channel_map=channels)
+    except Exception as exc:  # tiffslide parses lazily: unsupported layouts surface here
+        handle.close()
+        raise SlideError(
+            f"{path}: {reader} cannot read its layout ({type(exc).__name__}: {_one_line(exc)}); "
+            "convert it to a pyramidal TIFF with interleaved channels or exclude it"
+        ) from None
+    try:
+        _check_pixels(slide, openslide_refusal)
+        mpp, source = mpp_from_properties(slide.properties)
+        if mpp is None:
+            if mpp_fallback is None:
+                raise SlideError(
+                    f"{path}: no plausible microns-per-pixel in the slide metadata; set the cohort's "
+                    "`mpp_fallback` config key (or pass --slide-mpp) to the scan resolution"
+                )
+            fallback = _as_float(mpp_fallback)
+            if fallback is None or not MPP_MIN <= fallback <= MPP_MAX:
+                raise SlideError(f"{path}: mpp_fallback={mpp_fallback!r} is not a plausible microns-per-pixel value")
+            mpp, source = fallback, "fallback"
+    except BaseException:
+        slide.close()
+        raise
+    slide.mpp, slide.mpp_source = float(mpp), source
+    return slide
+
+
+def open_options_from_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """``open_slide`` keyword arguments that reopen a slide exactly as a coords file was
+    made: same reader (``read_level`` indexes that reader's levels), same channel map,
+    and the level-0 mpp as fallback."""
+    channel_map = attrs.get("channel_map")
+    return {
+        "mpp_fallback": _as_float(attrs.get("level0_mpp")),
+        "reader": str(attrs.get("reader") or "") or None,
+        "channel_map": list(channel_map) if channel_map not in (None, "", []) else None,
+    }

@@ -1,0 +1,49 @@
+"""A thumbnail PNG for checking tiling at a glance: the mask-level image with the
+tissue outline (green) and the kept tiles (blue) drawn on it."""
+
+from __future__ import annotations
+
+import os
+
+import cv2
+import numpy as np
+
+from pathtwt.io.atomic import atomic_output
+from pathtwt.wsi.tiling import Tiling
+
+TISSUE_COLOUR = (0, 200, 0)  # RGB
+TILE_COLOUR = (0, 60, 255)
+
+
+def render_thumbnail(tiling: Tiling, min_side: int = 1024, max_side: int = 2048) -> np.ndarray:
+    """RGB uint8 image: the mask-level image, shrunk to at most ``max_side`` pixels, or
+    enlarged by a whole factor towards ``min_side`` so tile outlines stay visible."""
+    mask = tiling.tissue
+    image = mask.image
+    outline = mask.mask.astype(np.uint8)
+    longest = max(1, *image.shape[:2])
+    scale = max_side / longest if longest > max_side else float(max(1, min_side // longest))
+    if scale != 1.0:
+        size = (max(1, round(image.shape[1] * scale)), max(1, round(image.shape[0] * scale)))
+        image = cv2.resize(image, size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_NEAREST)
+        outline = cv2.resize(outline, size, interpolation=cv2.INTER_NEAREST)
+    else:
+        image = image.copy()
+    contours, _ = cv2.findContours(outline, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
+    cv2.drawContours(image, contours, -1, TISSUE_COLOUR, 1)
+    side = tiling.attrs["patch_size_level0"]
+    sx, sy = scale / mask.downsample[0], scale / mask.downsample[1]
+    for x, y in tiling.coords:
+        top_left = (int(x * sx), int(y * sy))
+        bottom_right = (int((x + side) * sx) - 1, int((y + side) * sy) - 1)
+        cv2.rectangle(image, top_left, bottom_right, TILE_COLOUR, 1)
+    return image
+
+
+def write_thumbnail(path: str | os.PathLike, tiling: Tiling) -> None:
+    image = render_thumbnail(tiling)
+    ok, png = cv2.imencode(".png", cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+    if not ok:
+        raise OSError(f"PNG encoding failed for {path}")
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(png.tobytes())

@@ -1,0 +1,113 @@
+"""The package's layering, read from its source: every import statement (at module level,
+inside functions, under TYPE_CHECKING) and every "pathtwt.module[:attr]" string that the
+code hands to importlib."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pathtwt"
+DOTTED = re.compile(r"^pathtwt(\.\w+)+(:\w+)?$")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def resolve(name: str) -> str | None:
+    """The longest known module that `name` (a module or module.attribute) lies in."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in MODULES:
+            return candidate
+        parts.pop()
+    return None
+
+
+def imports_of(module: str) -> set[str]:
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DOTTED.match(node.value):
+            names = [node.value.split(":")[0]]
+        else:
+            continue
+        for name in names:
+            target = resolve(name)
+            if target and target != module and target != "pathtwt":
+                found.add(target)
+    # `from pathtwt.x import y` also names the package pathtwt.x: keep only the deepest
+    return {t for t in found if not any(o != t and o.startswith(t + ".") for o in found)}
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+def in_package(module: str, package: str) -> bool:
+    return module == f"pathtwt.{package}" or module.startswith(f"pathtwt.{package}.")
+
+
+FORBIDDEN = [
+    ("wsi", ("compress", "mil", "analysis", "cli", "models")),
+    ("models", ("compress", "mil", "analysis", "cli", "wsi")),
+    ("io", ("compress", "mil", "analysis", "cli", "models", "wsi")),
+    ("mil", ("models", "compress", "analysis", "cli")),
+]
+
+
+@pytest.mark.parametrize("package,forbidden", FORBIDDEN, ids=[p for p, _ in FORBIDDEN])
+def test_lower_layers_do_not_import_upper_ones(package, forbidden):
+    bad = sorted(
+        f"{module} -> {target}"
+        for module, targets in GRAPH.items() if in_package(module, package)
+        for target in targets if any(in_package(target, f) for f in forbidden)
+    )
+    assert not bad, "layering broken:\n" + "\n".join(bad)
+
+
+def test_only_cli_imports_cli():
+    # pathtwt.__main__ is the entry point of `python -m pathtwt`
+    bad = sorted(f"{m} -> {t}" for m, ts in GRAPH.items() if not in_package(m, "cli") and m != "pathtwt.__main__"
+                 for t in ts if in_package(t, "cli"))
+    assert not bad, "\n".join(bad)
+
+
+def test_no_two_modules_import_each_other():
+    pairs = sorted({tuple(sorted((m, t))) for m, ts in GRAPH.items() for t in ts if m in GRAPH.get(t, ())})
+    assert not pairs, "mutual imports:\n" + "\n".join(f"{a} <-> {b}" for a, b in pairs)
+
+
+def test_the_checker_sees_function_level_and_string_imports(tmp_path):
+    """The walk above must see the imports that hide: a lazy one in a function body and a
+    "module:attr" string for importlib (a layering rule it could not see would pass
+    vacuously)."""
+    assert "pathtwt.cli.options" in GRAPH["pathtwt.cli.discover"]
+    registry_targets = GRAPH["pathtwt.compress.registry"]
+    assert "pathtwt.compress.twt" in registry_targets  # named only as a string
+    lazy = [m for m, p in MODULES.items() if "    from pathtwt." in p.read_text()]
+    assert lazy and all(GRAPH[m] for m in lazy)
+
+
+def test_library_code_names_no_machine_path():
+    offenders = [str(p.relative_to(PACKAGE.parent)) for p in MODULES.values() if "../shared" in p.read_text() or "\"shared\"" in p.read_text()]
+    assert not offenders, f"library code hard-codes ../shared: {offenders}"
