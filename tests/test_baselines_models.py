@@ -14,10 +14,11 @@ import pytest
 import torch
 from torch import nn
 
-from pathtwt.models.registry import build_timm_model, create_backbone
+from pathtwt.models.registry import build_timm_model, create_backbone, get_spec
 from pathtwt.compress.methods.linear import GramAccumulator, fit_linear_maps
 from pathtwt.compress.methods.nose import DilutedDeepSupervision, finish_attention_free
-from pathtwt.models.variant_layers import DilutedAttentionBlock, LinearBlock, ProbeNorm, apply_baseline_patches, tie_blocks
+from pathtwt.models.variant_layers import (DilutedAttentionBlock, EmbeddingProbe, LinearBlock, TimeScaledBlock, apply_baseline_patches,
+                                          tie_blocks)
 from pathtwt.compress.methods.raptor import BlockwiseRollout, build_recurrent_student
 from pathtwt.compress.calibration import CalibrationSet
 from pathtwt.models.flops import count_macs, count_params
@@ -106,16 +107,44 @@ def test_linear_block_patch_costs_and_keys(teacher):
     assert count_macs(model) == count_macs(plain2) + tokens * d * d
 
 
-def test_probe_norm_keeps_the_norm_keys(teacher):
-    from pathtwt.models.registry import build_timm_model
+def test_embedding_probe_acts_once_per_tile_on_the_pooled_embedding(teacher):
+    from pathtwt.models.embedding import embed_tiles, pool_tokens
 
-    model = apply_baseline_patches(build_timm_model(teacher.spec, depth=2), {"probe": True})
-    assert isinstance(model.norm, ProbeNorm)
-    assert {k for k in model.state_dict() if k.startswith("norm.")} == {"norm.weight", "norm.bias", "norm.proj.weight", "norm.proj.bias"}
-    x = torch.randn(2, 17, 64)
+    plain = build_timm_model(teacher.spec, depth=2)
+    model = apply_baseline_patches(copy.deepcopy(plain), {"embedding_probe": {"hidden": 24}})
+    assert isinstance(model.embedding_probe, EmbeddingProbe)
+    extra = {k for k in model.state_dict()} - set(plain.state_dict())
+    assert extra == {"embedding_probe.fc1.weight", "embedding_probe.fc1.bias", "embedding_probe.fc2.weight", "embedding_probe.fc2.bias"}
+    assert count_params(model) == count_params(plain) + 2 * (2 * D * 24) + 24 + 2 * D
+    assert count_macs(model) == count_macs(plain) + 2 * (2 * D * 24)  # one vector per tile, not per token
+    x = torch.randn(3, 3, 56, 56)
     with torch.no_grad():
-        expect = model.norm.proj(nn.functional.layer_norm(x, (64,), model.norm.weight, model.norm.bias, model.norm.eps))
-        assert torch.allclose(model.norm(x), expect)
+        pooled = pool_tokens(model.forward_features(x), 1)
+        assert torch.allclose(embed_tiles(model, x, 1), pooled)  # fc2 starts at zero: identity
+        model.embedding_probe.fc2.weight.normal_()
+        expect = pooled + model.embedding_probe.fc2(nn.functional.gelu(model.embedding_probe.fc1(pooled)))
+        assert torch.allclose(embed_tiles(model, x, 1), expect, atol=1e-5)
+    with pytest.raises(WeightsError):
+        apply_baseline_patches(build_timm_model(teacher.spec, depth=2), {"embedding_probe": {"hidden": 0}})
+
+
+def test_layer_time_scale_block_follows_the_raptor_form(teacher):
+    model = apply_baseline_patches(build_timm_model(teacher.spec, depth=12), {"layer_time_scale": True, "tied_blocks": [[2, 5]]})
+    blk = model.blocks[2]
+    assert isinstance(blk, TimeScaledBlock) and blk.layer == 3
+    assert blk.attn is model.blocks[1].attn and blk.t_proj is model.blocks[4].t_proj  # one set of weights, own layer number
+    per_block = 16 + 16 + 16 * 3 * D + 3 * D
+    assert count_params(model) == count_params(build_timm_model(teacher.spec, depth=9)) + 9 * per_block
+    assert count_macs(model) == count_macs(build_timm_model(teacher.spec, depth=12)) + 12 * (16 + 16 * 3 * D)
+    x = torch.randn(2, TOKENS, D)
+    with torch.no_grad():
+        plain = teacher.model.blocks[0]
+        wrapped = TimeScaledBlock(copy.deepcopy(plain), layer=7)
+        assert torch.allclose(wrapped(x), plain(x), atol=1e-6)  # g = 0: the plain layer
+        wrapped.t_proj.fc2.bias.normal_()
+        s1, s2, s3 = 1 + wrapped.t_proj.fc2(nn.functional.silu(wrapped.t_proj.fc1(torch.full((1, 1), 7.0)))).reshape(3, D)
+        u = x + s1 * plain.ls1(plain.attn(plain.norm1(x)))
+        assert torch.allclose(wrapped(x), s3 * (u + s2 * plain.ls2(plain.mlp(plain.norm2(u)))), atol=1e-5)
 
 
 def test_tied_blocks_share_one_module_and_count_once(teacher):
@@ -162,19 +191,39 @@ def test_raptor_shares_one_layer_per_block_and_costs_teacher_macs(teacher, calib
     folder, meta = _compress("raptor", teacher, calib, tmp_path / "raptor", plan=plan)
     assert meta["name"] == "vit-s14-tiny/raptor-3" and meta["depth"] == L
     assert meta["shared_blocks"] == [[1, 2], [3, 7], [8, 12]] and meta["recurrence"] == [2, 5, 5]
-    assert meta["params"] == count_params(_plain(teacher, 3))  # TWT-like: one layer per block
-    assert meta["macs_per_tile"] == count_macs(teacher.model)  # the teacher's: every layer runs
+    per_block = 16 + 16 + 16 * 3 * D + 3 * D  # the layer-number conditioning g of each shared layer
+    assert meta["params"] == count_params(_plain(teacher, 3)) + 3 * per_block  # one layer per block
+    assert meta["macs_per_tile"] == count_macs(teacher.model) + L * (16 + 16 * 3 * D)  # every layer runs
+    assert meta["layer_patches"] == {"layer_time_scale": True, "tied_blocks": [[1, 2], [3, 7], [8, 12]]}
+    assert meta["budget"]["paper"] == {"stage1_epochs": 1.0, "stage2_epochs": 2.0} and meta["selection_split"] is None
     assert meta["stages"]["stage1_steps"] + meta["stages"]["stage2_steps"] == 2
     assert set(meta["fidelity"]) >= {"initial", "final"}
     back = _assert_round_trip(folder, meta, teacher, calib)
-    assert back.model.blocks[2] is back.model.blocks[6] and back.model.blocks[2] is not back.model.blocks[7]
-    # timm alone (no patch) loads the file: a plain ViT whose layers in a block are equal
+    b = back.model.blocks
+    assert b[2].attn is b[6].attn and b[2].t_proj is b[6].t_proj and (b[2].layer, b[6].layer) == (3, 7)
+    assert b[2].attn is not b[7].attn
+    # timm alone loads the file; the only keys it does not know are the layer conditioning's
+    import safetensors.torch
+    import timm
+
+    plain = timm.create_model(meta["timm_name"], pretrained=False, **meta["timm_kwargs"])
+    result = plain.load_state_dict(safetensors.torch.load_file(folder / "model.safetensors"), strict=False)
+    assert not result.missing_keys and result.unexpected_keys
+    assert all(".t_proj." in k for k in result.unexpected_keys)
+    assert torch.equal(plain.blocks[3].attn.qkv.weight, plain.blocks[6].attn.qkv.weight)
+
+
+def test_raptor_without_time_scale_is_a_plain_timm_vit(teacher, calib, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"blocks": [[1, 6], [7, 12]]}))
+    folder, meta = _compress("raptor", teacher, calib, tmp_path / "raptor", plan=plan, extra={"time_scale": False})
+    assert meta["params"] == count_params(_plain(teacher, 2)) and meta["macs_per_tile"] == count_macs(teacher.model)
+    assert meta["layer_patches"] == {"tied_blocks": [[1, 6], [7, 12]]}
     import safetensors.torch
     import timm
 
     plain = timm.create_model(meta["timm_name"], pretrained=False, **meta["timm_kwargs"])
     plain.load_state_dict(safetensors.torch.load_file(folder / "model.safetensors"), strict=True)
-    assert torch.equal(plain.blocks[3].attn.qkv.weight, plain.blocks[6].attn.qkv.weight)
 
 
 def test_raptor_stage1_objective_is_zero_when_the_block_really_repeats(teacher):
@@ -196,27 +245,105 @@ def test_raptor_stage1_objective_is_zero_when_the_block_really_repeats(teacher):
 
 
 def test_wdpruning_probe_is_part_of_the_exported_model(teacher, calib, tmp_path):
-    folder, meta = _compress("wdpruning", teacher, calib, tmp_path / "wd", depth=4)
+    folder, meta = _compress("wdpruning", teacher, calib, tmp_path / "wd", depth=4, extra={"probe_hidden": 32})
     assert meta["name"] == "vit-s14-tiny/wdpruning-4" and meta["depth"] == 4
-    assert meta["layer_patches"] == {"probe": True}
-    assert meta["params"] == count_params(_plain(teacher, 4)) + D * D + D
-    assert meta["macs_per_tile"] == count_macs(_plain(teacher, 4)) + TOKENS * D * D
+    assert meta["layer_patches"] == {"embedding_probe": {"hidden": 32}}
+    probe = 2 * (2 * D) * 32 + 32 + 2 * D
+    assert meta["params"] == count_params(_plain(teacher, 4)) + probe and meta["probe"]["params"] == probe
+    assert meta["macs_per_tile"] == count_macs(_plain(teacher, 4)) + 2 * (2 * D) * 32  # once per tile
+    assert meta["budget"]["run"] == {"steps": 2, "epochs": None, "resolved_steps": 2, "unit": "steps"}
+    assert meta["budget"]["paper"] == {"epochs": 2.0} and meta["selection_split"] is None
     back = _assert_round_trip(folder, meta, teacher, calib)
-    assert not torch.allclose(back.model.norm.proj.weight, torch.eye(D))  # the probe trained
+    assert back.model.embedding_probe.fc2.weight.abs().sum() > 0  # the probe trained (it starts at zero)
+    # timm alone: the backbone part loads; the probe's tensors are the only keys left over
+    import safetensors.torch
+    import timm
+
+    plain = timm.create_model(meta["timm_name"], pretrained=False, **meta["timm_kwargs"])
+    result = plain.load_state_dict(safetensors.torch.load_file(folder / "model.safetensors"), strict=False)
+    assert not result.missing_keys and all(k.startswith("embedding_probe.") for k in result.unexpected_keys)
+    x = torch.stack([teacher.transform(t) for t in calib.holdout])
+    with torch.no_grad():
+        assert torch.allclose(plain.eval().forward_features(x), back.model.forward_features(x), atol=1e-6)
 
 
-def test_nose_removes_attention_where_it_matters_least(teacher, calib, tmp_path):
-    folder, meta = _compress("nose", teacher, calib, tmp_path / "nose", depth=8)
-    free = meta["layer_patches"]["attention_free"]
-    assert len(free) == 4 and meta["name"] == "vit-s14-tiny/nose-8" and meta["depth"] == L
-    costs = meta["removal_costs"]
-    assert max(costs[i] for i in free) <= min(c for i, c in enumerate(costs) if i not in free)
-    blk = teacher.model.blocks[0]
-    attn_params = sum(p.numel() for m in (blk.norm1, blk.attn, blk.ls1) for p in m.parameters())
-    attn_macs = TOKENS * D * 3 * D + TOKENS * D * D + 2 * TOKENS * TOKENS * D
-    assert meta["params"] == count_params(teacher.model) - 4 * attn_params
-    assert meta["macs_per_tile"] == count_macs(teacher.model) - 4 * attn_macs
+def test_wdpruning_trains_on_the_final_embedding(teacher):
+    from pathtwt.compress.methods.wdpruning import FinalEmbeddingLoss, build_wdpruning_student
+    from pathtwt.models.embedding import embed_tiles
+
+    student = build_wdpruning_student(teacher, 3, hidden=16)
+    x = torch.stack([teacher.transform(t) for t in _tiles(2, 5)])
+    objective = FinalEmbeddingLoss(1)
+    with torch.no_grad():
+        targets = objective.targets(teacher.model, x)
+        assert torch.allclose(targets[0], embed_tiles(teacher.model, x, 1), atol=1e-5)
+        loss, _ = objective.loss(student, x, targets, step=0)
+        expect = nn.functional.mse_loss(embed_tiles(student, x, 1), targets[0])
+    assert float(loss) == pytest.approx(float(expect), rel=1e-5)
+
+
+def _attention_cost():
+    blk = build_timm_model(get_spec("vit-s14-tiny"), depth=1).blocks[0]
+    params = sum(p.numel() for m in (blk.norm1, blk.attn, blk.ls1) for p in m.parameters())
+    return params, TOKENS * D * 3 * D + TOKENS * D * D + 2 * TOKENS * TOKENS * D
+
+
+def test_nose_removes_attention_from_every_layer_by_default(teacher, calib, tmp_path):
+    folder, meta = _compress("nose", teacher, calib, tmp_path / "nose")
+    assert meta["layer_patches"]["attention_free"] == list(range(L))
+    assert meta["name"] == "vit-s14-tiny/nose" and meta["depth"] == L and meta["attention_layers"] == 0
+    assert meta["selection_split"] is None and meta["selection_trace"] == []  # nothing to choose
+    assert meta["budget"]["paper"] == {"epochs": 2.0}
+    attn_params, attn_macs = _attention_cost()
+    assert meta["params"] == count_params(teacher.model) - L * attn_params
+    assert meta["macs_per_tile"] == count_macs(teacher.model) - L * attn_macs
     _assert_round_trip(folder, meta, teacher, calib)
+
+
+def test_nose_keeps_attention_where_the_greedy_information_criterion_says(teacher, calib, tmp_path):
+    from pathtwt.compress.methods.common import embedding_r2, tile_embeddings
+    from pathtwt.compress.methods.nose import gaussian_information, make_attention_free_copy
+
+    folder, meta = _compress("nose", teacher, calib, tmp_path / "nose", extra={"keep_attention": 8})
+    free = meta["layer_patches"]["attention_free"]
+    assert len(free) == 4 and meta["name"] == "vit-s14-tiny/nose-keep8" and meta["attention_layers"] == 8
+    assert meta["selection_split"] == "holdout"  # no select split in this calibration set
+    trace = meta["selection_trace"]
+    assert [t["removed"] for t in trace][-1] == free and len(trace) == 4
+    # step 1 is the single removal that keeps the most information, recomputed here
+    kw = dict(transform=teacher.transform, num_prefix_tokens=1, device="cpu", batch_size=8)
+    target = tile_embeddings(teacher.model, calib.holdout, **kw)
+    infos = []
+    for i in range(L):
+        probe = copy.deepcopy(teacher.model)
+        probe.blocks[i] = make_attention_free_copy(probe.blocks[i])
+        infos.append(gaussian_information(embedding_r2(tile_embeddings(probe, calib.holdout, **kw), target)[1]))
+    assert trace[0]["added"] == int(np.argmax(infos))
+    assert trace[0]["information"] == pytest.approx(max(infos), rel=1e-4)
+    attn_params, _ = _attention_cost()
+    assert meta["params"] == count_params(teacher.model) - 4 * attn_params
+    _assert_round_trip(folder, meta, teacher, calib)
+
+
+def test_nose_choice_does_not_depend_on_the_reported_tiles(teacher):
+    from pathtwt.compress.methods.nose import greedy_attention_removal
+
+    fit, select = _tiles(4, 11), _tiles(6, 12)
+    opts = CompressOptions(out="unused", batch_size=4, progress=False)
+    runs = []
+    for report_seed in (13, 14):
+        calib = CalibrationSet(fit=fit, holdout=_tiles(4, report_seed), patch_size=56)
+        calib.select = select  # the selection split, apart from the tiles reported on
+        runs.append(greedy_attention_removal(teacher, calib, opts, 3))
+    assert runs[0] == runs[1] and runs[0][1] == "select"
+
+
+def test_nose_refuses_a_depth_and_a_bad_keep_attention(teacher, calib, tmp_path):
+    with pytest.raises(ConfigError, match="keep_attention"):
+        _compress("nose", teacher, calib, tmp_path / "a", depth=5)
+    for bad in (L, -1, "x"):
+        with pytest.raises(ConfigError, match="keep_attention"):
+            _compress("nose", teacher, calib, tmp_path / "b", extra={"keep_attention": bad})
 
 
 def test_diluted_block_moves_from_the_layer_to_its_attention_free_form(teacher):
@@ -264,6 +391,36 @@ def test_subset_search_exports_the_chosen_layers(teacher, calib, tmp_path):
 
 
 def test_methods_refuse_a_missing_depth(teacher, calib, tmp_path):
-    for method in ("wdpruning", "nose", "subset"):
+    for method in ("wdpruning", "subset"):
         with pytest.raises(ConfigError):
             _compress(method, teacher, calib, tmp_path / method)
+
+
+def test_folding_the_map_into_the_mlp_output_changes_nothing(teacher):
+    from pathtwt.compress.methods.linear import MappedMlpBlock, fold_into_mlp_output
+
+    rng = np.random.default_rng(0)
+    weight, bias = rng.normal(size=(D, D)) / 8, rng.normal(size=D)
+    block = copy.deepcopy(teacher.model.blocks[4])  # LayerScale of the MLP branch is not 1
+    unfolded = MappedMlpBlock(copy.deepcopy(block), weight, bias)
+    folded = fold_into_mlp_output(copy.deepcopy(block), weight, bias)
+    assert sum(p.numel() for p in folded.parameters()) == sum(p.numel() for p in block.parameters())  # zero extra
+    x = torch.randn(3, TOKENS, D)
+    with torch.no_grad():
+        assert torch.allclose(folded(x), unfolded(x), atol=1e-5)
+        assert not torch.allclose(folded(x), block(x), atol=1e-3)
+
+
+def test_linear_fold_exports_a_plain_layer_with_the_unfolded_fidelity(teacher, calib, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"blocks": [[1, 1], [2, 6], [7, 12]]}))
+    folder, meta = _compress("linear", teacher, calib, tmp_path / "fold", plan=plan, extra={"fold": True})
+    # [2, 6] folds into layer 1; [7, 12] follows a folded block, so it stays a linear block
+    assert meta["linear"]["fold"]["folded_blocks"] == [[2, 6]] and meta["linear"]["fold"]["into_layers"] == [1]
+    assert meta["depth"] == 2 and meta["layer_patches"] == {"linear_blocks": [1]}
+    assert meta["params"] == count_params(_plain(teacher, 1)) + D * D + D
+    unfolded = meta["linear"]["fold"]["unfolded_fidelity"]["embedding_cosine_mean"]
+    assert meta["fidelity"]["final"]["embedding_cosine_mean"] == pytest.approx(unfolded, abs=1e-5)
+    assert meta["budget"]["run"]["unit"] is None and meta["selection_split"] is None
+    back = _assert_round_trip(folder, meta, teacher, calib)
+    assert not torch.equal(back.model.blocks[0].mlp.fc2.weight, teacher.model.blocks[0].mlp.fc2.weight)

@@ -78,13 +78,23 @@ def test_shared_block_counts_params_once_and_macs_per_use():
     assert count_macs(model) == macs
 
 
-def test_a_probe_inside_the_final_norm_is_counted_on_every_token():
-    from pathtwt.models.registry import build_timm_model, get_spec
+def test_per_tile_modules_cost_in_times_out_once():
     from pathtwt.models.variant_layers import apply_baseline_patches
-    from pathtwt.models.flops import count_macs
 
     spec = get_spec("vit-s14-tiny")
     plain = build_timm_model(spec, depth=2)
-    probed = apply_baseline_patches(build_timm_model(spec, depth=2), {"probe": True})
-    tokens = 16 + 1  # 56 px / 14 = 4 x 4 patches, plus CLS
-    assert count_macs(probed) - count_macs(plain) == tokens * 64 * 64
+    probed = apply_baseline_patches(build_timm_model(spec, depth=2), {"embedding_probe": {"hidden": 10}})
+    assert count_macs(probed) - count_macs(plain) == 2 * (128 * 10)  # one pooled vector, not 17 tokens
+
+
+@pytest.mark.parametrize("name", ["h0-mini-tiny", "vit-s14-tiny"])
+def test_paper_counting_adds_norms_and_drops_attention_matmuls(name):
+    # the paper's counter: LayerNorm at 5 per element, no QK^T / AV under timm's fused attention
+    model = create_backbone(name, pretrained=False).model
+    spec = get_spec(name)
+    tokens, dim, depth = 16 + spec.num_prefix_tokens, 64, len(model.blocks)
+    attention = depth * 2 * tokens * tokens * dim
+    norms = (2 * depth + 1) * 5 * tokens * dim
+    assert count_macs(model, norms=True, attention=False) == count_macs(model) - attention + norms
+    apply_layer_patches(model, {"attention_free": [0, 3]})  # norm1 gone with the attention
+    assert count_macs(model, norms=True) == count_macs(model) + norms - 2 * 5 * tokens * dim

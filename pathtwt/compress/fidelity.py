@@ -33,7 +33,7 @@ def evaluate_fidelity(
 ) -> dict[str, object]:
     """Embedding cosine (mean, min) on ``tiles``; with ``boundaries`` (teacher layer e_j matched
     by student block j) also the per-block MSE and the final-feature MSE."""
-    from pathtwt.models.embedding import pool_tokens
+    from pathtwt.models.embedding import pool_model_tokens
 
     if len(tiles) == 0:
         return {"n_tiles": 0}
@@ -44,8 +44,8 @@ def evaluate_fidelity(
         x = tiles_to_batch(transform, tiles[i : i + batch_size], device)
         s_out, t_out = block_outputs(student, x), block_outputs(teacher, x)
         s_final, t_final = student.norm(s_out[-1]), teacher.norm(t_out[-1])
-        cos = nn.functional.cosine_similarity(pool_tokens(s_final, num_prefix_tokens).float(),
-                                              pool_tokens(t_final, num_prefix_tokens).float(), dim=-1)
+        cos = nn.functional.cosine_similarity(pool_model_tokens(student, s_final, num_prefix_tokens),
+                                              pool_model_tokens(teacher, t_final, num_prefix_tokens), dim=-1)
         cos_parts.append(cos.cpu())
         n = x.shape[0]
         final_sum += float(nn.functional.mse_loss(s_final, t_final)) * n

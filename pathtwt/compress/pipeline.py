@@ -61,6 +61,23 @@ def distill_options(options: CompressOptions) -> "DistillOptions":
     )
 
 
+def budget_record(method: str, options: CompressOptions, n_fit: int, spec: Any, *, trains: bool = True) -> dict[str, Any]:
+    """What ``model.json`` says about the training budget: the run's own (steps or epochs as
+    given, and the optimiser steps they came to) beside Appendix B's for the method."""
+    from pathtwt.compress.registry import PAPER_BUDGETS
+
+    paper = PAPER_BUDGETS.get(method)
+    if paper is not None and isinstance(paper.get("epochs"), dict):  # per backbone
+        paper = {"epochs": paper["epochs"].get(spec.base_backbone or spec.name)}
+    run: dict[str, Any] = {"steps": options.steps, "epochs": options.epochs}
+    if trains:
+        run["resolved_steps"] = distill_options(options).resolved_steps(n_fit)
+        run["unit"] = "steps" if options.steps is not None else "epochs"
+    else:
+        run["unit"] = None  # closed form or no training
+    return {"run": run, "paper": paper}
+
+
 def backbone_default(option: bool | None, spec: Any) -> bool:
     """The paper's per-backbone default for the schedule and the scalar: off for pathology
     backbones, on for natural-image ones; an explicit option wins."""
@@ -117,9 +134,11 @@ def distill_and_export(
     boundaries: list[int] | None,
     extra: dict[str, Any],
     layer_patches: dict[str, Any] | None = None,
+    selection_split: str | None = None,
 ) -> Path | None:
     """Distill ``student`` with the shared budget, fold any branch scalars, measure held-out
-    fidelity before and after, and export. None when ``--stop-after`` ended the run early."""
+    fidelity before and after, and export. None when ``--stop-after`` ended the run early.
+    ``selection_split`` names the split the method chose anything on (None: nothing)."""
     from pathtwt.compress.distill import distill, options_dict
     from pathtwt.compress.export import export_backbone
     from pathtwt.compress.fidelity import evaluate_fidelity
@@ -147,6 +166,8 @@ def distill_and_export(
         options={**options.to_dict(), "distill": options_dict(dopts)},
         extra={
             **extra,
+            "budget": budget_record(method, options, len(calib.fit), spec),
+            "selection_split": selection_split,
             "fidelity": {"holdout_tiles": final.get("n_tiles", 0), "on": "holdout" if len(calib.holdout) else "fit",
                          "initial": initial, "final": final},
             "distillation": {"steps": result.total_steps, "resumed_from": result.resumed_from, "last": last},

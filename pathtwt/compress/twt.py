@@ -52,6 +52,8 @@ def compress_twt(teacher: Any, calib: Any, options: CompressOptions) -> Path | N
     return distill_and_export(
         teacher, calib, options, method="twt", student=student, objective=DeepSupervision(boundaries, alphas),
         boundaries=boundaries,
+        # the audition picks each block's surrogate on the held-out tiles
+        selection_split=("holdout" if len(calib.holdout) else "fit") if options.init == "audition" else None,
         extra={"plan": plan, "init": options.init, "audition": report,
                "audition_winners": [r["winner"] for r in report],
                "schedule": {"enabled": use_schedule, "alphas": alphas}, "branch_scalars": use_scalar},

@@ -17,7 +17,19 @@ def pool_tokens(tokens: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
     return torch.cat([tokens[:, 0], tokens[:, num_prefix_tokens:].mean(dim=1)], dim=1)
 
 
+def pool_model_tokens(model: torch.nn.Module, tokens: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """The tile embedding of ``model`` from its final (normed) tokens: :func:`pool_tokens`,
+    then the model's ``embedding_probe`` if it has one (WDPruning's probe, which acts on
+    the pooled vector; :mod:`pathtwt.models.variant_layers`)."""
+    pooled = pool_tokens(tokens, num_prefix_tokens)
+    probe = getattr(model, "embedding_probe", None)
+    if probe is None:
+        return pooled
+    dtype = next(probe.parameters()).dtype
+    return probe(pooled.to(dtype)).float()
+
+
 def embed_tiles(model: torch.nn.Module, x: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
     """Tile embeddings of a normalised batch (B, 3, H, W), cast to the model's dtype."""
     dtype = next(model.parameters()).dtype
-    return pool_tokens(model.forward_features(x.to(dtype)), num_prefix_tokens)
+    return pool_model_tokens(model, model.forward_features(x.to(dtype)), num_prefix_tokens)

@@ -9,6 +9,17 @@ counted. Blocks are walked in execution order, so a layer whose module is reused
 times (weight sharing) is counted k times, and an attention-free block (its ``attn`` a
 pass-through) costs only its MLP. Parameters count unique tensors, so shared weights
 count once.
+
+Modules that run once per tile rather than once per token carry ``runs_per_tile = True``
+(WDPruning's probe on the pooled embedding, Raptor's layer-index conditioning): their
+linear maps cost in * out, whatever the number of tokens.
+
+The paper's tables were counted differently (an operator-level counter over the traced
+forward pass); :func:`count_macs` reproduces that counting with ``norms=True`` (every
+LayerNorm over the tokens costs 5 MACs per element, as that counter charges them) and
+``attention=False`` (the fused attention kernel timm calls is an operator that counter
+does not see, so QK^T and AV are missing from the students' rows). README, "Cost", lays
+the two countings side by side.
 """
 
 from __future__ import annotations
@@ -44,8 +55,20 @@ def _grid(model: nn.Module, input_size: int | tuple[int, int] | None) -> tuple[i
     return h // patch[0], w // patch[1]
 
 
+def _per_tile_linears(module: nn.Module) -> set[int]:
+    return {id(m) for sub in module.modules() if getattr(sub, "runs_per_tile", False)
+            for m in sub.modules() if isinstance(m, nn.Linear)}
+
+
 def _linear_macs(module: nn.Module, tokens: int) -> int:
-    return sum(tokens * m.in_features * m.out_features for m in module.modules() if isinstance(m, nn.Linear))
+    once = _per_tile_linears(module)
+    return sum((1 if id(m) in once else tokens) * m.in_features * m.out_features
+               for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def _norm_macs(module: nn.Module, tokens: int) -> int:
+    """The paper's counter: 5 per normalised element (mean, variance, normalise, scale, shift)."""
+    return sum(5 * tokens * int(m.normalized_shape[-1]) for m in module.modules() if isinstance(m, nn.LayerNorm))
 
 
 def _attention_matmul_macs(module: nn.Module, tokens: int) -> int:
@@ -57,24 +80,35 @@ def _attention_matmul_macs(module: nn.Module, tokens: int) -> int:
     return total
 
 
-def block_macs(block: nn.Module, tokens: int) -> int:
+def block_macs(block: nn.Module, tokens: int, *, norms: bool = False, attention: bool = True) -> int:
     """MACs of one transformer block over ``tokens`` tokens."""
-    return _linear_macs(block, tokens) + _attention_matmul_macs(block, tokens)
+    macs = _linear_macs(block, tokens)
+    if attention:
+        macs += _attention_matmul_macs(block, tokens)
+    if norms:
+        macs += _norm_macs(block, tokens)
+    return macs
 
 
-def count_macs(model: nn.Module, input_size: int | tuple[int, int] | None = None) -> int:
-    """Analytic MACs for one tile at ``input_size`` (default: the model's own)."""
+def count_macs(model: nn.Module, input_size: int | tuple[int, int] | None = None, *, norms: bool = False,
+               attention: bool = True) -> int:
+    """Analytic MACs for one tile at ``input_size`` (default: the model's own). pathtwt's
+    counting is the default; ``norms=True, attention=False`` is the paper's for students
+    (see the module docstring)."""
     gh, gw = _grid(model, input_size)
     n_patches = gh * gw
     tokens = n_patches + int(getattr(model, "num_prefix_tokens", 1))
     proj = model.patch_embed.proj
     macs = n_patches * proj.out_channels * proj.in_channels * int(proj.kernel_size[0]) * int(proj.kernel_size[1])
     for block in model.blocks:
-        macs += block_macs(block, tokens)
-    # a linear map inside the final norm (WDPruning's probe) runs on every token
+        macs += block_macs(block, tokens, norms=norms, attention=attention)
     final_norm = getattr(model, "norm", None)
     if isinstance(final_norm, nn.Module):
-        macs += sum(tokens * m.in_features * m.out_features for m in final_norm.modules() if isinstance(m, nn.Linear))
+        # a linear map inside the final norm runs on every token
+        macs += _linear_macs(final_norm, tokens) + (_norm_macs(final_norm, tokens) if norms else 0)
+    probe = getattr(model, "embedding_probe", None)
+    if isinstance(probe, nn.Module):  # on the pooled embedding: once per tile
+        macs += _linear_macs(probe, 1)
     head = getattr(model, "head", None)
     if isinstance(head, nn.Linear):
         macs += head.in_features * head.out_features

@@ -18,9 +18,9 @@ from torch import nn
 
 from pathtwt.errors import WeightsError
 
-# the comparison methods' own patches (linear_blocks, probe, tied_blocks) are defined and
-# documented in pathtwt.models.variant_layers
-BASELINE_PATCHES = ("linear_blocks", "probe", "tied_blocks")
+# the comparison methods' own patches (linear_blocks, embedding_probe, layer_time_scale,
+# tied_blocks) are defined and documented in pathtwt.models.variant_layers
+BASELINE_PATCHES = ("linear_blocks", "embedding_probe", "layer_time_scale", "tied_blocks")
 KNOWN_PATCHES = ("attention_free",) + BASELINE_PATCHES
 
 

@@ -4,7 +4,10 @@ stage 1, the subset search's candidate scoring), held-out fidelity as one number
 export of students whose weights are tied.
 
 Every method is judged like TWT: the cosine between student and teacher tile embeddings
-(concat(CLS, mean of patch tokens)) on the calibration set's held-out tiles.
+(concat(CLS, mean of patch tokens)) on the calibration set's held-out tiles. A method that
+chooses something from data (NOSE's layers) scores its candidates on the selection tiles
+(:func:`selection_tiles`) with the centred fidelity :func:`embedding_r2`, so that what is
+reported is never what was chosen on.
 """
 
 from __future__ import annotations
@@ -16,6 +19,42 @@ from typing import Any
 
 import torch
 from torch import nn
+
+
+def selection_tiles(calib: Any) -> tuple[str, Any]:
+    """(split name, tiles) on which a method scores its candidates: the calibration set's
+    ``select`` split where it has one, else its held-out tiles, else its fit tiles."""
+    for name in ("select", "holdout", "fit"):
+        tiles = getattr(calib, name, None)
+        if tiles is not None and len(tiles):
+            return name, tiles
+    raise ValueError("the calibration set has no tiles")
+
+
+def embedding_r2(student_emb: torch.Tensor, teacher_emb: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """Centred fidelity of tile embeddings (N, E): overall R^2 = 1 - SS_res / SS_tot over
+    all channels, and the per-channel R^2 (E,). SS_tot is the teacher's spread about its own
+    mean, so a student that outputs the teacher's mean embedding scores 0, not ~1."""
+    t = teacher_emb.double()
+    res = ((student_emb.double() - t) ** 2).sum(dim=0)
+    tot = ((t - t.mean(dim=0)) ** 2).sum(dim=0).clamp_min(1e-12)
+    return float(1 - res.sum() / tot.sum()), 1 - res / tot
+
+
+@torch.no_grad()
+def tile_embeddings(model: nn.Module, tiles: Any, *, transform: Any, num_prefix_tokens: int, device: str,
+                    batch_size: int) -> torch.Tensor:
+    """(N, E) float32 tile embeddings of ``model`` (its probe included)."""
+    from pathtwt.compress.intermediates import tiles_to_batch
+    from pathtwt.compress.student import block_outputs
+    from pathtwt.models.embedding import pool_model_tokens
+
+    model.eval().to(device)
+    parts = []
+    for i in range(0, len(tiles), batch_size):
+        x = tiles_to_batch(transform, tiles[i : i + batch_size], device)
+        parts.append(pool_model_tokens(model, model.norm(block_outputs(model, x)[-1]), num_prefix_tokens).cpu())
+    return torch.cat(parts)
 
 
 def fit_steps(options: Any, n_fit: int) -> int:
@@ -65,18 +104,22 @@ def holdout_cosine(student: nn.Module, teacher: Any, calib: Any, options: Any) -
 
 @torch.no_grad()
 def export_with_fidelity(student: nn.Module, *, teacher: Any, calib: Any, options: Any, method: str, extra: dict[str, Any],
-                         initial: dict[str, Any] | None = None, layer_patches: dict[str, Any] | None = None) -> Path:
+                         initial: dict[str, Any] | None = None, layer_patches: dict[str, Any] | None = None,
+                         selection_split: str | None = None, trains: bool = True) -> Path:
     """Measure held-out fidelity and write the variant folder through the shared exporter.
     ``initial`` is the fidelity before training (None: the method does not train, so the
-    final numbers are also the initial ones)."""
+    final numbers are also the initial ones). ``selection_split`` names the split the
+    method chose anything on (None: it chose nothing from data)."""
     from pathtwt.compress.export import export_backbone
+    from pathtwt.compress.pipeline import budget_record
 
     student.eval()
     final = holdout_fidelity(student, teacher, calib, options)
     return export_backbone(
         options.out, student, teacher=teacher, method=method, layer_patches=layer_patches,
         calibration_sources=list(getattr(calib, "sources", [])), options=options.to_dict(),
-        extra={**extra, "fidelity": {"holdout_tiles": final.get("n_tiles", 0), "on": "holdout" if len(calib.holdout) else "fit",
+        extra={**extra, "budget": budget_record(method, options, len(calib.fit), teacher.spec, trains=trains),
+               "selection_split": selection_split, "fidelity": {"holdout_tiles": final.get("n_tiles", 0), "on": "holdout" if len(calib.holdout) else "fit",
                                      "initial": final if initial is None else initial, "final": final}},
     )
 

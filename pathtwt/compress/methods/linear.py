@@ -11,6 +11,19 @@ penalised). Targets are the teacher's own block inputs (teacher-forced), as in R
 A block of one layer has nothing to merge: it keeps the teacher's layer unless
 ``extra["linear_single_layers"]`` is set. In the export a linear block is a
 :class:`~pathtwt.models.variant_layers.LinearBlock` (``layer_patches.linear_blocks``).
+
+``--option fold=true`` (ReplaceMe): a multi-layer block [s, e] whose preceding block is the
+teacher's single layer s - 1 gets no layer of its own. Its affine map T is fitted on the
+output of layer s - 1's MLP branch, m = ls2(mlp(norm2(u))) with u the tokens after that
+layer's attention branch, to the rest of the residual stream,
+
+    h_e - u ~ T m + c,
+
+and then merged into that MLP's output projection, fc2' = T diag(ls2) fc2 (weight),
+T (ls2 * b2) + c (bias), ls2 = 1: zero extra parameters, a plain timm layer. Blocks that
+cannot fold (the first block, or one after another linear block) stay linear blocks. The
+unfolded model (layer s - 1 with T applied after its MLP branch) is measured before the
+fold and the folded one after; both fidelities are recorded and agree to float rounding.
 """
 
 from __future__ import annotations
@@ -77,6 +90,73 @@ def fit_linear_maps(
     return [acc.solve(ridge) for acc in accs]
 
 
+@torch.no_grad()
+def mlp_branch_split(block: torch.nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(u, m) of a timm block on input h: u after its attention branch, m its MLP branch
+    output, so that block(h) = u + m."""
+    u = h + block.drop_path1(block.ls1(block.attn(block.norm1(h))))
+    return u, block.drop_path2(block.ls2(block.mlp(block.norm2(u))))
+
+
+def fit_mlp_output_maps(model: torch.nn.Module, transform: Any, tiles: np.ndarray, blocks: Sequence[tuple[int, int]], *,
+                        ridge: float = 0.0, batch_size: int = 32, device: str = "cpu") -> list[tuple[np.ndarray, np.ndarray]]:
+    """One ReplaceMe map (T, c) per block [s, e] (s >= 2): h_e - u ~ T m + c, where u and m
+    split layer s - 1's output into its attention-side residual and its MLP branch."""
+    dim = model.embed_dim
+    accs = [GramAccumulator(dim, dim) for _ in blocks]
+    for outs in iter_layer_outputs(model, transform, tiles, batch_size=batch_size, device=device, with_input=True):
+        for acc, (s, e) in zip(accs, blocks):
+            u, m = mlp_branch_split(model.blocks[s - 2], outs[s - 2])
+            acc.update(m, outs[e] - u)
+    return [acc.solve(ridge) for acc in accs]
+
+
+class MappedMlpBlock(torch.nn.Module):
+    """Unfolded form: a timm block whose MLP branch output goes through the affine map
+    (T, c) before the residual addition."""
+
+    def __init__(self, block: torch.nn.Module, weight: np.ndarray, bias: np.ndarray) -> None:
+        super().__init__()
+        self.block = block
+        self.map = torch.nn.Linear(weight.shape[1], weight.shape[0])
+        with torch.no_grad():
+            self.map.weight.copy_(torch.as_tensor(weight))
+            self.map.bias.copy_(torch.as_tensor(bias))
+
+    def forward(self, x: torch.Tensor, attn_mask: Any = None, is_causal: bool = False) -> torch.Tensor:
+        u, m = mlp_branch_split(self.block, x)
+        return u + self.map(m)
+
+
+@torch.no_grad()
+def fold_into_mlp_output(block: torch.nn.Module, weight: np.ndarray, bias: np.ndarray) -> torch.nn.Module:
+    """Merge the affine map (T, c) into ``block``'s MLP output projection (in place, in
+    float64, then cast): fc2' = T diag(g) fc2, b2' = T (g * b2) + c, then g = 1, where g
+    is the LayerScale of the MLP branch (1 without one)."""
+    fc2 = block.mlp.fc2
+    ls2 = block.ls2
+    gamma = ls2.gamma.double() if hasattr(ls2, "gamma") else torch.ones(fc2.out_features, dtype=torch.float64)
+    t = torch.as_tensor(weight, dtype=torch.float64, device=fc2.weight.device)
+    c = torch.as_tensor(bias, dtype=torch.float64, device=fc2.weight.device)
+    gamma = gamma.to(t.device)
+    new_w = t @ (gamma[:, None] * fc2.weight.double())
+    new_b = t @ (gamma * (fc2.bias.double() if fc2.bias is not None else 0)) + c
+    fc2.weight.copy_(new_w.to(fc2.weight.dtype))
+    if fc2.bias is None:
+        raise ValueError("fold needs an MLP output projection with a bias")
+    fc2.bias.copy_(new_b.to(fc2.bias.dtype))
+    if hasattr(ls2, "gamma"):
+        ls2.gamma.fill_(1.0)
+    return block
+
+
+def foldable(blocks: Sequence[tuple[int, int]], replaced: Sequence[bool]) -> list[bool]:
+    """Which multi-layer blocks fold: those right after a block that is the teacher's single,
+    kept layer s - 1."""
+    return [j > 0 and e > s and blocks[j - 1][0] == blocks[j - 1][1] and not replaced[j - 1]
+            for j, (s, e) in enumerate(blocks)]
+
+
 def build_linear_student(teacher: Any, blocks: Sequence[tuple[int, int]],
                          maps: Sequence[tuple[np.ndarray, np.ndarray] | None]) -> tuple[torch.nn.Module, dict]:
     """The exported module (one layer per block: a linear block where ``maps[j]`` is set,
@@ -98,21 +178,53 @@ def build_linear_student(teacher: Any, blocks: Sequence[tuple[int, int]],
     return student.eval(), patches
 
 
+def build_folded_student(teacher: Any, blocks: Sequence[tuple[int, int]], maps: Sequence[tuple[np.ndarray, np.ndarray] | None],
+                         folded_maps: Sequence[tuple[np.ndarray, np.ndarray] | None], *, fold: bool = True) -> tuple[torch.nn.Module, dict]:
+    """The student without a layer for each folded block: its map (``folded_maps[j]``) goes
+    into the preceding kept layer, merged (``fold``) or as a :class:`MappedMlpBlock`."""
+    kept = [j for j, m in enumerate(folded_maps) if m is None]
+    student, patches = build_linear_student(teacher, [blocks[j] for j in kept], [maps[j] for j in kept])
+    position = {j: i for i, j in enumerate(kept)}
+    for j, m in enumerate(folded_maps):
+        if m is not None:
+            i = position[j - 1]
+            if fold:
+                fold_into_mlp_output(student.blocks[i], *m)
+            else:
+                student.blocks[i] = MappedMlpBlock(student.blocks[i], *m)
+    return student, patches
+
+
 def compress(teacher: Any, calib: Any, options: Any) -> Path:
-    """Registry entry (``--method linear``): fit one map per multi-layer block, export."""
+    """Registry entry (``--method linear``): fit one map per multi-layer block (folded into
+    the preceding MLP with ``fold``), export."""
+    from pathtwt.compress.methods.common import holdout_fidelity
     from pathtwt.compress.pipeline import resolve_plan
 
     plan = resolve_plan(teacher, calib, options)
     blocks = [(int(s), int(e)) for s, e in plan["blocks"]]
     ridge = float(options.extra.get("ridge", 1e-6))
     replace_single = bool(options.extra.get("linear_single_layers", False))
+    fold = bool(options.extra.get("fold", False))
     replaced = [e > s or replace_single for s, e in blocks]
-    fitted = iter(fit_linear_maps(teacher.model, teacher.transform, calib.fit, [b for b, r in zip(blocks, replaced) if r],
-                                  ridge=ridge, batch_size=options.batch_size, device=options.device))
-    maps = [next(fitted) if r else None for r in replaced]
-    student, patches = build_linear_student(teacher, blocks, maps)
+    folds = foldable(blocks, replaced) if fold else [False] * len(blocks)
+    plain = [r and not f for r, f in zip(replaced, folds)]
+    kwargs = dict(ridge=ridge, batch_size=options.batch_size, device=options.device)
+    fitted = iter(fit_linear_maps(teacher.model, teacher.transform, calib.fit, [b for b, r in zip(blocks, plain) if r], **kwargs))
+    maps = [next(fitted) if r else None for r in plain]
+    fitted_folds = iter(fit_mlp_output_maps(teacher.model, teacher.transform, calib.fit, [b for b, f in zip(blocks, folds) if f], **kwargs))
+    folded_maps = [next(fitted_folds) if f else None for f in folds]
+    record: dict[str, Any] = {"ridge": ridge, "fit_tiles": int(len(calib.fit)),
+                              "solve": "float64 least squares on the token Gram, teacher-forced block inputs"}
+    if any(folds):
+        unfolded, _ = build_folded_student(teacher, blocks, maps, folded_maps, fold=False)
+        record["fold"] = {"folded_blocks": [list(b) for b, f in zip(blocks, folds) if f],
+                          "into_layers": [b[0] - 1 for b, f in zip(blocks, folds) if f],
+                          "unfolded_fidelity": holdout_fidelity(unfolded.eval(), teacher, calib, options)}
+        student, patches = build_folded_student(teacher, blocks, maps, folded_maps, fold=True)
+    else:
+        student, patches = build_linear_student(teacher, blocks, maps)
     return export_with_fidelity(
-        student, teacher=teacher, calib=calib, options=options, method="linear", layer_patches=patches,
-        extra={"plan": plan, "linear": {"ridge": ridge, "fit_tiles": int(len(calib.fit)),
-                                        "solve": "float64 least squares on the token Gram, teacher-forced block inputs"}},
+        student, teacher=teacher, calib=calib, options=options, method="linear", layer_patches=patches, trains=False,
+        extra={"plan": plan, "linear": record},
     )

@@ -1,15 +1,36 @@
-"""NOSE-style attention removal: selected layers lose their attention branch.
+"""NOSE-style attention removal (Lin et al., "MLP Can Be A Good Transformer Learner"):
+selected layers lose their attention branch, which is diluted into the identity during
+training so that their MLP takes over.
+
+Default, as in the paper's tables: attention is removed from EVERY layer; the model keeps
+all L layers and becomes an MLP-only ViT (H0-mini: 57.36 M parameters, 14.91 G in the
+paper's counting). ``--option keep_attention=K`` keeps attention in K layers (the partial
+variant); ``--depth`` is refused, because NOSE does not change the depth.
 
 Form: in an attention-free layer the attention branch is replaced by the identity of the
-residual stream, so the layer computes ``x = 2x; x = x + ls2(mlp(norm2(x)))``, the issue's
+residual stream, so the layer computes ``x = 2x; x = x + ls2(mlp(norm2(x)))``, NOSE's
 ``x = 2x + MLP(LN(x))`` (LayerNorm makes LN(2x) = LN(x) up to its epsilon); exported as
 ``layer_patches: {"attention_free": [...]}`` (0-based block indices,
 :mod:`pathtwt.models.layer_patches`).
 
-Selection (the documented criterion): each layer's attention is removed alone from the
-teacher and the held-out embedding cosine to the unmodified teacher is measured; the
-L - K layers whose removal changes the final embedding least lose their attention. So
-``--depth K`` is the number of layers that keep attention; the model keeps all L layers.
+Selection (only for K > 0). NOSE picks the COMBINATION of attention layers whose removal
+has the least interaction with the final output, measured by transfer entropy, and builds
+it greedily, one layer at a time, each step conditioned on the layers already removed.
+Its entropies are estimated under a Gaussian model of the features. pathtwt follows that
+procedure with the Gaussian information the modified network's final embedding keeps about
+the teacher's, channel by channel:
+
+    I(S) = -1/2 sum_d log(1 - R^2_d(S)),
+
+where R^2_d(S) is the centred fidelity of channel d of the tile embedding with attention
+removed from the set S (for jointly Gaussian variables with residual variance
+(1 - R^2) var, -1/2 log(1 - R^2) is the information one carries about the other). Each
+greedy step adds the layer whose removal, together with those already chosen, keeps the
+most information; the L - K chosen layers lose their attention. Candidates are scored on
+the selection tiles (:func:`~pathtwt.compress.methods.common.selection_tiles`), never on
+the tiles whose fidelity is reported. This is the closest documented equivalent we can
+compute without NOSE's classification head: NOSE conditions on the logits, pathtwt on the
+tile embedding the downstream MIL heads see.
 
 Distillation: the whole model is trained against the teacher with a loss at every layer
 (TWT's deep-supervision loss with every layer a boundary). During the first
@@ -26,19 +47,43 @@ from typing import Any, Sequence
 import torch
 
 from pathtwt.errors import ConfigError
-from pathtwt.compress.methods.common import distill_main, drop_checkpoint, export_with_fidelity, fit_steps, holdout_cosine, holdout_fidelity, variant_name
+from pathtwt.compress.methods.common import (distill_main, drop_checkpoint, embedding_r2, export_with_fidelity, fit_steps, holdout_fidelity,
+                                             selection_tiles, tile_embeddings)
 from pathtwt.models.variant_layers import DilutedAttentionBlock
 
 
-def attention_removal_costs(teacher: Any, calib: Any, options: Any) -> list[float]:
-    """Per layer: 1 - held-out embedding cosine when only that layer's attention is removed."""
+def gaussian_information(per_channel_r2: torch.Tensor) -> float:
+    """-1/2 sum_d log(1 - R^2_d): Gaussian information kept about the teacher's channels."""
+    return float(-0.5 * torch.log((1 - per_channel_r2).clamp_min(1e-12)).sum())
+
+
+def greedy_attention_removal(teacher: Any, calib: Any, options: Any, n_remove: int) -> tuple[list[int], str, list[dict[str, Any]]]:
+    """NOSE's greedy search over combinations: ``n_remove`` layers (0-based, sorted), the
+    split they were chosen on, and one trace entry per step."""
+    split, tiles = selection_tiles(calib)
+    kwargs = dict(transform=teacher.transform, num_prefix_tokens=teacher.spec.num_prefix_tokens,
+                  device=options.device, batch_size=options.batch_size)
+    target = tile_embeddings(teacher.model, tiles, **kwargs)
     probe = copy.deepcopy(teacher.model)
-    costs = []
-    for i, block in enumerate(list(probe.blocks)):
-        probe.blocks[i] = make_attention_free_copy(block)
-        costs.append(1.0 - holdout_cosine(probe, teacher, calib, options))
-        probe.blocks[i] = block
-    return costs
+    originals = list(probe.blocks)
+    free = {i: make_attention_free_copy(b) for i, b in enumerate(originals)}
+    chosen: list[int] = []
+    trace: list[dict[str, Any]] = []
+    for _ in range(n_remove):
+        best: tuple[float, int, float] | None = None
+        for cand in range(len(originals)):
+            if cand in chosen:
+                continue
+            for i, b in enumerate(originals):
+                probe.blocks[i] = free[i] if i in chosen or i == cand else b
+            r2, per_channel = embedding_r2(tile_embeddings(probe, tiles, **kwargs), target)
+            info = gaussian_information(per_channel)
+            if best is None or info > best[0]:
+                best = (info, cand, r2)
+        assert best is not None
+        chosen.append(best[1])
+        trace.append({"removed": sorted(chosen), "added": best[1], "information": round(best[0], 6), "r2": round(best[2], 6)})
+    return sorted(chosen), split, trace
 
 
 def make_attention_free_copy(block: torch.nn.Module) -> torch.nn.Module:
@@ -47,12 +92,6 @@ def make_attention_free_copy(block: torch.nn.Module) -> torch.nn.Module:
     block = copy.deepcopy(block)
     make_attention_free(block)
     return block
-
-
-def select_attention_free(costs: Sequence[float], keep_attention: int) -> list[int]:
-    """The ``L - keep_attention`` layers (0-based, sorted) with the smallest removal cost."""
-    order = sorted(range(len(costs)), key=lambda i: (costs[i], i))
-    return sorted(order[: len(costs) - keep_attention])
 
 
 class DilutedDeepSupervision:
@@ -88,14 +127,23 @@ def finish_attention_free(student: torch.nn.Module, chosen: Sequence[int]) -> to
 
 
 def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
-    """Registry entry (``--method nose``): select, dilute, distill, export."""
+    """Registry entry (``--method nose``): select (K > 0), dilute, distill, export."""
     from pathtwt.compress.methods.truncation import truncated_student
 
     num_layers = len(teacher.model.blocks)
-    if options.depth is None or not 0 <= options.depth < num_layers:
-        raise ConfigError(f"--method nose needs --depth K, the layers that keep attention (0 <= K < {num_layers})")
-    costs = attention_removal_costs(teacher, calib, options)
-    chosen = select_attention_free(costs, int(options.depth))
+    if options.depth is not None or options.eps is not None or options.plan is not None:
+        raise ConfigError("--method nose keeps every layer and takes no --depth/--eps/--plan; "
+                          "use --option keep_attention=K to keep attention in K layers (default 0: removed everywhere)")
+    try:
+        keep = int(options.extra.get("keep_attention", 0))
+    except (TypeError, ValueError):
+        keep = -1
+    if not 0 <= keep < num_layers:
+        raise ConfigError(f"--option keep_attention={options.extra.get('keep_attention')!r}: must be an integer 0 <= K < {num_layers}")
+    if keep == 0:
+        chosen, split, trace = list(range(num_layers)), None, []
+    else:
+        chosen, split, trace = greedy_attention_removal(teacher, calib, options, num_layers - keep)
     student = truncated_student(teacher, num_layers)  # a trainable copy of the whole teacher
     diluted = [DilutedAttentionBlock(student.blocks[i]) for i in chosen]
     for i, b in zip(chosen, diluted):
@@ -111,11 +159,14 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     if not result.completed:
         return None
     finish_attention_free(student, chosen)
+    base = teacher.spec.base_backbone or teacher.spec.name
     out = export_with_fidelity(
         student, teacher=teacher, calib=calib, options=options, method="nose", initial=initial, layer_patches={"attention_free": chosen},
-        extra={"name": variant_name(teacher, "nose", int(options.depth)), "attention_layers": int(options.depth), "attention_free_layers": [i + 1 for i in chosen],
-               "criterion": "1 - held-out embedding cosine with only that layer's attention removed",
-               "removal_costs": [round(c, 6) for c in costs], "dilute_steps": dilute_steps,
+        selection_split=split,
+        extra={"name": f"{base}/nose" if keep == 0 else f"{base}/nose-keep{keep}", "attention_layers": keep,
+               "attention_free_layers": [i + 1 for i in chosen],
+               "criterion": None if keep == 0 else "greedy over combinations: max -1/2 sum_d log(1 - R^2_d) of the tile embedding",
+               "selection_trace": trace, "dilute_steps": dilute_steps,
                "distillation": {"steps": result.total_steps, "resumed_from": result.resumed_from}},
     )
     drop_checkpoint(options)

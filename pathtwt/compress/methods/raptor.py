@@ -12,11 +12,23 @@ end to end with a loss at every layer (TWT's deep supervision, every layer a bou
 Stage 1 takes ``stage1_fraction`` (default 0.3) of the method's budget, stage 2 the rest.
 Each shared layer starts as the teacher's first layer of its block.
 
-Export: a plain timm ViT of the teacher's depth whose layers within a block hold identical
-tensors (timm alone loads and runs it; the shared layer really runs k_j times, and the
-MAC counter walks every layer). ``model.json`` records ``shared_blocks``, the parameters
-counted once, and the ``tied_blocks`` layer patch (:mod:`.patches`) that ties the layers
-again on load, so the reloaded model counts each shared layer once too.
+Per-block parameters, as in the Raptor code (its ``Block`` with ``t_scale``): each shared
+layer carries a small MLP g of its layer number t (1 -> 16 -> 3D: 16 + 16 + 16 x 3D + 3D =
+39,200 parameters at D = 768) that scales the attention branch, the MLP branch and the
+block output, ``(s1, s2, s3) = 1 + g(t)``, so the same weights can act differently at each
+depth. g starts at zero (the plain shared layer). On H0-mini this gives the paper's
+36.30 M (5 blocks) and 29.17 M (4 blocks); ``--option time_scale=false`` leaves it out
+(then 36.11 M / 29.02 M, the TWT count).
+
+Export: a timm ViT of the teacher's depth whose layers within a block hold identical
+tensors (the shared layer really runs k_j times, and the MAC counter walks every layer),
+with the ``layer_time_scale`` patch adding each layer's g as ``blocks.{i}.t_proj.*``.
+``model.json`` records ``shared_blocks``, the parameters counted once, and the
+``tied_blocks`` patch that ties the layers again on load, so the reloaded model counts each
+shared layer once too. timm alone loads the file with ``strict=False`` (the ``t_proj``
+keys are the only unexpected ones) and then runs the shared layers without their
+layer-dependent scales; with ``time_scale=false`` the file is a plain timm ViT
+(``strict=True``).
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from torch import nn
 
 from pathtwt.compress.methods.common import (distill_main, drop_checkpoint, export_with_fidelity, fit_steps, holdout_fidelity, side_run_options,
                      untied_copy, variant_name)
-from pathtwt.models.variant_layers import tie_blocks
+from pathtwt.models.variant_layers import add_layer_time_scale, tie_blocks
 
 Blocks = Sequence[Sequence[int]]
 
@@ -55,11 +67,11 @@ class BlockwiseRollout:
         p = self.rollout_weight(step)
         total, forced_sum, rolled_sum = 0.0, 0.0, 0.0
         for s, e in self.blocks:
-            layer = student.blocks[s - 1]  # the block's shared module
-            forced = sum(mse(layer(targets[i - 1]), targets[i]) for i in range(s, e + 1)) / (e - s + 1)
+            # layer i is the block's shared module (run at layer number i when conditioned)
+            forced = sum(mse(student.blocks[i - 1](targets[i - 1]), targets[i]) for i in range(s, e + 1)) / (e - s + 1)
             z, rolled = targets[s - 1], 0.0
             for i in range(s, e + 1):
-                z = layer(z)
+                z = student.blocks[i - 1](z)
                 rolled = rolled + mse(z, targets[i])
             rolled = rolled / (e - s + 1)
             total = total + (1 - p) * forced + p * rolled
@@ -68,12 +80,17 @@ class BlockwiseRollout:
         return total, {"forced": forced_sum, "rollout": rolled_sum, "rollout_weight": p}
 
 
-def build_recurrent_student(teacher: Any, blocks: Blocks) -> nn.Module:
+def build_recurrent_student(teacher: Any, blocks: Blocks, time_scale: bool = True) -> nn.Module:
     """The teacher's depth, layers s..e of each block one shared module (initialised as the
-    teacher's layer s)."""
+    teacher's layer s), conditioned on the layer number unless ``time_scale`` is False."""
     from pathtwt.compress.methods.truncation import truncated_student
 
-    return tie_blocks(truncated_student(teacher, len(teacher.model.blocks)), blocks)
+    student = truncated_student(teacher, len(teacher.model.blocks))
+    if time_scale:
+        add_layer_time_scale(student)
+        device = next(student.parameters()).device
+        student.blocks.to(device)
+    return tie_blocks(student, blocks)
 
 
 def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
@@ -85,7 +102,8 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     plan = resolve_plan(teacher, calib, options)
     blocks = [[int(s), int(e)] for s, e in plan["blocks"]]
     num_layers = len(teacher.model.blocks)
-    student = build_recurrent_student(teacher, blocks)
+    time_scale = str(options.extra.get("time_scale", True)).lower() not in ("false", "0", "no")
+    student = build_recurrent_student(teacher, blocks, time_scale)
     initial = holdout_fidelity(student, teacher, calib, options)  # each block's first layer, recurrent
     total = fit_steps(options, len(calib.fit))
     stage1 = int(round(float(options.extra.get("stage1_fraction", 0.3)) * total))
@@ -100,11 +118,14 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
         return None
     params = count_params(student)  # tied: each shared layer once
     multi = [b for b in blocks if b[1] > b[0]]
+    patches: dict[str, Any] = {"layer_time_scale": True} if time_scale else {}
+    if multi:
+        patches["tied_blocks"] = multi
     out = export_with_fidelity(
         untied_copy(student), teacher=teacher, calib=calib, options=options, method="raptor", initial=initial,
-        layer_patches={"tied_blocks": multi} if multi else None,
+        layer_patches=patches or None, selection_split=None,
         extra={"name": variant_name(teacher, "raptor", len(blocks)), "params": int(params), "plan": plan,
-               "shared_blocks": blocks, "recurrence": [e - s + 1 for s, e in blocks],
+               "shared_blocks": blocks, "recurrence": [e - s + 1 for s, e in blocks], "layer_time_scale": time_scale,
                "stages": {"stage1_steps": stage1, "rollout_ramp_steps": ramp, "stage2_steps": total - stage1},
                "distillation": {"steps": result.total_steps, "resumed_from": result.resumed_from}},
     )

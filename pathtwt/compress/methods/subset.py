@@ -252,5 +252,6 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     return distill_and_export(
         teacher, calib, options, method="subset", student=subset_student(teacher, best),
         objective=subset_objective(teacher, best, options, total), boundaries=subset_boundaries(best, num_layers),
+        selection_split="holdout" if len(calib.holdout) else "fit",  # where distillation_scorer scores candidates
         extra={"kept_layers": [i + 1 for i in best], "subset_search": record},
     )
