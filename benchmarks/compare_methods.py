@@ -14,7 +14,9 @@ surrogate layers, parameters and MACs per tile (pathtwt.models.flops) and tiles/
 measured here (batch 16, this machine, after one warm-up batch). Depth K means: K layers
 (twt, truncation, wdpruning, subset), K blocks (linear: a linear map per multi-layer block;
 raptor: K shared layers run recurrently to the teacher's 12), or K layers keeping their
-attention out of 12 (nose); params and MACs say what each costs.
+attention out of 12 (nose with ``keep_attention=K``; the paper's NOSE, attention removed
+from all 12, is ``pathtwt compress --method nose`` without options); params and MACs say
+what each costs.
 
     python benchmarks/compare_methods.py                      # every method at depths 6 and 4
     python benchmarks/compare_methods.py --methods twt truncation raptor --depths 6 4
@@ -23,6 +25,7 @@ attention out of 12 (nose); params and MACs say what each costs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -130,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         starts.append((depth, "random", fid["embedding_cosine_mean"]))
         for method in args.methods:
             t0 = time.perf_counter()
-            out = get_method(method)(teacher, calib, options(method, depth, plan=plan_path, extra=METHOD_EXTRA.get(method, {})))
+            opts = options(method, depth, plan=plan_path, extra=METHOD_EXTRA.get(method, {}))
+            if method == "nose":  # NOSE keeps all 12 layers: K is the number keeping attention
+                opts = dataclasses.replace(opts, depth=None, plan=None, extra={"keep_attention": depth})
+            out = get_method(method)(teacher, calib, opts)
             meta = json.loads((Path(out) / "model.json").read_text())
             variant = create_backbone(out)
             rows.append({"method": method, "depth": depth,

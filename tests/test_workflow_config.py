@@ -75,6 +75,7 @@ def test_schema_error_names_key_and_file(tmp_path):
     (lambda cfg: cfg.update(mil={"sedes": [1]}), r"key mil: .*sedes"),
     (lambda cfg: cfg["tasks"]["t1"].update(external=["nowhere"]), r"tasks.t1.external: unknown cohort 'nowhere'"),
     (lambda cfg: cfg.update(variants={"twt-x": {"method": "twt"}}), r"variants.twt-x: give exactly one of depth and eps"),
+    (lambda cfg: cfg.update(variants={"nose-5": {"method": "nose", "depth": 5}}), r"variants.nose-5: the nose method keeps every layer"),
     (lambda cfg: cfg["tasks"]["t1"].update(val_split="dev"), r"tasks.t1.val_split: split 'dev' is not one of"),
 ])
 def test_config_errors_name_the_key(tmp_path, edit, message):

@@ -241,6 +241,10 @@ def check_references(config: Mapping[str, Any], *, source: str) -> None:
             if variant not in variants:
                 raise ConfigError(f"{source}: key backbones.{name}.variants: unknown variant {variant!r}")
     for name, var in variants.items():
+        if var["method"] == "nose":  # NOSE keeps every layer and removes attention from all of them
+            if var["depth"] is not None or var["eps"] is not None:
+                raise ConfigError(f"{source}: key variants.{name}: the nose method keeps every layer; give no depth or eps")
+            continue
         if var["method"] != "none" and (var["depth"] is None) == (var["eps"] is None):
             raise ConfigError(f"{source}: key variants.{name}: give exactly one of depth and eps")
         if var["eps"] is not None and var["method"] != "twt":

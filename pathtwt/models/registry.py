@@ -240,15 +240,15 @@ def build_timm_model(spec: BackboneSpec, depth: int | None = None, device: Any =
     kwargs = resolve_timm_kwargs(spec.timm_kwargs)
     if depth is not None:
         kwargs["depth"] = int(depth)
-    if device is not None:
-        with torch.device(device):
-            model = timm.create_model(spec.timm_name, pretrained=False, **kwargs)
-    else:
-        model = timm.create_model(spec.timm_name, pretrained=False, **kwargs)
-    if spec.layer_patches:
-        from pathtwt.models.layer_patches import apply_layer_patches
+    import contextlib
 
-        apply_layer_patches(model, spec.layer_patches)
+    from pathtwt.models.layer_patches import apply_layer_patches
+
+    # the patches' own modules are built on the same device (meta: shapes only)
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        model = timm.create_model(spec.timm_name, pretrained=False, **kwargs)
+        if spec.layer_patches:
+            apply_layer_patches(model, spec.layer_patches)
     return model.eval()
 
 

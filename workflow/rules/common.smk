@@ -221,6 +221,8 @@ def get_compress_target_args(wildcards):
     v = get_variant(wildcards)
     if v["method"] == "twt" and (v["depth"], v["eps"]) == _discovery_goal(wildcards.backbone):
         return f"--plan results/discovery/{wildcards.backbone}/plan.json"
+    if v["method"] == "nose":  # every layer kept, attention removed from all of them
+        return ""
     return f"--depth {v['depth']}" if v["depth"] is not None else f"--eps {v['eps']}"
 
 
