@@ -424,3 +424,17 @@ def test_linear_fold_exports_a_plain_layer_with_the_unfolded_fidelity(teacher, c
     assert meta["budget"]["run"]["unit"] is None and meta["selection_split"] is None
     back = _assert_round_trip(folder, meta, teacher, calib)
     assert not torch.equal(back.model.blocks[0].mlp.fc2.weight, teacher.model.blocks[0].mlp.fc2.weight)
+
+
+def test_cli_runs_nose_without_a_depth_and_twt_still_needs_one(shared_tiles, tmp_path, capsys):
+    from pathtwt.cli import main
+
+    common = ["--backbone", "vit-s14-tiny", "--random-init", "--calibration", str(shared_tiles), "--n-tiles", "8",
+              "--batch-size", "4", "--device", "cpu", "--steps", "1", "--no-progress"]
+    assert main(["compress", *common, "--method", "nose", "--out", str(tmp_path / "nose")]) == 0
+    meta = json.loads((tmp_path / "nose" / "model.json").read_text())
+    assert meta["layer_patches"]["attention_free"] == list(range(L)) and meta["name"] == "vit-s14-tiny/nose"
+    capsys.readouterr()
+    assert main(["compress", *common, "--method", "twt", "--out", str(tmp_path / "twt")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "--depth" in err and len(err.splitlines()) == 1

@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default="twt", help="twt (default), truncation, or a comparison method "
                         "(raptor, wdpruning, nose, linear, subset)")
     parser.add_argument("--out", required=True, type=Path, help="variant folder to write")
-    goal = parser.add_mutually_exclusive_group(required=True)
+    # every method but nose (which keeps every layer) needs one of these; each method says so
+    goal = parser.add_mutually_exclusive_group()
     goal.add_argument("--depth", type=int, help="exactly K blocks (discovery runs here unless --plan)")
     goal.add_argument("--eps", type=float, help="fewest blocks with discrepancy <= EPS (discovery runs here)")
     goal.add_argument("--plan", type=Path, help="plan.json from `pathtwt discover`")
