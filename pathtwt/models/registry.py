@@ -268,11 +268,12 @@ class Backbone:
     def embedding_dim(self) -> int:
         return self.spec.embedding_dim
 
-    def embed_tiles(self, x):
-        """(B, 3, H, W) normalised input -> (B, 2 * D) float32 tile embeddings."""
+    def embed_tiles(self, x, recipe: str = "cls+mean"):
+        """(B, 3, H, W) normalised input -> float32 tile embeddings, (B, 2 * D) for the
+        ``cls+mean`` recipe, (B, D) for ``cls`` (pathtwt.models.embedding)."""
         from pathtwt.models.embedding import embed_tiles
 
-        return embed_tiles(self.model, x, self.spec.num_prefix_tokens)
+        return embed_tiles(self.model, x, self.spec.num_prefix_tokens, recipe)
 
 
 def create_backbone(

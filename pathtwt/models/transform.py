@@ -13,13 +13,23 @@ class TileTransform:
     resized to ``input_size`` (area when shrinking, bilinear when enlarging) and
     normalised with the backbone's mean and std. Picklable, so DataLoader workers run it."""
 
+    # how tiles of another size are brought to input_size (recorded in features files)
+    RESIZE = "opencv INTER_AREA when shrinking, INTER_LINEAR when enlarging; none at input size"
+
     def __init__(self, input_size: int, mean: tuple[float, ...], std: tuple[float, ...]):
         self.input_size = int(input_size)
+        self.mean_rgb = tuple(float(v) for v in mean)
+        self.std_rgb = tuple(float(v) for v in std)
         self.mean = np.asarray(mean, dtype=np.float32) * 255.0
         self.inv_std = 1.0 / (np.asarray(std, dtype=np.float32) * 255.0)
 
     def __repr__(self) -> str:
         return f"TileTransform(input_size={self.input_size})"
+
+    def describe(self) -> dict[str, Any]:
+        """The preprocessing as plain values: mean and std (of [0, 1] RGB), input size, resize."""
+        return {"mean": list(self.mean_rgb), "std": list(self.std_rgb), "input_size": self.input_size,
+                "resize": self.RESIZE}
 
     def resize(self, image: Any) -> np.ndarray:
         arr = np.asarray(image)
