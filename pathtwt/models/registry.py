@@ -294,7 +294,7 @@ def create_backbone(
 
     device = resolve_device(device)
 
-    from pathtwt.models.transform import TileTransform
+    from pathtwt.models.transform import TileTransform, data_config
 
     spec = get_spec(name_or_dir)
     resolved_precision = resolve_precision(precision, spec, device)
@@ -317,7 +317,9 @@ def create_backbone(
     model = model.to(device=device, dtype=dtype).eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    transform = TileTransform(input_size=spec.input_size, mean=spec.mean, std=spec.std)
+    # the registry's preprocessing as the model's timm data config, read back from there
+    model.pretrained_cfg = {**(getattr(model, "pretrained_cfg", None) or {}), **data_config(spec.input_size, spec.mean, spec.std)}
+    transform = TileTransform.for_model(model)
     return Backbone(
         model=model, transform=transform, precision=resolved_precision, spec=spec,
         weights_sha256=sha, source=source, device=str(device),
