@@ -189,6 +189,24 @@ def test_hf_dinov2_registers_converted_to_timm_matches(tmp_path, native_image_si
     assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
 
 
+@pytest.mark.parametrize("side, grid, dtype", [(7, (4, 4), torch.float32), (37, (16, 16), torch.float32),
+                                               (4, (7, 7), torch.bfloat16), (16, (16, 16), torch.float32)])
+def test_position_resampling_keeps_the_numbers_of_the_replaced_formula(side, grid, dtype):
+    """timm's resample_abs_pos_embed in place of a hand-written F.interpolate: same numbers."""
+    from pathtwt.models.hf_dinov2 import _resample_patch_pos
+
+    torch.manual_seed(side)
+    pos = torch.randn(1, side * side, 24).to(dtype)
+    grid_pos = pos.reshape(1, side, side, 24).permute(0, 3, 1, 2).float()
+    grid_pos = torch.nn.functional.interpolate(grid_pos, size=grid, mode="bicubic", align_corners=False, antialias=True)
+    expected = grid_pos.permute(0, 2, 3, 1).reshape(1, -1, 24).to(dtype)
+    got = _resample_patch_pos(pos, grid)
+    assert got.dtype == dtype and got.shape == (1, grid[0] * grid[1], 24)
+    assert torch.equal(got, expected)
+    if (side, side) == grid:
+        assert got is pos
+
+
 def test_full_hibou_config_keys_and_shapes_convert():
     from transformers import Dinov2WithRegistersModel
 

@@ -25,7 +25,7 @@ from pathtwt.models.flops import count_macs, count_params
 from pathtwt.compress.intermediates import iter_layer_outputs
 from pathtwt.compress.pipeline import CompressOptions
 from pathtwt.compress.registry import get_method
-from pathtwt.errors import ConfigError, WeightsError
+from pathtwt.errors import ConfigError, PathtwtError, WeightsError
 
 D, TOKENS, L = 64, 17, 12  # vit-s14-tiny: width 64, CLS + 16 patches, 12 layers
 
@@ -124,6 +124,8 @@ def test_embedding_probe_acts_once_per_tile_on_the_pooled_embedding(teacher):
         model.embedding_probe.fc2.weight.normal_()
         expect = pooled + model.embedding_probe.fc2(nn.functional.gelu(model.embedding_probe.fc1(pooled)))
         assert torch.allclose(embed_tiles(model, x, 1), expect, atol=1e-5)
+    with pytest.raises(PathtwtError, match="cls\\+mean"):  # the probe was trained on the 2D embedding
+        embed_tiles(model, x, 1, "cls")
     with pytest.raises(WeightsError):
         apply_baseline_patches(build_timm_model(teacher.spec, depth=2), {"embedding_probe": {"hidden": 0}})
 

@@ -9,7 +9,7 @@ import torch
 from pathtwt.io import h5 as h5io
 from pathtwt.models.registry import create_backbone
 from pathtwt.cli import main
-from pathtwt.errors import NumericsError, SlideError
+from pathtwt.errors import NumericsError, PathtwtError, SlideError
 from pathtwt.features.extract import extract_slide
 
 CMU = "CMU-1-Small-Region.svs"
@@ -40,7 +40,7 @@ def test_extract_real_slide_with_workers_keeps_order(tmp_path, shared_slides, ti
     feats, xy, attrs = h5io.read_features(tmp_path / "f.h5")
     assert feats.shape == (len(XY), 128) and np.isfinite(feats).all()
     assert xy.tolist() == [list(p) for p in XY]
-    assert attrs["backbone"] == "h0-mini-tiny" and attrs["embedding_recipe"] == "concat(cls, mean(patch))"
+    assert attrs["backbone"] == "h0-mini-tiny" and attrs["embedding_recipe"] == "cls+mean"
     assert attrs["patch_size_level0"] == 448 and attrs["read_level"] == 0 and attrs["status"] == "ok"
     # the same tiles embedded in this process, in another order, give the same rows
     with open_slide(slide) as s:
@@ -125,3 +125,18 @@ def test_failures_table_records_a_corrupt_slide_and_the_cohort_goes_on(tmp_path,
     assert h5io.read_features(tmp_path / "feats" / "good.h5")[0].shape == (3, 128)
     rows = read_failures(tmp_path / "failures.tsv")
     assert [(r.slide, r.stage) for r in rows] == [("unreadable", "extract")]
+
+
+def test_cls_embedding_is_the_cls_half_of_cls_mean(tmp_path, shared_slides, tiny):
+    slide = shared_slides / CMU
+    coords = _coords(tmp_path / "c.h5", slide, XY[:3])
+    extract_slide(slide, coords, tmp_path / "a.h5", tiny, workers=0, progress=False)
+    extract_slide(slide, coords, tmp_path / "b.h5", tiny, workers=0, progress=False, embedding="cls")
+    both, _, both_attrs = h5io.read_features(tmp_path / "a.h5")
+    cls, _, cls_attrs = h5io.read_features(tmp_path / "b.h5")
+    assert cls.shape == (3, 64) and np.allclose(cls, both[:, :64], atol=1e-6)
+    assert not np.allclose(both[:, 64:], both[:, :64], atol=1e-3)
+    assert (cls_attrs["embedding_recipe"], cls_attrs["embedding_dim"]) == ("cls", 64)
+    assert (both_attrs["embedding_recipe"], both_attrs["embedding_dim"]) == ("cls+mean", 128)
+    with pytest.raises(PathtwtError, match="use one of cls\\+mean, cls"):
+        extract_slide(slide, coords, tmp_path / "c.h5", tiny, workers=0, progress=False, embedding="mean")

@@ -91,3 +91,58 @@ def test_gleason_to_isup():
     table = pd.read_csv(REPO / "resources" / "gleason_to_isup.csv")
     for p, s, isup in table.itertuples(index=False):
         assert gleason_to_isup(p, s) == isup
+
+
+# Numbers of the hand-written implementation these metrics replaced (scikit-learn now),
+# recorded on fixed inputs: a change of library must not change a reported number.
+RECORDED = [
+    # y_true, y_pred, n_classes, qwk, balanced accuracy
+    ([0, 1, 2, 3, 4, 5, 5, 4, 3, 2, 1, 0], [0, 1, 1, 3, 5, 5, 4, 4, 2, 2, 0, 0], 6, 0.9342105263157895, 0.5833333333333334),
+    ([0, 0, 1, 1, 5, 5], [0, 1, 1, 2, 5, 4], 6, 0.9361702127659575, 0.5),  # grades 3, 4 absent from both sides
+    ([1, 1, 1], [1, 1, 1], 6, float("nan"), 1.0),  # QWK 0 / 0
+    ([0, 1, 0, 1, 1], [0, 1, 1, 1, 0], 2, 0.16666666666666663, 0.5833333333333333),
+    ([2, 2, 3, 4], [0, 1, 2, 5], 6, 0.631578947368421, 0.0),  # predictions outside the true classes
+]
+
+
+def reference_qwk(y_true, y_pred, n_classes):
+    """The formula of the replaced implementation: observed vs expected agreement."""
+    observed = np.zeros((n_classes, n_classes))
+    np.add.at(observed, (np.asarray(y_true), np.asarray(y_pred)), 1.0)
+    expected = np.outer(observed.sum(1), observed.sum(0)) / observed.sum()
+    weights = (np.arange(n_classes)[:, None] - np.arange(n_classes)[None, :]) ** 2.0
+    denominator = (weights * expected).sum()
+    return float("nan") if denominator == 0 else 1.0 - (weights * observed).sum() / denominator
+
+
+@pytest.mark.parametrize("y_true, y_pred, n_classes, qwk, bacc", RECORDED)
+def test_metrics_keep_the_recorded_numbers(y_true, y_pred, n_classes, qwk, bacc, recwarn):
+    from pathtwt.mil.metrics import balanced_accuracy, confusion
+
+    ours = quadratic_weighted_kappa(y_true, y_pred, n_classes)
+    assert (np.isnan(ours) and np.isnan(qwk)) or ours == pytest.approx(qwk, abs=1e-12)
+    assert balanced_accuracy(y_true, y_pred) == pytest.approx(bacc, abs=1e-12)
+    matrix = confusion(y_true, y_pred, n_classes)
+    assert matrix.shape == (n_classes, n_classes) and matrix.dtype == np.float64
+    assert matrix.sum() == len(y_true) and matrix.trace() == sum(t == p for t, p in zip(y_true, y_pred))
+    assert not [w for w in recwarn if "kappa" in str(w.message) or "y_pred contains" in str(w.message)]
+
+
+def test_metrics_match_the_replaced_formula_on_random_cases():
+    from pathtwt.mil.metrics import balanced_accuracy, confusion
+
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        n_classes = int(rng.integers(2, 7))
+        n = int(rng.integers(1, 30))
+        y_true = rng.choice(rng.choice(n_classes, size=rng.integers(1, n_classes + 1), replace=False), size=n)
+        y_pred = rng.choice(rng.choice(n_classes, size=rng.integers(1, n_classes + 1), replace=False), size=n)
+        ref = reference_qwk(y_true, y_pred, n_classes)
+        ours = quadratic_weighted_kappa(y_true, y_pred, n_classes)
+        assert (np.isnan(ref) and np.isnan(ours)) or ours == pytest.approx(ref, abs=1e-12)
+        recalls = [np.mean(y_pred[y_true == c] == c) for c in np.unique(y_true)]
+        assert balanced_accuracy(y_true, y_pred) == pytest.approx(np.mean(recalls), abs=1e-12)
+        expected = np.zeros((n_classes, n_classes))
+        np.add.at(expected, (y_true, y_pred), 1.0)
+        assert np.array_equal(confusion(y_true, y_pred, n_classes), expected)
+    assert np.isnan(quadratic_weighted_kappa([], [], 3)) and confusion([], [], 3).sum() == 0

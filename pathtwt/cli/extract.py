@@ -20,6 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--random-init", action="store_true", help="the architecture with random weights (tests and offline demos)"
     )
+    parser.add_argument(
+        "--embedding", default="cls+mean", choices=["cls+mean", "cls"],
+        help="tile embedding: concat(CLS, mean of patch tokens) (2 x width, the paper's) or the CLS token alone "
+        "(1 x width, as TRIDENT) (default: %(default)s)",
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
@@ -56,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     summaries = extract_many(
         jobs, backbone, batch_size=args.batch_size, workers=args.workers,
         progress=not args.quiet, skip_existing=args.skip_existing, failures=args.failures,
+        embedding=args.embedding,
     )
     for summary in summaries:
         print(json.dumps(summary))

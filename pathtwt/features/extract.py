@@ -19,13 +19,10 @@ import numpy as np
 import torch
 
 from pathtwt.models.registry import Backbone
-from pathtwt.models.embedding import RECIPE, embed_tiles
+from pathtwt.models.embedding import DEFAULT_RECIPE, check_recipe, embed_tiles, embedding_dim
 from pathtwt.errors import NumericsError, PathtwtError, SlideError
-from pathtwt.io.h5 import COORDS_ATTRS, FeaturesWriter, read_coords, write_features
+from pathtwt.io.h5 import GEOMETRY_ATTRS, FeaturesWriter, read_coords, write_features
 from pathtwt.wsi.slides import open_options_from_attrs
-
-# the tile geometry copied from the coords file into the features file
-GEOMETRY_ATTRS = tuple(k for k in COORDS_ATTRS if k not in ("status", "slide_path"))
 
 
 @dataclass(frozen=True)
@@ -94,17 +91,23 @@ def default_workers() -> int:
     return max(1, min(4, (os.cpu_count() or 2) - 1))
 
 
-def features_attrs(backbone: Backbone, coords_attrs: dict[str, Any], slide: Path, coords: Path, n: int) -> dict[str, Any]:
+def features_attrs(
+    backbone: Backbone, coords_attrs: dict[str, Any], slide: Path, coords: Path, n: int,
+    embedding: str = DEFAULT_RECIPE,
+) -> dict[str, Any]:
     spec = backbone.spec
+    # the tile geometry copied from the coords file into the features file
     attrs: dict[str, Any] = {k: coords_attrs[k] for k in GEOMETRY_ATTRS if k in coords_attrs}
     attrs.update(
         backbone=spec.name,
+        encoder=spec.name,  # TRIDENT's and STAMP's word for the same thing
         base_backbone=spec.base_backbone or spec.name,
         weights_sha256=backbone.weights_sha256 or "",
         weights_source=backbone.source,
-        embedding_recipe=RECIPE,
-        embedding_dim=spec.embedding_dim,
+        embedding_recipe=check_recipe(embedding),
+        embedding_dim=embedding_dim(spec.embed_dim, embedding),
         input_size=spec.input_size,
+        **transform_attrs(backbone.transform),
         precision=backbone.precision,
         slide_path=str(slide),
         coords_path=str(coords),
@@ -115,6 +118,12 @@ def features_attrs(backbone: Backbone, coords_attrs: dict[str, Any], slide: Path
     return attrs
 
 
+def transform_attrs(transform: Any) -> dict[str, Any]:
+    """The tile preprocessing, so a reader can reproduce the inputs the features came from."""
+    describe = getattr(transform, "describe", None)
+    return {f"transform_{k}": v for k, v in describe().items()} if describe else {}
+
+
 def extract_slide(
     slide: str | os.PathLike,
     coords: str | os.PathLike,
@@ -123,6 +132,7 @@ def extract_slide(
     batch_size: int = 32,
     workers: int | None = None,
     progress: bool = True,
+    embedding: str = DEFAULT_RECIPE,
 ) -> dict[str, Any]:
     """Embed every tile of ``slide`` listed in ``coords`` into ``out`` (written atomically).
     Returns a summary (tiles, seconds, tiles/s)."""
@@ -134,19 +144,22 @@ def extract_slide(
     if not slide.is_file():
         raise SlideError(f"{slide}: slide file not found (named by {coords})")
     n = len(xy)
-    attrs = features_attrs(backbone, coords_attrs, slide, coords, n)
+    attrs = features_attrs(backbone, coords_attrs, slide, coords, n, embedding)
     start = time.perf_counter()
-    with FeaturesWriter(out, n_tiles=n, dim=backbone.spec.embedding_dim, attrs=attrs) as writer:
+    with FeaturesWriter(out, n_tiles=n, dim=attrs["embedding_dim"], attrs=attrs) as writer:
         writer.coords[...] = xy
         if n:
             dataset = TileDataset(slide, xy, coords_attrs, backbone.transform)
-            for index, feats in _embed_stream(dataset, backbone, batch_size, workers, progress, slide):
+            for index, feats in _embed_stream(dataset, backbone, batch_size, workers, progress, slide, embedding):
                 writer.features[index[0] : index[-1] + 1] = feats
     seconds = time.perf_counter() - start
     return {"slide": str(slide), "out": str(out), "tiles": n, "seconds": seconds, "tiles_per_s": n / max(seconds, 1e-9)}
 
 
-def _embed_stream(dataset: TileDataset, backbone: Backbone, batch_size: int, workers: int | None, progress: bool, slide: Path):
+def _embed_stream(
+    dataset: TileDataset, backbone: Backbone, batch_size: int, workers: int | None, progress: bool, slide: Path,
+    embedding: str = DEFAULT_RECIPE,
+):
     from tqdm import tqdm
 
     workers = default_workers() if workers is None else int(workers)
@@ -178,7 +191,7 @@ def _embed_stream(dataset: TileDataset, backbone: Backbone, batch_size: int, wor
                 if bad is not None:
                     x, y = dataset.coords[int(index[bad])]
                     raise SlideError(f"{slide}: cannot read tile at level-0 (x={x}, y={y}): {errors[bad]}")
-                feats = embed_tiles(model, images.to(backbone.device, non_blocking=on_cuda), prefix)
+                feats = embed_tiles(model, images.to(backbone.device, non_blocking=on_cuda), prefix, embedding)
                 finite = torch.isfinite(feats).all(dim=1)
                 if not bool(finite.all()):
                     x, y = dataset.coords[int(index[int((~finite).nonzero()[0])])]
@@ -202,6 +215,7 @@ def extract_many(
     progress: bool = True,
     skip_existing: bool = False,
     failures: str | os.PathLike | None = None,
+    embedding: str = DEFAULT_RECIPE,
 ) -> list[dict[str, Any]]:
     """Extract several slides with one loaded backbone.
 
@@ -216,15 +230,19 @@ def extract_many(
             summaries.append({"slide": str(job.slide), "out": str(job.out), "skipped": True})
             continue
         try:
-            summaries.append(extract_slide(job.slide, job.coords, job.out, backbone, batch_size, workers, progress))
+            summaries.append(
+                extract_slide(job.slide, job.coords, job.out, backbone, batch_size, workers, progress, embedding)
+            )
         except (SlideError, NumericsError) as exc:
             if failures is None:
                 raise
-            summaries.append(record_failed_slide(job, backbone, str(exc), failures))
+            summaries.append(record_failed_slide(job, backbone, str(exc), failures, embedding))
     return summaries
 
 
-def record_failed_slide(job: ExtractJob, backbone: Backbone, reason: str, failures: str | os.PathLike) -> dict[str, Any]:
+def record_failed_slide(
+    job: ExtractJob, backbone: Backbone, reason: str, failures: str | os.PathLike, embedding: str = DEFAULT_RECIPE
+) -> dict[str, Any]:
     """Publish a features file that says the slide failed, and log it in ``failures``."""
     from pathtwt.io.failures import record_failure
 
@@ -232,9 +250,9 @@ def record_failed_slide(job: ExtractJob, backbone: Backbone, reason: str, failur
         _xy, _tissue, coords_attrs = read_coords(job.coords)
     except PathtwtError:
         coords_attrs = {}
-    attrs = features_attrs(backbone, coords_attrs, job.slide, job.coords, 0)
+    attrs = features_attrs(backbone, coords_attrs, job.slide, job.coords, 0, embedding)
     attrs.update(status="failed", failure_reason=reason)
-    dim = backbone.spec.embedding_dim
+    dim = attrs["embedding_dim"]
     write_features(job.out, np.zeros((0, dim), np.float32), np.zeros((0, 2), np.int64), attrs)
     record_failure(failures, slide=job.slide.stem, stage="extract", reason=reason)
     return {"slide": str(job.slide), "out": str(job.out), "tiles": 0, "failed": reason}

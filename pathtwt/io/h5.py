@@ -8,9 +8,13 @@ Coords file (``results/tiles/{cohort}/{slide}.h5``), written by ``pathtwt tile``
 
 Features file (``results/features/{variant}/{cohort}/{slide}.h5``), written by
 ``pathtwt extract``: datasets ``features`` float32 (N, D) and ``coords`` (as above), attrs
-naming the backbone variant, weights sha256, embedding recipe, tile geometry and
-``status`` ("ok" | "failed", with ``failure_reason``). Names follow the TRIDENT/CLAM
-layout so their tools read these files.
+naming the encoder (backbone variant), weights sha256, embedding recipe, transform, tile
+geometry and ``status`` ("ok" | "failed", with ``failure_reason``).
+
+TRIDENT and CLAM read these files unchanged: the dataset names are theirs, and the tile
+geometry is written twice, on the file root (pathtwt's own readers) and on the ``coords``
+dataset, where TRIDENT reads it (``dict(f["coords"].attrs)``, ``patch_size_level0``) and
+CLAM reads ``patch_size`` and ``patch_level`` (the pyramid level pathtwt reads tiles at).
 
 All writers go through :func:`pathtwt.io.atomic.atomic_output`.
 """
@@ -40,8 +44,27 @@ COORDS_ATTRS = (
     "slide_path",
 )
 
+# the tile geometry, also written on the ``coords`` dataset of coords and features files
+GEOMETRY_ATTRS = tuple(k for k in COORDS_ATTRS if k not in ("status", "slide_path")) + (
+    "patch_level",
+    "level0_magnification",
+)
 
-def _set_attrs(h5: h5py.File, attrs: Mapping[str, Any]) -> None:
+
+def with_reader_aliases(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """``attrs`` plus the names other tools read the same geometry under: CLAM's
+    ``patch_level`` (= ``read_level``) and TRIDENT's ``level0_magnification`` (the
+    10 / mpp convention of ``target_magnification``)."""
+    out = dict(attrs)
+    if "read_level" in out:
+        out.setdefault("patch_level", int(out["read_level"]))
+    mpp = out.get("level0_mpp")
+    if isinstance(mpp, (int, float)) and mpp > 0:
+        out.setdefault("level0_magnification", int(round(10.0 / float(mpp))))
+    return out
+
+
+def _set_attrs(h5: h5py.File | h5py.Dataset, attrs: Mapping[str, Any]) -> None:
     for key, value in attrs.items():
         if value is None:
             value = ""  # HDF5 has no null; "" reads back as "not recorded"
@@ -58,7 +81,7 @@ def _is_numeric_sequence(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value)
 
 
-def _plain_attrs(h5: h5py.File) -> dict[str, Any]:
+def _plain_attrs(h5: h5py.File | h5py.Dataset) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in h5.attrs.items():
         if isinstance(value, bytes):
@@ -77,19 +100,22 @@ def write_coords(
     tissue_fraction: np.ndarray,
     attrs: Mapping[str, Any],
 ) -> None:
-    """Write a coords file atomically. ``attrs`` must hold every key of COORDS_ATTRS."""
+    """Write a coords file atomically. ``attrs`` must hold every key of COORDS_ATTRS; they
+    are written on the root and (for TRIDENT and CLAM) on the ``coords`` dataset."""
     missing = [k for k in COORDS_ATTRS if k not in attrs]
     if missing:
         raise ValueError(f"coords attrs missing {missing}")
+    attrs = with_reader_aliases(attrs)
     coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
     tissue_fraction = np.asarray(tissue_fraction, dtype=np.float32).reshape(-1)
     if len(coords) != len(tissue_fraction):
         raise ValueError("coords and tissue_fraction differ in length")
     with atomic_output(path) as tmp:
         with h5py.File(tmp, "w") as h5:
-            h5.create_dataset("coords", data=coords)
+            dataset = h5.create_dataset("coords", data=coords)
             h5.create_dataset("tissue_fraction", data=tissue_fraction)
             _set_attrs(h5, attrs)
+            _set_attrs(dataset, attrs)
 
 
 def read_coords(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
@@ -133,6 +159,9 @@ def write_features(
 class FeaturesWriter:
     """Stream features into a temporary HDF5 file and publish it atomically on close.
 
+    ``attrs`` go on the file root; the tile geometry among them (GEOMETRY_ATTRS, with
+    CLAM's and TRIDENT's names added) also on the ``coords`` dataset.
+
     >>> with FeaturesWriter(out, n_tiles=N, dim=D, attrs={...}) as w:
     ...     w.coords[...] = coords
     ...     w.features[i:j] = batch
@@ -141,7 +170,7 @@ class FeaturesWriter:
 
     def __init__(self, path: str | os.PathLike, n_tiles: int, dim: int, attrs: Mapping[str, Any]):
         self.path = Path(path)
-        self.n_tiles, self.dim, self.attrs = int(n_tiles), int(dim), dict(attrs)
+        self.n_tiles, self.dim, self.attrs = int(n_tiles), int(dim), with_reader_aliases(attrs)
 
     def __enter__(self) -> "FeaturesWriter":
         self._ctx = atomic_output(self.path)
@@ -156,6 +185,7 @@ class FeaturesWriter:
         )
         self.coords = self.h5.create_dataset("coords", shape=(self.n_tiles, 2), dtype=np.int64)
         _set_attrs(self.h5, self.attrs)
+        _set_attrs(self.coords, {k: v for k, v in self.attrs.items() if k in GEOMETRY_ATTRS})
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:

@@ -135,15 +135,17 @@ def _convert_layer(index: int, params: Mapping[str, Any], unknown: list[str]) ->
 
 
 def _resample_patch_pos(patch_pos: Any, grid: tuple[int, int]) -> Any:
+    """(1, side * side, D) patch position embeddings -> (1, grid[0] * grid[1], D) with timm's
+    resampler: float32 bicubic with antialiasing, the interpolation Hugging Face's
+    Dinov2 applies at run time."""
     import math
 
-    import torch.nn.functional as F
+    from timm.layers import resample_abs_pos_embed
 
-    n, dim = patch_pos.shape[1], patch_pos.shape[2]
-    side = int(round(math.sqrt(n)))
+    side = int(round(math.sqrt(patch_pos.shape[1])))
     if (side, side) == tuple(grid):
         return patch_pos
-    dtype = patch_pos.dtype
-    grid_pos = patch_pos.reshape(1, side, side, dim).permute(0, 3, 1, 2).float()
-    grid_pos = F.interpolate(grid_pos, size=tuple(grid), mode="bicubic", align_corners=False, antialias=True)
-    return grid_pos.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)
+    return resample_abs_pos_embed(
+        patch_pos, new_size=list(grid), old_size=[side, side], num_prefix_tokens=0,
+        interpolation="bicubic", antialias=True,
+    )

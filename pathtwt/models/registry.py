@@ -268,11 +268,12 @@ class Backbone:
     def embedding_dim(self) -> int:
         return self.spec.embedding_dim
 
-    def embed_tiles(self, x):
-        """(B, 3, H, W) normalised input -> (B, 2 * D) float32 tile embeddings."""
+    def embed_tiles(self, x, recipe: str = "cls+mean"):
+        """(B, 3, H, W) normalised input -> float32 tile embeddings, (B, 2 * D) for the
+        ``cls+mean`` recipe, (B, D) for ``cls`` (pathtwt.models.embedding)."""
         from pathtwt.models.embedding import embed_tiles
 
-        return embed_tiles(self.model, x, self.spec.num_prefix_tokens)
+        return embed_tiles(self.model, x, self.spec.num_prefix_tokens, recipe)
 
 
 def create_backbone(
@@ -293,7 +294,7 @@ def create_backbone(
 
     device = resolve_device(device)
 
-    from pathtwt.models.transform import TileTransform
+    from pathtwt.models.transform import TileTransform, data_config
 
     spec = get_spec(name_or_dir)
     resolved_precision = resolve_precision(precision, spec, device)
@@ -316,7 +317,9 @@ def create_backbone(
     model = model.to(device=device, dtype=dtype).eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    transform = TileTransform(input_size=spec.input_size, mean=spec.mean, std=spec.std)
+    # the registry's preprocessing as the model's timm data config, read back from there
+    model.pretrained_cfg = {**(getattr(model, "pretrained_cfg", None) or {}), **data_config(spec.input_size, spec.mean, spec.std)}
+    transform = TileTransform.for_model(model)
     return Backbone(
         model=model, transform=transform, precision=resolved_precision, spec=spec,
         weights_sha256=sha, source=source, device=str(device),

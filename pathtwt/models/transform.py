@@ -1,5 +1,16 @@
 """Tile -> model input. One callable per backbone, carried by :class:`~pathtwt.models.registry.Backbone`
-so that the resize and normalisation of a model are never chosen separately from it."""
+so that the resize and normalisation of a model are never chosen separately from it.
+
+The backbone's preprocessing is timm's data config: :func:`data_config` is written into
+the model's ``pretrained_cfg``, and :meth:`TileTransform.for_model` reads it back with
+``timm.data.resolve_model_data_config``, so a user of the model with timm alone
+(``create_transform(**resolve_model_data_config(model))``) normalises exactly as pathtwt
+does. Tiles are then transformed by a numpy/OpenCV fast path (one array operation per
+tile in the extraction workers, no PIL round trip); it equals timm's pipeline on tiles
+at the input size to float rounding. On tiles of another size the fast path's OpenCV
+resize (area when shrinking, bilinear when enlarging) is kept: timm resizes with PIL,
+which differs from it by a few grey levels.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +19,58 @@ from typing import Any
 import numpy as np
 
 
+def data_config(input_size: int, mean: tuple[float, ...], std: tuple[float, ...]) -> dict[str, Any]:
+    """The ``pretrained_cfg`` entries timm's ``resolve_model_data_config`` reads: the whole
+    tile, resized to the input size, normalised with the backbone's mean and std."""
+    return {
+        "input_size": (3, int(input_size), int(input_size)),
+        "mean": tuple(float(v) for v in mean),
+        "std": tuple(float(v) for v in std),
+        "crop_pct": 1.0,
+        "crop_mode": "center",
+        "interpolation": "bilinear",
+    }
+
+
 class TileTransform:
     """uint8 RGB tile (H, W, 3) numpy array or PIL image -> float32 tensor (3, S, S),
     resized to ``input_size`` (area when shrinking, bilinear when enlarging) and
     normalised with the backbone's mean and std. Picklable, so DataLoader workers run it."""
 
+    # how tiles of another size are brought to input_size (recorded in features files)
+    RESIZE = "opencv INTER_AREA when shrinking, INTER_LINEAR when enlarging; none at input size"
+
     def __init__(self, input_size: int, mean: tuple[float, ...], std: tuple[float, ...]):
         self.input_size = int(input_size)
+        self.mean_rgb = tuple(float(v) for v in mean)
+        self.std_rgb = tuple(float(v) for v in std)
         self.mean = np.asarray(mean, dtype=np.float32) * 255.0
         self.inv_std = 1.0 / (np.asarray(std, dtype=np.float32) * 255.0)
 
     def __repr__(self) -> str:
         return f"TileTransform(input_size={self.input_size})"
+
+    @classmethod
+    def for_model(cls, model: Any) -> "TileTransform":
+        """The transform of a timm model, from its data config (see :func:`data_config`)."""
+        from timm.data import resolve_model_data_config
+
+        config = resolve_model_data_config(model)
+        height, width = config["input_size"][-2:]
+        if height != width:
+            raise ValueError(f"square inputs only, the model's data config says {height} x {width}")
+        return cls(input_size=height, mean=config["mean"], std=config["std"])
+
+    def timm_pipeline(self) -> Any:
+        """timm's eval transform for the same data config (PIL image -> tensor)."""
+        from timm.data import create_transform
+
+        return create_transform(**data_config(self.input_size, self.mean_rgb, self.std_rgb), is_training=False)
+
+    def describe(self) -> dict[str, Any]:
+        """The preprocessing as plain values: mean and std (of [0, 1] RGB), input size, resize."""
+        return {"mean": list(self.mean_rgb), "std": list(self.std_rgb), "input_size": self.input_size,
+                "resize": self.RESIZE}
 
     def resize(self, image: Any) -> np.ndarray:
         arr = np.asarray(image)
