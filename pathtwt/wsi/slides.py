@@ -165,7 +165,7 @@ class Slide:
     def level_for_mpp(self, target_mpp: float) -> int:
         """The coarsest level whose mpp is <= target_mpp * 1.01, so pixels are only ever
         downsampled to reach the target. Level 0 when even level 0 is coarser than the
-        target (the scan cannot offer more detail; the tile is then upsampled)."""
+        target (tiling refuses that unless upsampling is allowed, see pathtwt.wsi.tiling)."""
         fine_enough = [lv for lv in range(self.level_count) if self.level_mpp(lv) <= target_mpp * 1.01]
         return max(fine_enough, key=lambda lv: self.level_downsamples[lv], default=0)
 
