@@ -258,10 +258,14 @@ def test_truncated_svs_says_truncated_with_both_readers_reasons(shared_slides, t
     assert "invalid offset to first page" in line and not out.exists()
 
 
-def test_folder_as_slide_and_as_output(shared_slides, tmp_path, capsys):
+def test_folder_as_slide_and_as_output(shared_slides, two_slides, tmp_path, capsys):
     assert main(["tile", str(tmp_path), "--out", str(tmp_path / "x.h5")]) == 1
     line = _error_line(capsys)
     assert str(tmp_path) in line and "is a folder, not a slide file" in line
+    assert main(["extract", str(tmp_path), "--coords", str(two_slides[2]), "--out", str(tmp_path / "f.h5"),
+                 "--backbone", "vit-s14-tiny", "--random-init", "--device", "cpu"]) == 1
+    line = _error_line(capsys)
+    assert str(tmp_path) in line and "is a folder, not a slide file" in line and "coords_b.h5" in line
     folder = tmp_path / "out"
     folder.mkdir()
     assert main(["tile", str(shared_slides / CMU), "--out", str(folder)]) == 1

@@ -143,6 +143,8 @@ def extract_slide(
     missing = [k for k in ("patch_size", "patch_size_level0", "read_level") if k not in coords_attrs]
     if missing:
         raise PathtwtError(f"{coords}: coords file lacks attrs {missing}; re-run `pathtwt tile` for this slide")
+    if slide.is_dir():
+        raise SlideError(f"{slide}: is a folder, not a slide file (paired with {coords}); give the slide file itself")
     if not slide.is_file():
         raise SlideError(f"{slide}: slide file not found (named by {coords})")
     slide_check = "forced" if force else _check_slide(slide, coords, coords_attrs)

@@ -291,8 +291,11 @@ def _refusal(path: Path, openslide_exc: BaseException | str | None, tiffslide_ex
     reasons.append(f"tiffslide: {type(tiffslide_exc).__name__}: {_one_line(tiffslide_exc)}")
     reasons += notes[:3]
     state = truncation_note(path)
-    with open(path, "rb") as fh:
-        head = fh.read(4)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        head = b""
     if head[:2] not in (b"II", b"MM") and state == "truncated or damaged":
         # not a TIFF: an unknown or non-slide file rather than a damaged one
         return f"{path}: not a readable whole-slide image ({'; '.join(reasons)}); convert it to a pyramidal TIFF or exclude it"
