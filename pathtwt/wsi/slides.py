@@ -336,9 +336,7 @@ def _check_colour(slide: Slide) -> None:
         with tifffile.TiffFile(slide.path) as tif:
             page = tif.pages[0]
             samples, bits, photometric = page.samplesperpixel, page.bitspersample, page.photometric
-            axes, shape = tif.series[0].axes, tif.series[0].shape
-            if "C" in axes and "S" not in axes:
-                samples = int(shape[axes.index("C")])  # one page per channel (OME, QPTIFF): tiffslide stacks them
+            samples = _channels_in_pages(tif, samples)
     except (tifffile.TiffFileError, OSError, ValueError, IndexError):
         samples, bits, photometric = 3, 8, 2
     if slide.channel_map is not None:
@@ -362,6 +360,18 @@ def _check_colour(slide: Slide) -> None:
             "not 8-bit RGB; for fluorescence or multiplexed slides set the cohort's `channels` key "
             "(three channel indices shown as R, G, B), otherwise convert or exclude it"
         )
+
+
+def _channels_in_pages(tif: Any, samples: int) -> int:
+    """The channel count of a series stored one page per channel (OME, QPTIFF: axes
+    CYX, which tiffslide stacks into (h, w, C)); ``samples`` otherwise."""
+    try:
+        axes, shape = tif.series[0].axes, tif.series[0].shape
+    except Exception:  # noqa: BLE001 - tifffile's series parsing fails in many ways on odd files
+        return samples
+    if "C" in axes and "S" not in axes:
+        return int(shape[axes.index("C")])
+    return samples
 
 
 def _check_channel_map(path: Path, channel_map: Any) -> tuple[int, int, int] | None:
