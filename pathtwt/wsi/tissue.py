@@ -58,8 +58,8 @@ class TissueParams:
     max_intensity: int = 64
     # modality check on the brightness (max of R, G, B) of the mask image. A fluorescence
     # background is near black; brightfield glass is near white and even dense H&E
-    # (lymphocytes) has under 7 % of pixels below 30 at full resolution (measured on the
-    # labelled H&E tiles in ../shared), fewer once averaged to the mask resolution
+    # (lymphocytes) has under 7 % of pixels below 30 at full resolution (measured on public
+    # labelled H&E tile sets: Kather 2016, NCT-CRC-HE), fewer once averaged to the mask resolution
     dark_level: int = 30
     brightfield_max_dark_fraction: float = 0.3
     fluorescence_max_median: int = 200
