@@ -186,9 +186,9 @@ def test_channel_map_selects_three_channels(fluorescence, tmp_path):
     with open_slide(paths["five"], channel_map=[3, 1, 0]) as slide:
         assert slide.reader == "tiffslide" and slide.channel_map == (3, 1, 0)
         np.testing.assert_array_equal(slide.read_region(100, 50, 0, 40, 30), five[50:80, 100:140][..., [3, 1, 0]])
-        # out-of-slide pixels are white here too
+        # out-of-slide pixels are the fluorescence background, black (white glass for brightfield)
         edge = slide.read_region(620, 0, 0, 40, 8)
-        assert (edge[:, 20:] == 255).all() and (edge[:, :20] == five[:8, 620:][..., [3, 1, 0]]).all()
+        assert (edge[:, 20:] == 0).all() and (edge[:, :20] == five[:8, 620:][..., [3, 1, 0]]).all()
     with open_slide(paths["one"], channel_map="0,0,0") as slide:
         grey = slide.read_region(0, 0, 0, 16, 16)
         assert (grey == five[:16, :16, 2:3]).all()

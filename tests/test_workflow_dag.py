@@ -128,11 +128,18 @@ def test_adding_a_cohort_adds_exactly_its_jobs(paper, tmp_path):
     new = {"radboud-ln": ("RADBOUD/slides", "labels/radboud.csv", "label", {"test": ["r1", "r2", "r3", "r4", "r5"]}, ".svs")}
     make_dummy_data(data, new)
     cfg["cohorts"]["radboud-ln"] = {"slides": "RADBOUD/slides", "labels": "labels/radboud.csv", "splits": ["test"],
-                                    "tiling": {"tissue": "otsu", "tile_size": 224}}
+                                    "tiling": {"tissue": "otsu", "tile_size": 224, "allow_upsample": True},
+                                    "modality": "fluorescence", "channels": [2, 0, 1]}
     cfg["tasks"]["metastasis"]["external"].append("radboud-ln")
     grown_cfg = tmp_path / "grown.yaml"
     grown_cfg.write_text(yaml.safe_dump(cfg))
-    after = job_counts(_dry_run(work, grown_cfg, data).stdout)
+    result = _dry_run(work, grown_cfg, data)
+    after = job_counts(result.stdout)
+    plan = result.stdout + result.stderr
+    # the cohort's modality, channels and upsampling reach its tile jobs, and only those
+    tile_commands = [line for line in plan.splitlines() if "pathtwt tile " in line]
+    fluorescent = [line for line in tile_commands if "--modality fluorescence --channels 2,0,1 --allow-upsample" in line]
+    assert len(fluorescent) == 5 and all("RADBOUD" in line for line in fluorescent)
 
     n_variants = 2
     expected = {"tile": 5, "labels": 1, "extract": n_variants, "extract_manifest": n_variants, "total": 5 + 1 + 2 * n_variants}

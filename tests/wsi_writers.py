@@ -160,3 +160,41 @@ def write_sparse_giant(path: Path, *, side: int, mpp: float, tissue: dict[tuple[
             page.tags["TileOffsets"].overwrite(offsets)
             page.tags["TileByteCounts"].overwrite(counts)
     return path
+
+
+def fluorescence_channels(width: int, height: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(channels uint8 (height, width, 3), tissue mask bool): a fluorescence scan of
+    DAPI-like nuclei (channel 0), a dim cytoplasm stain (channel 1) and a sparse marker
+    (channel 2) on a black background with low sensor noise, as scanners store it."""
+    rng = np.random.default_rng(seed)
+    mask = np.zeros((height, width), np.uint8)
+    cv2.ellipse(mask, (width // 2, height // 2), (width // 4, height // 4), 20.0, 0, 360, 1, -1)
+    tissue = mask.astype(bool)
+    channels = rng.integers(0, 7, (height, width, 3), dtype=np.uint8)  # noise of the dark background
+    cytoplasm = cv2.GaussianBlur(rng.normal(0, 1, (height, width)).astype(np.float32), (0, 0), 4)
+    cytoplasm = 60 + cytoplasm / (cytoplasm.std() + 1e-6) * 12
+    channels[..., 1][tissue] = cytoplasm[tissue].clip(0, 255).astype(np.uint8)
+    nuclei = np.zeros((height, width), np.uint8)
+    ys, xs = np.nonzero(tissue)
+    for k in rng.choice(len(xs), size=max(1, len(xs) // 400), replace=False):
+        cv2.circle(nuclei, (int(xs[k]), int(ys[k])), 3, 220, -1)
+    channels[..., 0] = np.maximum(channels[..., 0], nuclei * tissue)
+    marker = (rng.random((height, width)) < 0.01) & tissue
+    channels[..., 2][marker] = 180
+    return channels, tissue
+
+
+def write_channel_pages(path: Path, channels: np.ndarray, mpp: float, *, levels: int = 3) -> Path:
+    """OME-TIFF with one page per channel (axes CYX, as QPTIFF and Bio-Formats exports
+    store fluorescence), the reduced levels in SubIFDs."""
+    planes = np.ascontiguousarray(np.moveaxis(channels, -1, 0))
+    with tifffile.TiffWriter(path, ome=True) as tif:
+        tif.write(planes, subifds=levels - 1, tile=(256, 256), photometric="minisblack", compression="zlib",
+                  metadata={"axes": "CYX", "PhysicalSizeX": mpp, "PhysicalSizeY": mpp}, **_resolution(mpp, 1))
+        for i in range(1, levels):
+            ds = 4 ** i
+            small = np.stack([cv2.resize(p, (p.shape[1] // ds, p.shape[0] // ds), interpolation=cv2.INTER_AREA)
+                              for p in planes])
+            tif.write(small, subfiletype=1, tile=(256, 256), photometric="minisblack", compression="zlib",
+                      **_resolution(mpp, ds))
+    return path

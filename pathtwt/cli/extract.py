@@ -36,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="per-cohort failures table: a slide that fails (corrupt tile, NaN features) is recorded there and "
         "gets a features file with status 'failed', and the run goes on (default: the first failure stops it)",
     )
+    parser.add_argument(
+        "--force", action="store_true",
+        help="skip the check that each slide is the one its coords file was made from (size, levels, mpp, "
+        "file fingerprint); only for a scan re-saved with the same geometry",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -52,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     jobs = read_manifest(args.manifest) if args.manifest else jobs_from_lists(args.slides, args.coords, args.out)
     if not jobs:
         raise PathtwtError("nothing to extract: give SLIDE --coords COORDS.h5 --out OUT.h5 or --manifest TSV")
+    folders = [str(job.out) for job in jobs if job.out.is_dir()]
+    if folders:
+        raise PathtwtError(f"--out {folders[0]}: is a folder; give the features file to write, e.g. {folders[0]}/SLIDE.h5")
     if args.threads:
         torch.set_num_threads(args.threads)
     backbone = create_backbone(
@@ -61,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     summaries = extract_many(
         jobs, backbone, batch_size=args.batch_size, workers=args.workers,
         progress=not args.quiet, skip_existing=args.skip_existing, failures=args.failures,
-        embedding=args.embedding,
+        embedding=args.embedding, force=args.force,
     )
     for summary in summaries:
         print(json.dumps(summary))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 HELP = "find tissue on one slide (Otsu on a low-resolution level) and write its tile coordinates to HDF5"
 
@@ -36,7 +38,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--channels", default=None, metavar="I,J,K",
-        help="for fluorescence/multiplexed slides: the three channel indices shown as R, G, B",
+        help="for fluorescence/multiplexed slides: the three channel indices shown as R, G, B "
+        "(tissue is then found by intensity, not saturation)",
+    )
+    parser.add_argument(
+        "--modality", choices=("brightfield", "fluorescence"), default=None,
+        help="default: fluorescence with --channels, else brightfield; fluorescence without --channels "
+        "uses channels 0,1,2 (e.g. a fluorescence scan stored as RGB JPEG)",
+    )
+    parser.add_argument(
+        "--allow-upsample", action="store_true",
+        help="accept a --mpp finer than the slide's level 0 (tiles are stretched; recorded in the coords file)",
     )
     parser.add_argument("--thumbnail", default=None, help="also write a PNG with the tissue outline and kept tiles")
 
@@ -46,12 +58,18 @@ def run(args: argparse.Namespace) -> int:
     from pathtwt.io.h5 import write_coords
     from pathtwt.wsi.slides import open_slide
     from pathtwt.wsi.thumbnail import write_thumbnail
-    from pathtwt.wsi.tiling import tile_slide
+    from pathtwt.wsi.tiling import UPSAMPLE_TOLERANCE, tile_slide
     from pathtwt.wsi.tissue import TissueParams
 
     if args.tile_size < 1 or args.mpp <= 0 or args.mask_mpp <= 0:
         raise PathtwtError("--tile-size, --mpp and --mask-mpp must be positive")
-    with open_slide(args.slide, mpp_fallback=args.slide_mpp, reader=args.reader, channel_map=args.channels) as slide:
+    for option, value in (("--out", args.out), ("--thumbnail", args.thumbnail)):
+        if value and Path(value).is_dir():
+            raise PathtwtError(f"{option} {value}: is a folder; give the file to write, e.g. {Path(value) / 'SLIDE.h5'}")
+    channels = args.channels
+    if args.modality == "fluorescence" and not channels:
+        channels = "0,1,2"
+    with open_slide(args.slide, mpp_fallback=args.slide_mpp, reader=args.reader, channel_map=channels) as slide:
         tiling = tile_slide(
             slide,
             target_mpp=args.mpp,
@@ -59,6 +77,14 @@ def run(args: argparse.Namespace) -> int:
             tissue=args.tissue,
             min_tissue=args.min_tissue,
             params=TissueParams(mask_mpp=args.mask_mpp),
+            modality=args.modality,
+            allow_upsample=args.allow_upsample,
+        )
+    if tiling.attrs["upsample_factor"] > UPSAMPLE_TOLERANCE:
+        print(
+            f"pathtwt tile: warning: {args.slide}: tiles upsampled {tiling.attrs['upsample_factor']:.2f}x "
+            f"(level 0 is {tiling.attrs['level0_mpp']:.4g} um/px, target {args.mpp:g}); recorded in {args.out}",
+            file=sys.stderr,
         )
     # Thumbnail first: the coords file is the output the workflow waits for, so it
     # appears last, once everything else has succeeded.

@@ -95,7 +95,7 @@ def write_pyramidal_tiff(
                     if bw * bh * 3 <= budget:
                         below = np.empty((bh, bw, 3), np.uint8)
                     elif spool:
-                        below = scratch.enter_context(_scratch_rows(tmp.parent, (bh, bw, 3)))
+                        below = scratch.enter_context(_scratch_rows(tmp, (bh, bw, 3)))
                 bands = _bands(render, above, lw, lh, ds, tile)
                 writer.write(
                     _tiles(bands, lw, tile, below),
@@ -142,9 +142,10 @@ class _ScratchRows:
 
 
 @contextlib.contextmanager
-def _scratch_rows(folder: Path, shape: tuple[int, int, int]) -> Iterator[_ScratchRows]:
-    # Hidden name, like every temporary file, so folder scans skip it.
-    fd, name = tempfile.mkstemp(prefix=".pyramid-level-", suffix=".raw", dir=folder)
+def _scratch_rows(tmp: Path, shape: tuple[int, int, int]) -> Iterator[_ScratchRows]:
+    # Named after the output's temporary file (hidden, with the writer's host and pid),
+    # so a rerun removes it with that file when a killed writer left both behind.
+    fd, name = tempfile.mkstemp(prefix=f"{tmp.name}-level-", suffix=".raw", dir=tmp.parent)
     try:
         yield _ScratchRows(fd, shape)
     finally:

@@ -133,18 +133,24 @@ def extract_slide(
     workers: int | None = None,
     progress: bool = True,
     embedding: str = DEFAULT_RECIPE,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Embed every tile of ``slide`` listed in ``coords`` into ``out`` (written atomically).
-    Returns a summary (tiles, seconds, tiles/s)."""
+    Returns a summary (tiles, seconds, tiles/s). The slide must be the one the coords were
+    made from (its fingerprint, :mod:`pathtwt.wsi.fingerprint`) unless ``force``."""
     slide, coords, out = Path(slide), Path(coords), Path(out)
     xy, _tissue, coords_attrs = read_coords(coords)
     missing = [k for k in ("patch_size", "patch_size_level0", "read_level") if k not in coords_attrs]
     if missing:
         raise PathtwtError(f"{coords}: coords file lacks attrs {missing}; re-run `pathtwt tile` for this slide")
+    if slide.is_dir():
+        raise SlideError(f"{slide}: is a folder, not a slide file (paired with {coords}); give the slide file itself")
     if not slide.is_file():
         raise SlideError(f"{slide}: slide file not found (named by {coords})")
+    slide_check = "forced" if force else _check_slide(slide, coords, coords_attrs)
     n = len(xy)
     attrs = features_attrs(backbone, coords_attrs, slide, coords, n, embedding)
+    attrs["slide_check"] = slide_check
     start = time.perf_counter()
     with FeaturesWriter(out, n_tiles=n, dim=attrs["embedding_dim"], attrs=attrs) as writer:
         writer.coords[...] = xy
@@ -154,6 +160,14 @@ def extract_slide(
                 writer.features[index[0] : index[-1] + 1] = feats
     seconds = time.perf_counter() - start
     return {"slide": str(slide), "out": str(out), "tiles": n, "seconds": seconds, "tiles_per_s": n / max(seconds, 1e-9)}
+
+
+def _check_slide(slide: Path, coords: Path, coords_attrs: dict[str, Any]) -> str:
+    from pathtwt.wsi.fingerprint import check_coords_belong_to_slide
+    from pathtwt.wsi.slides import open_slide
+
+    with open_slide(slide, **open_options_from_attrs(coords_attrs)) as opened:
+        return check_coords_belong_to_slide(opened, coords, coords_attrs)
 
 
 def _embed_stream(
@@ -216,6 +230,7 @@ def extract_many(
     skip_existing: bool = False,
     failures: str | os.PathLike | None = None,
     embedding: str = DEFAULT_RECIPE,
+    force: bool = False,
 ) -> list[dict[str, Any]]:
     """Extract several slides with one loaded backbone.
 
@@ -231,7 +246,8 @@ def extract_many(
             continue
         try:
             summaries.append(
-                extract_slide(job.slide, job.coords, job.out, backbone, batch_size, workers, progress, embedding)
+                extract_slide(job.slide, job.coords, job.out, backbone, batch_size, workers, progress, embedding,
+                              force=force)
             )
         except (SlideError, NumericsError) as exc:
             if failures is None:

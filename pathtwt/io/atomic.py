@@ -1,16 +1,27 @@
 """Atomic output files: every file a stage produces is written under a temporary name
 in the destination folder, flushed to disk, then renamed. A killed job therefore never
 leaves a file that looks finished (Snakemake and the next stage only ever see complete
-files), and a failed job leaves nothing behind."""
+files), and a failed job leaves nothing behind.
+
+The temporary name says who writes it: ``.NAME.tmp-HOST-PID-XXXX.SUFFIX``. A job killed
+with SIGKILL (or by a node failure) cannot delete its temporary file, so the next
+writer of the same output removes the temporaries of NAME whose process, on this host,
+is gone; those of live processes and of other hosts (a shared cluster filesystem) are
+left alone."""
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import re
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
+
+from pathtwt.errors import PathtwtError
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -37,10 +48,13 @@ def atomic_output(path: str | os.PathLike, suffix: str | None = None) -> Iterato
     ignore names that start with "." (the temporary files).
     """
     final = Path(path)
+    if final.is_dir():
+        raise PathtwtError(f"{final}: is a folder; give the path of the file to write")
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(final)
     # Hidden name (leading dot) so folder scans for "*.h5" never pick it up.
     fd, tmp_name = tempfile.mkstemp(
-        prefix=f".{final.name}.tmp-", suffix=final.suffix if suffix is None else suffix, dir=final.parent
+        prefix=f"{_tmp_prefix(final)}{os.getpid()}-", suffix=final.suffix if suffix is None else suffix, dir=final.parent
     )
     os.close(fd)
     tmp = Path(tmp_name)
@@ -59,6 +73,44 @@ def atomic_output(path: str | os.PathLike, suffix: str | None = None) -> Iterato
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+
+
+def _host() -> str:
+    # a file-name-safe host name: temporaries on a shared filesystem say which node wrote them
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+
+
+def _tmp_prefix(final: Path) -> str:
+    return f".{final.name}.tmp-{_host()}-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries of ``path`` left by processes of this host that are gone;
+    return them."""
+    final = Path(path)
+    pattern = re.compile(re.escape(_tmp_prefix(final)) + r"(\d+)-")
+    removed = []
+    try:
+        candidates = list(final.parent.glob(f".{glob.escape(final.name)}.tmp-*"))
+    except OSError:
+        return removed
+    for tmp in candidates:
+        found = pattern.match(tmp.name)
+        if found and int(found.group(1)) != os.getpid() and not _alive(int(found.group(1))):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                tmp.unlink()
+                removed.append(tmp)
+    return removed
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

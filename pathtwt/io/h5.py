@@ -4,7 +4,8 @@ Coords file (``results/tiles/{cohort}/{slide}.h5``), written by ``pathtwt tile``
   datasets ``coords`` int64 (N, 2) level-0 top-left (x, y), ``tissue_fraction`` float32 (N,)
   attrs ``patch_size``, ``patch_size_level0``, ``target_mpp``, ``level0_mpp``,
   ``read_level``, ``level0_width``, ``level0_height``, ``target_magnification``,
-  ``status`` ("ok" | "no_tissue"), ``slide_path``.
+  ``status`` ("ok" | "no_tissue" | "too_small"), ``slide_path``; also the slide's fingerprint
+  (:mod:`pathtwt.wsi.fingerprint`), which extraction checks.
 
 Features file (``results/features/{variant}/{cohort}/{slide}.h5``), written by
 ``pathtwt extract``: datasets ``features`` float32 (N, D) and ``coords`` (as above), attrs

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from pathtwt.errors import ConfigError, NumericsError
 from pathtwt.io.atomic import atomic_output
+from pathtwt.io.torch_files import load_torch_file
 from pathtwt.mil.data import Cohort, MILData, load_bag
 from pathtwt.mil.metrics import slide_metrics
 from pathtwt.mil.models import build_head
@@ -158,7 +159,9 @@ def _save(obj: dict, path: Path) -> None:
 def _load_resume(path: Path, *, config: MILConfig, data: MILData) -> dict | None:
     if not path.exists():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = load_torch_file(path, remedy="delete it, or pass --no-resume to start over")
+    if not isinstance(state, dict):
+        raise ConfigError(f"{path}: not a resume state of `pathtwt train-mil`; delete it or pass --no-resume")
     if state.get("config") != config.to_dict() or state.get("data") != data.fingerprint():
         raise ConfigError(
             f"{path}: an unfinished run with a different config or different slides is in this folder; "

@@ -7,7 +7,11 @@ manager with one API: level geometry, microns per pixel (mpp) and RGB ``read_reg
 ``read_tile`` returning numpy arrays.
 
 Non-RGB slides (fluorescence, multiplexed) are refused unless ``channel_map`` names the
-three channels shown as red, green and blue.
+three channels shown as red, green and blue (interleaved samples or one page per
+channel). Formats no reader here handles faithfully (Olympus VSI, MIRAX without its
+folder, a file whose largest image is a label) are refused by name
+(:mod:`pathtwt.wsi.formats`); the readers' own log lines and warnings are collected per
+slide (:mod:`pathtwt.wsi.reader_notes`), not printed.
 
 Opening a slide also reads a few small regions, so a slide whose tiles cannot be
 decoded fails here, with one line naming the file, rather than hours later inside
@@ -24,6 +28,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from pathtwt.errors import SlideError
+from pathtwt.wsi.formats import refuse_associated_image, refuse_unsupported, truncation_note
+from pathtwt.wsi.reader_notes import capture_reader_messages
 
 # Plausible microns per pixel for a slide scan. Values outside this range come from
 # placeholder TIFF resolution tags (e.g. 72 dpi => 352.8 um/px) and are treated as absent.
@@ -133,6 +139,9 @@ class Slide:
         self.level_downsamples: list[float] = [float(d) for d in handle.level_downsamples]
         self.dimensions: tuple[int, int] = self.level_dimensions[0]
         self.properties: dict[str, Any] = dict(handle.properties)
+        # out-of-slide pixels: white glass for brightfield, black for mapped fluorescence channels
+        self.fill = 255 if channel_map is None else 0
+        self.reader_notes: list[str] = []  # reader-library messages met on this slide
 
     # -- context manager -------------------------------------------------------------
     def __enter__(self) -> "Slide":
@@ -156,7 +165,7 @@ class Slide:
     def level_for_mpp(self, target_mpp: float) -> int:
         """The coarsest level whose mpp is <= target_mpp * 1.01, so pixels are only ever
         downsampled to reach the target. Level 0 when even level 0 is coarser than the
-        target (the scan cannot offer more detail; the tile is then upsampled)."""
+        target (tiling refuses that unless upsampling is allowed, see pathtwt.wsi.tiling)."""
         fine_enough = [lv for lv in range(self.level_count) if self.level_mpp(lv) <= target_mpp * 1.01]
         return max(fine_enough, key=lambda lv: self.level_downsamples[lv], default=0)
 
@@ -170,13 +179,16 @@ class Slide:
         if w <= 0 or h <= 0:
             raise ValueError(f"region size must be positive, got {w}x{h}")
         try:
-            if self.reader == "openslide":
-                return self._to_rgb(np.asarray(self._handle.read_region((int(x), int(y)), int(level), (w, h))))
-            return self._read_tiffslide(int(x), int(y), int(level), w, h)
+            with capture_reader_messages(self.reader_notes):
+                if self.reader == "openslide":
+                    return self._to_rgb(np.asarray(self._handle.read_region((int(x), int(y)), int(level), (w, h))))
+                return self._read_tiffslide(int(x), int(y), int(level), w, h)
         except Exception as exc:  # the reader libraries raise many types on corrupt data
+            notes = "".join(f"; {n}" for n in self.reader_notes[:3])
             raise SlideError(
                 f"{self.path}: cannot decode region x={x} y={y} level={level} size={w}x{h} "
-                f"({type(exc).__name__}: {_one_line(exc)}); the file is corrupt or truncated: re-export or exclude it"
+                f"({type(exc).__name__}: {_one_line(exc)}{notes}); the file is corrupt or truncated: "
+                "re-export or exclude it"
             ) from None
 
     def _read_tiffslide(self, x: int, y: int, level: int, w: int, h: int) -> np.ndarray:
@@ -189,7 +201,7 @@ class Slide:
         x1, y1 = min(lx + w, lw), min(ly + h, lh)
         if x0 == lx and y0 == ly and x1 - x0 == w and y1 - y0 == h:
             return self._to_rgb(np.asarray(self._handle.read_region((x, y), level, (w, h), as_array=True)))
-        out = np.full((h, w, 3), 255, np.uint8)
+        out = np.full((h, w, 3), self.fill, np.uint8)
         if x1 > x0 and y1 > y0:
             part = np.asarray(
                 self._handle.read_region(
@@ -249,7 +261,7 @@ def map_channels(arr: np.ndarray, channel_map: tuple[int, int, int]) -> np.ndarr
     return np.ascontiguousarray(rgb.astype(np.uint8))
 
 
-def _open_handle(path: Path, reader: str | None) -> tuple[Any, str, str]:
+def _open_handle(path: Path, reader: str | None, notes: list[str]) -> tuple[Any, str, str]:
     """(handle, reader name, why OpenSlide refused the file or "")."""
     import openslide
 
@@ -268,11 +280,29 @@ def _open_handle(path: Path, reader: str | None) -> tuple[Any, str, str]:
     try:
         return tiffslide.TiffSlide(str(path)), "tiffslide", _one_line(first) if first else ""
     except Exception as ts_exc:  # tifffile raises assorted errors on non-TIFF input
-        tried = f"OpenSlide: {_one_line(first)}; " if first else ""
-        raise SlideError(
-            f"{path}: not a readable whole-slide image ({tried}tiffslide: {_one_line(ts_exc)}); "
-            "convert it to a pyramidal TIFF or exclude it"
-        ) from None
+        raise SlideError(_refusal(path, first, ts_exc, notes)) from None
+
+
+def _refusal(path: Path, openslide_exc: BaseException | str | None, tiffslide_exc: BaseException, notes: list[str]) -> str:
+    """One line for a file neither reader can open: both readers' reasons, the readers'
+    log lines, and whether the file is truncated (or not a slide at all)."""
+    reasons = [f"OpenSlide: {_one_line(openslide_exc) if isinstance(openslide_exc, BaseException) else openslide_exc}"] \
+        if openslide_exc else []
+    reasons.append(f"tiffslide: {type(tiffslide_exc).__name__}: {_one_line(tiffslide_exc)}")
+    reasons += notes[:3]
+    state = truncation_note(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        head = b""
+    if head[:2] not in (b"II", b"MM") and state == "truncated or damaged":
+        # not a TIFF: an unknown or non-slide file rather than a damaged one
+        return f"{path}: not a readable whole-slide image ({'; '.join(reasons)}); convert it to a pyramidal TIFF or exclude it"
+    return (
+        f"{path}: the file is {state} ({'; '.join(reasons)}); copy it again from the source "
+        "(compare its size or checksum), or exclude it"
+    )
 
 
 def _check_pixels(slide: Slide, openslide_refusal: str) -> None:
@@ -306,6 +336,7 @@ def _check_colour(slide: Slide) -> None:
         with tifffile.TiffFile(slide.path) as tif:
             page = tif.pages[0]
             samples, bits, photometric = page.samplesperpixel, page.bitspersample, page.photometric
+            samples = _channels_in_pages(tif, samples)
     except (tifffile.TiffFileError, OSError, ValueError, IndexError):
         samples, bits, photometric = 3, 8, 2
     if slide.channel_map is not None:
@@ -329,6 +360,18 @@ def _check_colour(slide: Slide) -> None:
             "not 8-bit RGB; for fluorescence or multiplexed slides set the cohort's `channels` key "
             "(three channel indices shown as R, G, B), otherwise convert or exclude it"
         )
+
+
+def _channels_in_pages(tif: Any, samples: int) -> int:
+    """The channel count of a series stored one page per channel (OME, QPTIFF: axes
+    CYX, which tiffslide stacks into (h, w, C)); ``samples`` otherwise."""
+    try:
+        axes, shape = tif.series[0].axes, tif.series[0].shape
+    except Exception:  # noqa: BLE001 - tifffile's series parsing fails in many ways on odd files
+        return samples
+    if "C" in axes and "S" not in axes:
+        return int(shape[axes.index("C")])
+    return samples
 
 
 def _check_channel_map(path: Path, channel_map: Any) -> tuple[int, int, int] | None:
@@ -366,23 +409,44 @@ def open_slide(
         reader = None
     if reader is not None and reader not in READERS:
         raise SlideError(f"{path}: reader {reader!r} is unknown; use auto, openslide or tiffslide")
-    if not path.is_file():
+    if not path.exists():
         raise SlideError(f"{path}: slide file not found")
+    refuse_unsupported(path)
     channels = _check_channel_map(path, channel_map)
     if channels is not None and reader is None:
         reader = "tiffslide"  # the raw channels: OpenSlide would hand over its own RGB rendering
-    handle, reader, openslide_refusal = _open_handle(path, reader)
+    notes: list[str] = []
+    with capture_reader_messages(notes):
+        slide = _open_checked(path, reader, channels, notes)
+    slide.reader_notes = notes + [n for n in slide.reader_notes if n not in notes]
+    return _resolve_mpp(slide, mpp_fallback)
+
+
+def _open_checked(path: Path, reader: str | None, channels: tuple[int, int, int] | None, notes: list[str]) -> Slide:
+    handle, reader, openslide_refusal = _open_handle(path, reader, notes)
     # mpp is resolved after the pixel check: a corrupt file should say so, not ask for an mpp
     try:
         slide = Slide(path, handle, reader, mpp=math.nan, mpp_source="", channel_map=channels)
-    except Exception as exc:  # tiffslide parses lazily: unsupported layouts surface here
+    except Exception as exc:  # tiffslide parses lazily: unsupported (or truncated) layouts surface here
         handle.close()
+        if openslide_refusal:
+            raise SlideError(_refusal(path, openslide_refusal, exc, notes)) from None
         raise SlideError(
             f"{path}: {reader} cannot read its layout ({type(exc).__name__}: {_one_line(exc)}); "
             "convert it to a pyramidal TIFF with interleaved channels or exclude it"
         ) from None
     try:
+        refuse_associated_image(path, str(slide.properties.get("tiff.ImageDescription", "")), slide.dimensions)
         _check_pixels(slide, openslide_refusal)
+    except BaseException:
+        slide.close()
+        raise
+    return slide
+
+
+def _resolve_mpp(slide: Slide, mpp_fallback: float | None) -> Slide:
+    path = slide.path
+    try:
         mpp, source = mpp_from_properties(slide.properties)
         if mpp is None:
             if mpp_fallback is None:

@@ -11,6 +11,12 @@ never a level-0 pixel. Two filters, as in the paper's cohorts:
 
 ``target_magnification`` is recorded as round(10 / target_mpp): the usual convention
 that a 10x objective images ~1 um/px, so 0.5 um/px is "20x" and 0.25 um/px is "40x".
+
+Pixels are never invented silently: a target mpp finer than the slide's level 0 by more
+than 1 % is an error unless ``allow_upsample`` (then recorded as ``upsample_factor``).
+A slide smaller than one tile gets status ``too_small`` and no tiles. The coords file
+also records the slide's fingerprint (:mod:`pathtwt.wsi.fingerprint`), so extraction
+can refuse coords made from another slide.
 """
 
 from __future__ import annotations
@@ -22,9 +28,13 @@ from typing import Any
 import cv2
 import numpy as np
 
-from pathtwt.errors import PathtwtError
+from pathtwt.errors import PathtwtError, SlideError
+from pathtwt.wsi.fingerprint import slide_fingerprint
 from pathtwt.wsi.slides import Slide
-from pathtwt.wsi.tissue import TissueMask, TissueParams, detect_tissue
+from pathtwt.wsi.tissue import TissueMask, TissueParams, default_modality, detect_tissue
+
+# a target this much finer than level 0 is still "the slide's resolution" (metadata rounding)
+UPSAMPLE_TOLERANCE = 1.01
 
 TISSUE_FILTERS = ("fraction", "otsu")
 
@@ -39,6 +49,24 @@ class Tiling:
 
 def target_magnification(target_mpp: float) -> int:
     return int(round(10.0 / target_mpp))
+
+
+def upsample_factor(slide: Slide, target_mpp: float) -> float:
+    """How much a tile at ``target_mpp`` is stretched from level-0 pixels (1.0 if not)."""
+    return max(1.0, slide.mpp / target_mpp)
+
+
+def check_upsampling(slide: Slide, target_mpp: float, allow_upsample: bool = False) -> float:
+    """The upsampling factor; raises :class:`SlideError` naming both mpps when the target
+    is finer than level 0 by more than 1 % and upsampling was not allowed."""
+    factor = upsample_factor(slide, target_mpp)
+    if factor > UPSAMPLE_TOLERANCE and not allow_upsample:
+        raise SlideError(
+            f"{slide.path}: target {target_mpp:g} um/px is finer than the slide's level 0 ({slide.mpp:.4g} um/px, "
+            f"from {slide.mpp_source}): tiles would be upsampled {factor:.2f}x; use --mpp {slide.mpp:.4g} or coarser "
+            "(cohort `tiling.target_mpp`), or --allow-upsample (`tiling.allow_upsample`) to accept stretched tiles"
+        )
+    return factor
 
 
 def tile_geometry(slide: Slide, target_mpp: float, tile_size: int) -> tuple[int, int]:
@@ -92,19 +120,26 @@ def tile_slide(
     tissue: str = "fraction",
     min_tissue: float = 0.6,
     params: TissueParams = TissueParams(),
+    modality: str | None = None,
+    allow_upsample: bool = False,
 ) -> Tiling:
-    """Detect tissue and return the kept tiles with the coords-file attributes."""
+    """Detect tissue and return the kept tiles with the coords-file attributes.
+    ``modality``: "brightfield" or "fluorescence" (default: fluorescence when the slide
+    has a channel map)."""
     if tissue not in TISSUE_FILTERS:
         raise PathtwtError(f"tissue filter {tissue!r} is unknown; use one of {', '.join(TISSUE_FILTERS)}")
     if not 0.0 <= min_tissue <= 1.0:
         raise PathtwtError(f"min_tissue={min_tissue} must lie in [0, 1]")
+    factor = check_upsampling(slide, target_mpp, allow_upsample)
     patch_size_level0, read_level = tile_geometry(slide, target_mpp, tile_size)
-    mask = detect_tissue(slide, params)
+    modality = modality or default_modality(slide)
+    mask = detect_tissue(slide, params, modality)
     coords, fraction = grid_tissue_fraction(mask.mask, mask.downsample, patch_size_level0, slide.dimensions)
     keep = fraction >= min_tissue if tissue == "fraction" else fraction > 0
     # min_tissue == 0 with "fraction" would keep background: still require some tissue
     keep &= fraction > 0
     coords, fraction = coords[keep], fraction[keep]
+    too_small = min(slide.dimensions) < patch_size_level0
     attrs: dict[str, Any] = {
         "patch_size": int(tile_size),
         "patch_size_level0": patch_size_level0,
@@ -114,7 +149,7 @@ def tile_slide(
         "level0_width": int(slide.dimensions[0]),
         "level0_height": int(slide.dimensions[1]),
         "target_magnification": target_magnification(target_mpp),
-        "status": "ok" if len(coords) else "no_tissue",
+        "status": "too_small" if too_small else "ok" if len(coords) else "no_tissue",
         "slide_path": os.fspath(slide.path),
         # provenance: how the tiles were chosen
         "mpp_source": slide.mpp_source,
@@ -125,7 +160,13 @@ def tile_slide(
         "mask_level": int(mask.level),
         "mask_mpp": float(mask.mpp),
         "mask_downsample": [float(mask.downsample[0]), float(mask.downsample[1])],
-        "saturation_threshold": float(mask.threshold),
+        "modality": modality,
+        "tissue_signal": mask.signal,
+        "tissue_threshold": float(mask.threshold),  # on the signal (saturation or intensity, 0..255)
         "slide_tissue_fraction": mask.tissue_fraction,
+        "allow_upsample": bool(allow_upsample),
+        "upsample_factor": float(factor),
+        "reader_notes": list(slide.reader_notes),
     }
+    attrs.update(slide_fingerprint(slide))
     return Tiling(coords=coords, tissue_fraction=fraction, attrs=attrs, tissue=mask)

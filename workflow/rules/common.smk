@@ -90,6 +90,19 @@ def get_mpp_fallback_arg(wildcards):
     return "" if value is None else f"--slide-mpp {value}"
 
 
+def get_modality_args(wildcards):
+    """--modality/--channels/--allow-upsample of a cohort for `pathtwt tile` ("" for the defaults)."""
+    cohort = config["cohorts"][wildcards.cohort]
+    args = []
+    if cohort.get("modality", "brightfield") != "brightfield":
+        args.append(f"--modality {cohort['modality']}")
+    if cohort.get("channels"):
+        args.append("--channels " + ",".join(str(int(c)) for c in cohort["channels"]))
+    if get_tiling(wildcards.cohort).get("allow_upsample"):
+        args.append("--allow-upsample")
+    return " ".join(args)
+
+
 def get_all_tiles():
     """Coords files and thumbnails of every labelled slide of every cohort."""
     return [

@@ -20,6 +20,7 @@ rule tile:
         tissue=lambda wc: get_tiling(wc.cohort)["tissue"],
         min_tissue=lambda wc: get_tiling(wc.cohort)["min_tissue"],
         slide_mpp=get_mpp_fallback_arg,
+        modality=get_modality_args,
     log:
         "logs/tile/{cohort}/{slide}.log",
     threads: 1
@@ -31,7 +32,7 @@ rule tile:
     shell:
         "pathtwt tile {input.slide} --out {output.coords} --thumbnail {output.thumbnail}"
         " --mpp {params.mpp} --tile-size {params.tile_size} --tissue {params.tissue}"
-        " --min-tissue {params.min_tissue} {params.slide_mpp} > {log} 2>&1"
+        " --min-tissue {params.min_tissue} {params.slide_mpp} {params.modality} > {log} 2>&1"
 
 
 rule labels:

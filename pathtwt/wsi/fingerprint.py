@@ -1,0 +1,85 @@
+"""A slide's fingerprint, so that a coords file is only ever used with its own slide.
+
+Tiling records, beside the geometry it already writes (``level0_width``,
+``level0_height``, ``level0_mpp``), the reader's level count, the file size and a
+sha256 of the file's first and last MiB plus its size (:func:`head_tail_sha256`): cheap
+on a 3 GB slide (2 MiB read), and different for any two scans (their headers and tile
+data differ) while unchanged when a slide is copied or moved. Extraction recomputes it
+and refuses coords that belong to another file (``pathtwt extract --force`` for the
+rare legitimate case, e.g. a slide re-saved losslessly with the same geometry).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from pathtwt.errors import SlideError
+
+MIB = 1 << 20
+
+# coords-file attributes that make up the fingerprint (with the geometry attrs above)
+FINGERPRINT_ATTRS = ("slide_level_count", "slide_size_bytes", "slide_head_tail_sha256")
+
+
+def head_tail_sha256(path: str | os.PathLike) -> tuple[int, str]:
+    """(size in bytes, sha256 of the first MiB, the last MiB and the size in decimal)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        h.update(fh.read(MIB))
+        fh.seek(max(0, size - MIB))
+        h.update(fh.read(MIB))
+    h.update(str(size).encode())
+    return size, h.hexdigest()
+
+
+def slide_fingerprint(slide: Any) -> dict[str, Any]:
+    """The fingerprint attributes of an open :class:`~pathtwt.wsi.slides.Slide`."""
+    size, digest = head_tail_sha256(slide.path)
+    return {
+        "level0_width": int(slide.dimensions[0]),
+        "level0_height": int(slide.dimensions[1]),
+        "level0_mpp": float(slide.mpp),
+        "slide_level_count": int(slide.level_count),
+        "slide_size_bytes": int(size),
+        "slide_head_tail_sha256": digest,
+    }
+
+
+def differences(recorded: Mapping[str, Any], actual: Mapping[str, Any]) -> list[str]:
+    """'key recorded -> actual' for every fingerprint key ``recorded`` has and ``actual``
+    disagrees with (keys a coords file lacks, e.g. from an older pathtwt, are not compared)."""
+    out = []
+    for key, value in actual.items():
+        if key not in recorded or recorded[key] in (None, ""):
+            continue
+        old = recorded[key]
+        if isinstance(value, float):
+            same = math.isclose(float(old), value, rel_tol=1e-4)
+        elif isinstance(value, int):
+            same = int(old) == value
+        else:
+            same = str(old) == str(value)
+        if not same:
+            shown = (str(old)[:12], str(value)[:12]) if key == "slide_head_tail_sha256" else (old, value)
+            out.append(f"{key} {shown[0]} vs {shown[1]}")
+    return out
+
+
+def check_coords_belong_to_slide(slide: Any, coords_path: str | os.PathLike, coords_attrs: Mapping[str, Any]) -> str:
+    """Raise :class:`SlideError` naming both files when ``slide`` is not the slide the
+    coords were made from. Returns how the match was established: "fingerprint" or
+    "geometry" (an older coords file without the fingerprint attributes)."""
+    diffs = differences(coords_attrs, slide_fingerprint(slide))
+    if diffs:
+        made_from = coords_attrs.get("slide_path") or "another slide"
+        raise SlideError(
+            f"{slide.path}: does not match the coords file {coords_path} (made from {made_from}): "
+            f"{'; '.join(diffs)}; tile this slide again, or pass --force if it is the same scan re-saved"
+        )
+    return "fingerprint" if all(k in coords_attrs for k in FINGERPRINT_ATTRS) else "geometry"
