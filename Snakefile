@@ -1,7 +1,7 @@
 # pathtwt workflow: slides -> tiles -> calibration -> discovery -> compressed backbones
 # -> tile features -> MIL heads -> report. This file only wires; the rules and their
 # get_* helpers live in workflow/rules/, every step is a `pathtwt` subcommand.
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("8.0")
 
@@ -13,7 +13,9 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
+# The config is validated once, in workflow/rules/common.smk, by pathtwt's own checker
+# (the schema shipped in pathtwt/config/schema.yaml, plus the checks a schema cannot
+# express), the same code `pathtwt check-config` runs.
 
 
 report: "workflow/report/workflow.rst"

@@ -18,11 +18,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tissue",
         choices=("fraction", "otsu"),
         default="fraction",
-        help="fraction: keep tiles with tissue fraction >= --min-tissue; otsu: keep tiles touching tissue",
+        help="fraction: keep tiles with tissue fraction >= --min-tissue; otsu: keep tiles touching tissue "
+        "(default: fraction)",
     )
     parser.add_argument("--min-tissue", type=float, default=0.6, help="minimum tissue fraction for --tissue fraction")
     parser.add_argument(
-        "--slide-mpp", type=float, default=None, help="level-0 um/px to use when the slide metadata has none"
+        "--slide-mpp", type=float, default=None,
+        help="level-0 um/px to use when the slide metadata has none (default: none; such a slide is an error)",
     )
     parser.add_argument(
         "--mask-mpp",
@@ -36,9 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--channels", default=None, metavar="I,J,K",
-        help="for fluorescence/multiplexed slides: the three channel indices shown as R, G, B",
+        help="for fluorescence/multiplexed slides: the three channel indices shown as R, G, B "
+        "(default: the slide's own RGB)",
     )
-    parser.add_argument("--thumbnail", default=None, help="also write a PNG with the tissue outline and kept tiles")
+    parser.add_argument(
+        "--thumbnail", default=None,
+        help="also write a PNG with the tissue outline and kept tiles (default: no thumbnail)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

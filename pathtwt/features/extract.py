@@ -91,7 +91,11 @@ def _worker_init(_worker_id: int) -> None:
 
 
 def default_workers() -> int:
-    return max(1, min(4, (os.cpu_count() or 2) - 1))
+    """Tile-reading processes when --workers is not given: the job's cores minus the main
+    process, at most 4."""
+    from pathtwt.devices import available_cores
+
+    return max(1, min(4, available_cores() - 1))
 
 
 def features_attrs(backbone: Backbone, coords_attrs: dict[str, Any], slide: Path, coords: Path, n: int) -> dict[str, Any]:

@@ -20,8 +20,9 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 
 CONFIG_SOURCE = "workflow config (config/config.yaml and --configfile/--config overrides)"
 
-# Schema defaults applied by our own validator as well (deep copies, so no two cohorts
-# share a default dict), then the checks the schema cannot express.
+# The one validation of the config: the package's schema with its defaults filled in
+# (deep copies, so no two cohorts share a default dict), then the checks the schema
+# cannot express. Snakemake's own `validate` is not called as well.
 try:
     config.update(config_check.validate_schema(config, source=CONFIG_SOURCE))
     LABEL_TABLES = config_check.check_config(config, source=CONFIG_SOURCE)
