@@ -38,8 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-existing", action="store_true", help="leave features files that already exist")
     parser.add_argument(
         "--failures", metavar="TSV", default=None,
-        help="per-cohort failures table: a slide that fails (corrupt tile, NaN features) is recorded there and "
-        "gets a features file with status 'failed', and the run goes on (default: the first failure stops it)",
+        help="this run's failures table (one per job; the workflow merges them per cohort): a slide that "
+        "fails (corrupt tile, NaN features) is recorded there and gets a features file with status 'failed', "
+        "and the run goes on; the table is written even when nothing fails (default: the first failure stops "
+        "the run)",
     )
     add_progress_argument(parser)
 
