@@ -21,6 +21,15 @@ if not workflow.overwrite_configfiles:
 report: "workflow/report/workflow.rst"
 
 
+# With --software-deployment-method apptainer every job runs in this image (e.g. the
+# LUMI image built from workflow/envs/pathtwt-lumi.def); unset, jobs use --use-conda's
+# environment or the current one.
+if config.get("container"):
+
+    container: config["container"]
+
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/demo.smk"
 include: "workflow/rules/tiling.smk"

@@ -29,6 +29,9 @@ try:
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 
+# The jobs' environment under --use-conda (relative to workflow/rules/, where the rules are).
+CONDA_ENV = f"../envs/{config['conda_env']}.yaml"
+
 
 wildcard_constraints:
     cohort=r"[A-Za-z0-9][A-Za-z0-9_.-]*",

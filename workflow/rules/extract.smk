@@ -41,7 +41,7 @@ if config["extract"]["per_slide_jobs"]:
             runtime=15,
             gpu=1,
         conda:
-            "../envs/pathtwt.yaml"
+            CONDA_ENV
         shell:
             "pathtwt extract {input.slide} --coords {input.coords} --out {output.features} {params.model}"
             " --batch-size {params.batch_size} --device {params.device} --workers {params.workers}"
@@ -86,7 +86,7 @@ else:
             runtime=720,
             gpu=1,
         conda:
-            "../envs/pathtwt.yaml"
+            CONDA_ENV
         shell:
             "pathtwt extract --manifest {input.manifest} {params.model}"
             " --batch-size {params.batch_size} --device {params.device} --workers {params.workers}"
