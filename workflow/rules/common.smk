@@ -190,7 +190,7 @@ RECORD_FAILURES = config["extract"]["on_failure"] == "record"
 FAILURE_TABLES = "results/failures/{backbone}/{variant}/{cohort}/jobs"
 
 
-def failure_table_output(job):
+def get_failure_table_output(job):
     """The extraction job's own failures table as a named output ({} when failures stop
     the job): one writer per file, so nothing is appended to a shared file."""
     return {"failures": f"{FAILURE_TABLES}/{job}.tsv"} if RECORD_FAILURES else {}

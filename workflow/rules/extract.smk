@@ -24,7 +24,7 @@ if config["extract"]["per_slide_jobs"]:
             model=get_model_inputs,
         output:
             features="results/features/{backbone}/{variant}/{cohort}/{slide}.h5",
-            **failure_table_output("{slide}"),
+            **get_failure_table_output("{slide}"),
         params:
             model=get_model_args,
             batch_size=config["extract"]["batch_size"],
@@ -71,7 +71,7 @@ else:
             model=get_model_inputs,
         output:
             features=directory("results/features/{backbone}/{variant}/{cohort}"),
-            **failure_table_output("cohort"),
+            **get_failure_table_output("cohort"),
         params:
             model=get_model_args,
             batch_size=config["extract"]["batch_size"],
