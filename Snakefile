@@ -1,7 +1,7 @@
 # pathtwt workflow: slides -> tiles -> calibration -> discovery -> compressed backbones
 # -> tile features -> MIL heads -> report. This file only wires; the rules and their
 # get_* helpers live in workflow/rules/, every step is a `pathtwt` subcommand.
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("8.0")
 
@@ -13,10 +13,21 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
+# The config is validated once, in workflow/rules/common.smk, by pathtwt's own checker
+# (the schema shipped in pathtwt/config/schema.yaml, plus the checks a schema cannot
+# express), the same code `pathtwt check-config` runs.
 
 
 report: "workflow/report/workflow.rst"
+
+
+# With --software-deployment-method apptainer every job runs in this image (e.g. the
+# LUMI image built from workflow/envs/pathtwt-lumi.def); unset, jobs use --use-conda's
+# environment or the current one.
+if config.get("container"):
+
+    container: config["container"]
+
 
 
 include: "workflow/rules/common.smk"

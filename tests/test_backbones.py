@@ -357,4 +357,9 @@ def test_device_rule_is_shared_by_every_command(monkeypatch):
     with pytest.raises(ConfigError, match="--device cuda: no CUDA device"):
         resolve_device("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert resolve_device("auto") == "cuda" and resolve_device("cuda:1") == "cuda:1"
+    with pytest.raises(ConfigError, match="--device cuda:2: only 2 CUDA device"):
+        resolve_device("cuda:2")
+    with pytest.raises(ConfigError, match="--device gpu: expected auto"):
+        resolve_device("gpu")

@@ -190,7 +190,7 @@ def test_tiny_end_to_end_discover_compress_extract(teacher, shared_tiles, shared
     coords = _coords_file(shared_slides, tmp_path / "coords" / "CMU-1-Small-Region.h5")
     feats = tmp_path / "features" / "CMU-1-Small-Region.h5"
     assert main(["extract", str(shared_slides / "CMU-1-Small-Region.svs"), "--coords", str(coords), "--out", str(feats),
-                 "--backbone", str(twt), "--device", "cpu", "--workers", "0", "--quiet"]) == 0
+                 "--backbone", str(twt), "--device", "cpu", "--workers", "0", "--no-progress"]) == 0
     with h5py.File(feats, "r") as h5:
         assert h5["features"].shape == (6, 128) and np.isfinite(h5["features"][...]).all()
 

@@ -70,7 +70,7 @@ def test_cli_manifest_extracts_several_slides_with_one_backbone(tmp_path, shared
         f"{slide}\t{tmp_path / 'b.h5'}\t{tmp_path / 'out' / 'b.h5'}\n"
     )
     argv = ["extract", "--manifest", str(manifest), "--backbone", "vit-s14-tiny", "--random-init",
-            "--workers", "0", "--quiet", "--device", "cpu"]
+            "--workers", "0", "--no-progress", "--device", "cpu"]
     assert main(argv) == 0
     assert h5io.read_features(tmp_path / "out" / "a.h5")[0].shape == (2, 128)
     assert h5io.read_features(tmp_path / "out" / "b.h5")[0].shape == (0, 128)
@@ -118,7 +118,7 @@ def test_failures_table_records_a_corrupt_slide_and_the_cohort_goes_on(tmp_path,
     )
     cv2.resize(np.zeros((64, 64, 3), np.uint8), (32, 32))  # OpenCV used before forking workers
     argv = ["extract", "--manifest", str(manifest), "--backbone", "vit-s14-tiny", "--random-init",
-            "--workers", "1", "--quiet", "--device", "cpu"]
+            "--workers", "1", "--no-progress", "--device", "cpu"]
     assert main(argv) == 1  # without --failures the first failure stops the run
     assert "unreadable.svs" in capsys.readouterr().err
     assert main(argv + ["--failures", str(tmp_path / "failures.tsv")]) == 0

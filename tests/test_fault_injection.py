@@ -82,7 +82,7 @@ def test_extract_killed_and_rerun(slides, tmp_path):
     def args(out):
         return ["extract", *map(str, slides), "--coords", *[str(coords / f"{s.stem}.h5") for s in slides],
                 "--out", *[str(out / f"{s.stem}.h5") for s in slides], "--backbone", "vit-s14-tiny",
-                "--random-init", "--batch-size", "8", "--workers", "0", "--device", "cpu", "--quiet",
+                "--random-init", "--batch-size", "8", "--workers", "0", "--device", "cpu", "--no-progress",
                 "--skip-existing"]
 
     clean, resumed = tmp_path / "clean", tmp_path / "resumed"

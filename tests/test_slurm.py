@@ -1,8 +1,9 @@
 """A real SLURM run of the workflow: a throwaway single-node cluster from Debian's
 packages (slurmctld, slurmd, munge; no cgroups: proctrack/linuxproc and task/none; no
 accounting database), then a small DAG of the workflow (tile every slide of a cohort of
-three synthetic slides, one job per slide, and write its thumbnails) through `--profile workflow/profiles/slurm`. Checks that the jobs went through
-sbatch and that the outputs are right. The config must sit at /etc/slurm/slurm.conf: the
+three synthetic slides, and write its thumbnails) through `--profile workflow/profiles/slurm`,
+whose `group-components` submit the three tile jobs as one SLURM job. Checks that they
+went through sbatch as one group and that the outputs are right. The config must sit at /etc/slurm/slurm.conf: the
 plugin's job step drops SLURM_CONF. Daemons run in the foreground of processes this test
 starts and are stopped by their PIDs. Skips with a reason where SLURM is not installed.
 """
@@ -218,6 +219,8 @@ def test_workflow_runs_through_slurm(cluster, tmp_path):
         # test-local overrides: this cluster's partition, small requests, quick first status check
         "--default-resources", f"slurm_partition={PARTITION}", "mem_mb=500", "runtime=10",
         "--slurm-init-seconds-before-status-checks", "2", "--latency-wait", "5", "--jobs", "4",
+        # the group job tiles one slide at a time, so it fits this small node's cores and memory
+        "--resources", "cpu_slots=1",
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=240)
     log = res.stdout + res.stderr
@@ -240,10 +243,11 @@ def test_workflow_runs_through_slurm(cluster, tmp_path):
     with h5py.File(tmp_path / "local.h5", "r") as h5:
         assert (h5["coords"][()] == coords).all() and len(coords) > 0
 
-    # Every job went through sbatch: the controller allocated one job per rule instance,
-    # and the plugin kept each job's SLURM log.
-    n_jobs = len(slides)  # one tile job per slide
+    # Every job went through sbatch, the three tile jobs as one group job (the profile's
+    # `group-components: tile=100`): the controller allocated one job, and the plugin
+    # kept its SLURM log.
+    n_jobs = 1
     allocated = re.findall(r"sched: Allocate JobId=(\d+)", cluster.log_text())
     assert len(allocated) == n_jobs
     slurm_logs = list((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
-    assert sum("rule_tile" in str(p) for p in slurm_logs) == len(slides)
+    assert sum("group_tile" in str(p) for p in slurm_logs) == 1

@@ -102,6 +102,9 @@ def test_paper_study_plans_in_full(paper):
     assert counts["analyze_norms"] == len(cfg["backbones"]) and counts["analyze_eps"] == 1
     assert counts["analyze_intrinsic_dim"] == counts["analyze_stability"] == n_twt
     assert counts["report"] == 1
+    # one merged failures table per extracted (backbone variant, cohort), from per-job tables
+    assert counts["merge_failures"] == counts["extract"]
+    assert "--failures results/failures/h0-mini/twt-4/panda/jobs/cohort.tsv" in res.stdout
     assert "demo_slides" not in counts and "results/tiles/grading/" not in res.stdout
     # every compression method of the paper is planned
     for method in ("twt", "raptor", "wdpruning", "nose"):
@@ -142,7 +145,9 @@ def test_adding_a_cohort_adds_exactly_its_jobs(paper, tmp_path):
     assert len(fluorescent) == 5 and all("RADBOUD" in line for line in fluorescent)
 
     n_variants = 2
-    expected = {"tile": 5, "labels": 1, "extract": n_variants, "extract_manifest": n_variants, "total": 5 + 1 + 2 * n_variants}
+    # extraction of the new cohort and the merge of its per-job failures tables
+    expected = {"tile": 5, "labels": 1, "extract": n_variants, "extract_manifest": n_variants,
+                "merge_failures": n_variants, "total": 5 + 1 + 3 * n_variants}
     diff = {rule: after.get(rule, 0) - before.get(rule, 0) for rule in set(before) | set(after)}
     assert {k: v for k, v in diff.items() if v} == expected
 

@@ -1,6 +1,8 @@
-"""The --use-conda environment and the execution profiles, as files: the environment
-names every runtime dependency of the package, every shell rule uses it, and the
-profiles carry the settings a real cluster needs."""
+"""The --use-conda environments and the execution profiles, as files (conda channels are
+not reachable here, so the environments are checked for structure, not built): exact
+pins inside the ranges the package declares, no Snakemake in the jobs' environment, the
+package installed editable from the repository, every shell rule using the configured
+environment, and profiles that carry the settings a real cluster needs."""
 
 from __future__ import annotations
 
@@ -8,10 +10,13 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = REPO / "workflow" / "envs" / "pathtwt.yaml"
+ENVS = REPO / "workflow" / "envs"
 PROFILES = REPO / "workflow" / "profiles"
 
 
@@ -19,50 +24,99 @@ def _name(requirement: str) -> str:
     return re.split(r"[<>=!~\[; ]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
 
 
-def test_conda_env_names_every_runtime_dependency():
-    env = yaml.safe_load(ENV.read_text())
-    assert "conda-forge" in env["channels"]
-    deps = env["dependencies"]
-    assert any(str(d).startswith("python") for d in deps if isinstance(d, str)) and "pip" in deps
-    pip = next(d["pip"] for d in deps if isinstance(d, dict))
-    runtime = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    in_env = {_name(p): p for p in pip}
-    missing = [r for r in runtime if _name(r) not in in_env]
-    assert not missing, f"{ENV} lacks {missing}"
-    # the same ranges as the package declares, so conda and pip installs agree
-    assert {_name(r): r.replace(" ", "") for r in runtime} == {
-        k: v.replace(" ", "") for k, v in in_env.items() if k in {_name(r) for r in runtime}
-    }
-    # the package itself, by a path relative to the env file (pip resolves it from there)
-    local = [p for p in pip if p.startswith(".")]
-    assert len(local) == 1 and (ENV.parent / local[0] / "pyproject.toml").is_file()
+def _pip(env: dict) -> list[str]:
+    return next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
 
 
-def test_every_shell_rule_uses_the_env():
+@pytest.mark.parametrize("name", ["pathtwt", "pathtwt-rocm"])
+def test_conda_env_pins_every_runtime_dependency(name):
+    path = ENVS / f"{name}.yaml"
+    env = yaml.safe_load(path.read_text())
+    assert env["name"] == name and "conda-forge" in env["channels"]
+    conda = [d for d in env["dependencies"] if isinstance(d, str)]
+    assert all("=" in d for d in conda), f"{path}: unpinned conda packages {conda}"
+    pip = _pip(env)
+    options = [p for p in pip if p.startswith("-")]
+    pins = {_name(p): p for p in pip if not p.startswith("-")}
+    assert all("==" in p for p in pins.values()), f"{path}: every pip package is pinned exactly"
+    runtime = [Requirement(r) for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]]
+    for req in runtime:
+        pin = pins.get(req.name.lower().replace("_", "-"))
+        assert pin is not None, f"{path} lacks {req.name}"
+        version = Version(pin.split("==", 1)[1])
+        assert req.specifier.contains(version, prereleases=True), f"{path}: {pin} outside pyproject's {req}"
+    # Snakemake runs the jobs from outside; it is no dependency of the jobs themselves
+    assert not [p for p in pins if p.startswith("snakemake")]
+    # the package itself, editable (a source change reaches the next job), from the repository
+    editable = [o for o in options if o.startswith("-e ")]
+    assert len(editable) == 1 and (path.parent / editable[0][3:] / "pyproject.toml").is_file()
+
+
+def test_envs_differ_only_in_torch():
+    cuda, rocm = (yaml.safe_load((ENVS / f"{n}.yaml").read_text()) for n in ("pathtwt", "pathtwt-rocm"))
+    cuda_pins = {_name(p): p for p in _pip(cuda) if not p.startswith("-")}
+    rocm_pins = {_name(p): p for p in _pip(rocm) if not p.startswith("-")}
+    assert cuda_pins.keys() == rocm_pins.keys()
+    differ = {k for k in cuda_pins if cuda_pins[k] != rocm_pins[k]}
+    assert differ == {"torch", "torchvision"}
+    assert all(rocm_pins[k].startswith(cuda_pins[k] + "+rocm") for k in differ)
+    index = [o for o in _pip(rocm) if o.startswith("--extra-index-url")]
+    assert len(index) == 1 and "/whl/rocm" in index[0]
+    assert index[0].rsplit("/", 1)[1] == rocm_pins["torch"].rsplit("+", 1)[1]  # one ROCm release throughout
+    # the pins are the ones the tests run with
+    constraints = {_name(line): line.strip() for line in (REPO / "constraints.txt").read_text().splitlines()
+                   if line.strip() and not line.startswith("#")}
+    for k, pin in cuda_pins.items():
+        if k in constraints:
+            assert pin.lower() == constraints[k].lower(), f"{pin} differs from constraints.txt {constraints[k]}"
+
+
+def test_config_chooses_the_env_and_every_shell_rule_uses_it():
+    schema = yaml.safe_load((REPO / "pathtwt" / "config" / "schema.yaml").read_text())
+    choices = schema["properties"]["conda_env"]["enum"]
+    assert all((ENVS / f"{c}.yaml").is_file() for c in choices)
+    assert 'CONDA_ENV = f"../envs/{config[\'conda_env\']}.yaml"' in (REPO / "workflow" / "rules" / "common.smk").read_text()
     for smk in sorted((REPO / "workflow" / "rules").glob("*.smk")):
         text = smk.read_text()
         for rule in re.split(r"\n\s*(?:rule|checkpoint) ", text)[1:]:
             name = rule.split(":", 1)[0]
             if "\n        shell:" in rule or "\n            shell:" in rule:
-                assert 'conda:\n' in rule and '"../envs/pathtwt.yaml"' in rule, f"{smk.name}: rule {name}"
+                assert re.search(r"conda:\n\s+CONDA_ENV\n", rule), f"{smk.name}: rule {name}"
             if "shell:" in rule or "run:" in rule:
                 assert "log:" in rule, f"{smk.name}: rule {name} has no log"
 
 
-def test_slurm_profile_uses_squeue_and_maps_gpus():
+def test_container_recipe_for_lumi():
+    recipe = (ENVS / "pathtwt-lumi.def").read_text()
+    assert recipe.startswith("Bootstrap:") and "%post" in recipe and "%environment" in recipe
+    # the same pins as the ROCm environment file
+    for pin in _pip(yaml.safe_load((ENVS / "pathtwt-rocm.yaml").read_text())):
+        if not pin.startswith("-"):
+            assert pin in recipe, f"pathtwt-lumi.def lacks {pin}"
+    assert "snakemake" not in recipe.split("%post", 1)[1].split("%environment", 1)[0].lower()
+    doc = (ENVS / "README.md").read_text()
+    assert "apptainer build" in doc and "cotainr" in doc and "pathtwt-rocm" in doc
+
+
+def test_slurm_profile_uses_squeue_and_groups_short_jobs():
     prof = yaml.safe_load((PROFILES / "slurm" / "config.yaml").read_text())
     assert prof["executor"] == "slurm"
     assert prof["slurm-status-command"] == "squeue"
     assert prof["set-resources"]["extract"]["slurm_partition"] == prof["set-resources"]["compress"]["slurm_partition"]
-    assert "extract=20" in prof["group-components"] and "gpu=local" in prof["set-resource-scopes"]
+    groups = dict(g.split("=") for g in prof["group-components"])
+    assert {"tile", "extract", "train_mil"} <= groups.keys()
+    assert "gpu=local" in prof["set-resource-scopes"] and "cpu_slots=local" in prof["set-resource-scopes"]
 
 
 def test_lumi_profile():
     prof = yaml.safe_load((PROFILES / "lumi" / "config.yaml").read_text())
     assert prof["executor"] == "slurm"
-    assert prof["default-resources"]["slurm_account"].startswith("project_")
-    assert {prof["set-resources"][r]["slurm_partition"] for r in ("discover", "compress", "extract", "train_mil")} == {"small-g"}
-    assert all(prof["set-resources"][r]["gpu"] == 1 for r in ("compress", "extract"))
+    assert prof["default-resources"]["slurm_account"] == "$SBATCH_ACCOUNT"
+    gpu_rules = ("discover", "compress", "extract", "train_mil")
+    assert {prof["set-resources"][r]["slurm_partition"] for r in gpu_rules} == {"small-g"}
+    assert all(prof["set-resources"][r]["gpu"] == 1 for r in gpu_rules)
+    assert all(prof["set-threads"][r] == 7 for r in gpu_rules)  # 7 cores per GCD
     doc = (PROFILES / "README.md").read_text()
-    assert "ROCm" in doc and "HDF5_USE_FILE_LOCKING" in doc and "standard-g" in doc
+    for word in ("ROCm", "HDF5_USE_FILE_LOCKING", "standard-g", "MIOPEN_USER_DB_PATH", "SBATCH_ACCOUNT"):
+        assert word in doc
     assert "HDF5_USE_FILE_LOCKING" in (REPO / "workflow" / "rules" / "common.smk").read_text()

@@ -57,12 +57,14 @@ def norm_profile(
     num_prefix_tokens: int,
     batch_size: int = 32,
     device: str | torch.device = "cpu",
+    progress: Callable[[int], object] | None = None,
 ) -> NormProfile:
     """Streamed over batches: only one batch of layer outputs is held at a time."""
     L = len(model.blocks)
     sums = np.zeros((4, L))  # patch norm, patch ratio, cls norm, cls ratio
     n_patch = n_cls = 0
-    for outs in iter_layer_outputs(model, transform, tiles, batch_size=batch_size, device=device, with_input=True):
+    for outs in iter_layer_outputs(model, transform, tiles, batch_size=batch_size, device=device, with_input=True,
+                                   progress=progress):
         for layer in range(L):
             h_in, h_out = outs[layer], outs[layer + 1]
             sums[0:2, layer] += _token_stats(h_in[:, num_prefix_tokens:], h_out[:, num_prefix_tokens:])

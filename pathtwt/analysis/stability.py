@@ -54,10 +54,11 @@ def boundary_representations(
     kinds: Sequence[str] = REPRESENTATIONS,
     batch_size: int = 32,
     device: str | torch.device = "cpu",
+    progress: Callable[[int], Any] | None = None,
 ) -> dict[str, list[torch.Tensor]]:
     """kind -> one (N, F) float32 CPU tensor per requested layer (1-indexed)."""
     out: dict[str, list[list[torch.Tensor]]] = {k: [[] for _ in layers] for k in kinds}
-    for outs in iter_layer_outputs(model, transform, tiles, batch_size=batch_size, device=device):
+    for outs in iter_layer_outputs(model, transform, tiles, batch_size=batch_size, device=device, progress=progress):
         for i, layer in enumerate(layers):
             for k in kinds:
                 out[k][i].append(representation(outs[layer - 1], k, num_prefix_tokens).cpu())
@@ -86,9 +87,10 @@ def trajectory_ids(
     discard_fraction: float = 0.1,
     batch_size: int = 32,
     device: str | torch.device = "cpu",
+    progress: Callable[[int], Any] | None = None,
 ) -> dict[str, list[float]]:
     """kind -> ID at each boundary of ``m`` on the tiles as they are (no augmentation)."""
-    reps = m.representations(tiles, kinds, batch_size=batch_size, device=device)
+    reps = m.representations(tiles, kinds, batch_size=batch_size, device=device, progress=progress)
     return {k: [two_nn(r, discard_fraction) for r in reps[k]] for k in kinds}
 
 
@@ -119,6 +121,7 @@ def stability(
     discard_fraction: float = 0.1,
     batch_size: int = 32,
     device: str | torch.device = "cpu",
+    progress: Callable[[int], Any] | None = None,
 ) -> StabilityResult:
     """IDs per draw and representation spread for every model on the same augmented views."""
     K = len(models[0].layers)
@@ -129,7 +132,7 @@ def stability(
         ids = {k: np.zeros((n_draws, K)) for k in kinds}
         kept: dict[str, list[list[torch.Tensor]]] = {k: [[] for _ in range(K)] for k in kinds if k in SPREAD_KINDS}
         for a, view in enumerate(views):
-            reps = m.representations(view, kinds, batch_size=batch_size, device=device)
+            reps = m.representations(view, kinds, batch_size=batch_size, device=device, progress=progress)
             for k in kinds:
                 ids[k][a] = [two_nn(r, discard_fraction) for r in reps[k]]
                 if k in kept:

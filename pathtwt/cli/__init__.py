@@ -47,9 +47,17 @@ SUMMARIES: dict[str, str] = {
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only``, just that subcommand's options are built
+    (the others are listed by name, without importing their modules)."""
     from pathtwt import __version__
+    from pathtwt.cli.options import HelpFormatter, use_help_formatter
 
-    parser = argparse.ArgumentParser(prog="pathtwt", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="pathtwt", description=__doc__.splitlines()[0], formatter_class=HelpFormatter,
+        epilog="Conventions: --device auto|cpu|cuda|cuda:N and --no-progress in every command that "
+        "uses them; HF_HUB_OFFLINE=1 keeps backbone weights from being fetched from the Hugging Face hub "
+        "(PATHTWT_OFFLINE=1 is an alias). `pathtwt COMMAND --help` shows a command's options and defaults.",
+    )
     parser.add_argument("--version", action="version", version=f"pathtwt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
@@ -59,6 +67,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         module = importlib.import_module(f"pathtwt.cli.{module_name}")
         p = sub.add_parser(name, help=SUMMARIES[name], description=getattr(module, "HELP", SUMMARIES[name]))
         module.add_arguments(p)
+        use_help_formatter(p)
         p.set_defaults(_module=module)
     return parser
 

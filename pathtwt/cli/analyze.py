@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pathtwt.cli.options import add_backbone_arguments, load_teacher, teacher_provenance
+from pathtwt.cli.options import add_backbone_arguments, load_teacher, progress_bar, teacher_provenance
 
 HELP = "norm growth, eps sensitivity, intrinsic-dimension trajectories and augmentation stability"
 
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("eps", help="number of blocks against eps for one or more discover folders")
     p.add_argument("--discovery", nargs="+", required=True, metavar="[NAME=]DIR", help="`pathtwt discover` folders")
-    p.add_argument("--n-eps", type=int, default=41, help="eps grid points (default 41)")
+    p.add_argument("--n-eps", type=int, default=41, help="eps grid points")
     p.add_argument("--out", required=True, type=Path, help="output folder")
 
     for name, helptext in (
@@ -30,15 +30,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ):
         p = sub.add_parser(name, help=helptext)
         _teacher_args(p, n_tiles=500, part="holdout")
-        p.add_argument("--student", type=Path, help="compressed backbone folder whose model.json holds the plan")
-        p.add_argument("--plan", type=Path, help="plan.json giving the teacher's boundaries when no student is given")
+        p.add_argument(
+            "--student", type=Path,
+            help="compressed backbone folder whose model.json holds the plan (default: teacher only, needs --plan)",
+        )
+        p.add_argument(
+            "--plan", type=Path,
+            help="plan.json giving the teacher's boundaries when no student is given (default: the student's plan)",
+        )
         p.add_argument(
             "--representations", nargs="+", default=["cls", "patch-mean", "patch-seq"],
-            choices=("cls", "patch-mean", "patch-seq"), help="representations measured (default all three)",
+            choices=("cls", "patch-mean", "patch-seq"), help="representations measured",
         )
-        p.add_argument("--discard-fraction", type=float, default=0.1, help="Two-NN tail discarded (default 0.1)")
+        p.add_argument("--discard-fraction", type=float, default=0.1, help="Two-NN tail discarded")
         if name == "stability":
-            p.add_argument("--n-draws", type=int, default=5, help="augmentation draws per tile (default 5)")
+            p.add_argument("--n-draws", type=int, default=5, help="augmentation draws per tile")
 
 
 def _teacher_args(p: argparse.ArgumentParser, *, n_tiles: int, part: str) -> None:
@@ -88,10 +94,11 @@ def _run_norms(args, backbone, tiles) -> int:
     from pathtwt.analysis.norms import norm_profile
     from pathtwt.io.atomic import write_json_atomic
 
-    prof = norm_profile(
-        backbone.model, backbone.transform, tiles, num_prefix_tokens=backbone.spec.num_prefix_tokens,
-        batch_size=args.batch_size, device=backbone.device,
-    )
+    with progress_bar(args, len(tiles), "layer norms") as bar:
+        prof = norm_profile(
+            backbone.model, backbone.transform, tiles, num_prefix_tokens=backbone.spec.num_prefix_tokens,
+            batch_size=args.batch_size, device=backbone.device, progress=bar.update,
+        )
     out: Path = args.out
     _write_csv(out / "norms.csv", prof.rows())
     norm_growth(
@@ -152,7 +159,8 @@ def _run_ids(args, backbone, tiles) -> int:
         "student": str(args.student) if student is not None else None, **teacher_provenance(backbone, len(tiles), args),
     }
     if args.analysis == "intrinsic-dim":
-        ids = {m.name: trajectory_ids(m, tiles, **common) for m in models}
+        with progress_bar(args, len(tiles) * len(models), "boundary representations") as bar:
+            ids = {m.name: trajectory_ids(m, tiles, progress=bar.update, **common) for m in models}
         rows = [
             {"boundary": j + 1, **{f"{m.name}_layer": m.layers[j] for m in models},
              **{f"{m.name}_{k}": ids[m.name][k][j] for m in models for k in kinds}}
@@ -165,7 +173,8 @@ def _run_ids(args, backbone, tiles) -> int:
         write_json_atomic(out / "intrinsic_dim.json", {**summary, "ids": ids})
         print(f"{out}: intrinsic dimension at {len(ends)} boundaries for {', '.join(m.name for m in models)}")
         return 0
-    res = stability(models, tiles, n_draws=args.n_draws, seed=args.seed, **common)
+    with progress_bar(args, len(tiles) * len(models) * args.n_draws, "augmented views") as bar:
+        res = stability(models, tiles, n_draws=args.n_draws, seed=args.seed, progress=bar.update, **common)
     tables, markdown = {}, []
     for k in kinds:
         rows = table_rows(res, "teacher", "student" if student is not None else None, k)

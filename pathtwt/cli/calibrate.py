@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pathtwt.cli.options import add_progress_argument, progress_bar
+
 HELP = "draw a seeded calibration set of tiles (with a held-out part) from training-cohort coords files or images"
 
 
@@ -18,18 +20,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="image files or folders (tif/tiff/png/jpg); large images are cut into tiles",
     )
     parser.add_argument("--out", required=True, type=Path, help="calibration HDF5 to write")
-    parser.add_argument("--n-tiles", type=int, default=10_000, help="tiles to draw (default 10000)")
-    parser.add_argument("--holdout", type=float, default=0.1, help="held-out fraction (default 0.1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the draw (default 0)")
+    parser.add_argument("--n-tiles", type=int, default=10_000, help="tiles to draw")
+    parser.add_argument("--holdout", type=float, default=0.1, help="held-out fraction")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the draw")
     parser.add_argument(
         "--patch-size", type=int, default=None,
         help="tile side in pixels (default: the coords files' patch_size, else 224); slide tiles are resized to it",
     )
     parser.add_argument(
         "--labels", type=Path, default=None,
-        help="label table (slide_id,label,split): keep only coords files of slides in --splits",
+        help="label table (slide_id,label,split): keep only coords files of slides in --splits "
+        "(default: no table, every coords file given is used)",
     )
-    parser.add_argument("--splits", nargs="+", default=["train"], help="splits allowed with --labels (default train)")
+    parser.add_argument("--splits", nargs="+", default=["train"], help="splits allowed with --labels")
+    add_progress_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,9 +54,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"no coords .h5 files found in --coords {' '.join(args.coords)}")
     if args.images and not images:
         raise ConfigError(f"no images found in --images {' '.join(args.images)}")
-    drawn = draw_tiles(
-        coords, images, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout, patch_size=args.patch_size
-    )
+    with progress_bar(args, args.n_tiles, "calibration tiles") as bar:
+        drawn = draw_tiles(
+            coords, images, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout, patch_size=args.patch_size,
+            progress=bar.update,
+        )
     provenance = {
         "seed": args.seed,
         "n_tiles_requested": args.n_tiles,

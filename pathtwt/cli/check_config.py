@@ -18,17 +18,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not require the labelled slides to exist on disk (plan on another machine)",
     )
     table = parser.add_argument_group("one label table (used by the workflow's labels rule)")
-    table.add_argument("--label-table", metavar="CSV", help="check this label table instead of a config")
-    table.add_argument("--label-column", default="label")
-    table.add_argument("--split-column", default="split")
-    table.add_argument("--splits", nargs="+", default=["train", "val", "test"])
+    table.add_argument(
+        "--label-table", metavar="CSV", help="check this label table instead of a config (default: check configs)"
+    )
+    table.add_argument("--label-column", default="label", help="column holding the slide label")
+    table.add_argument("--split-column", default="split", help="column holding the split name")
+    table.add_argument("--splits", nargs="+", default=["train", "val", "test"], help="split names allowed")
     table.add_argument(
         "--rename-split", action="append", default=[], metavar="OLD=NEW",
         help="rename a split in the written table (e.g. the cohort's training split to train); repeatable",
     )
     table.add_argument(
         "--write-labels", metavar="OUT_CSV",
-        help="write the checked table as slide_id,label,split (the layout train-mil reads)",
+        help="write the checked table as slide_id,label,split, the layout train-mil reads (default: check only)",
     )
 
 

@@ -4,7 +4,6 @@ backbone variant folder (``model.safetensors`` + ``model.json``)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 HELP = "compress a backbone (TWT or a comparison method) and export it as a plain timm ViT variant folder"
@@ -20,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pathtwt.cli.options import add_backbone_arguments
 
     add_backbone_arguments(parser)
-    parser.add_argument("--method", default="twt", help="twt (default), truncation, or a comparison method "
+    parser.add_argument("--method", default="twt", help="twt, truncation, or a comparison method "
                         "(raptor, wdpruning, nose, linear, subset)")
     parser.add_argument("--out", required=True, type=Path, help="variant folder to write")
     # every method but nose (which keeps every layer) needs one of these; each method says so
@@ -31,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", choices=("all", "cls", "patch-mean"), default="all",
                         help="token mode of the similarity matrix when discovering here (default all)")
     budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--steps", type=int, help="distillation optimiser steps")
+    budget.add_argument("--steps", type=int, help="distillation optimiser steps (default: from --epochs)")
     budget.add_argument("--epochs", type=float, help="distillation passes over the fit tiles (default 1)")
     parser.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
     parser.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up before the cosine decay (default 0)")
@@ -45,13 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="colour jitter + Gaussian blur (default on; off caches teacher targets)")
     parser.add_argument("--init", choices=("audition", "random"), default="audition",
                         help="surrogate initialisation (random: ablation)")
-    parser.add_argument("--holdout", type=float, default=0.1, help="held-out fraction of drawn calibration tiles (default 0.1)")
+    parser.add_argument("--holdout", type=float, default=0.1, help="held-out fraction of drawn calibration tiles")
     parser.add_argument("--checkpoint", type=Path, default=None, help="resume file (default OUT/checkpoint.pt)")
-    parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
+    parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
     parser.add_argument("--keep-checkpoint", action="store_true", help="keep the checkpoint after a successful export")
     parser.add_argument("--stop-after", type=int, default=None,
-                        help="stop after this many steps, keeping the checkpoint; rerun to resume")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+                        help="stop after this many steps, keeping the checkpoint; rerun to resume "
+                        "(default: run to the end)")
     parser.add_argument(
         "--option", action="append", default=[], metavar="KEY=VALUE",
         help="a method-specific setting, repeatable: " + ", ".join(f"{k} ({v})" for k, v in METHOD_OPTIONS.items()),
@@ -100,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from pathtwt.compress.calibration import load_calibration
     from pathtwt.compress.pipeline import CompressOptions
     from pathtwt.compress.registry import get_method
+    from pathtwt.cli.options import show_progress
     from pathtwt.models.registry import create_backbone
     from pathtwt.devices import resolve_device
 
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         audition_steps=args.audition_steps, schedule=args.schedule, layer_scale=args.layer_scale,
         augment=args.augment, init=args.init, seed=args.seed, device=teacher.device, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, keep_checkpoint=args.keep_checkpoint, stop_after=args.stop_after,
-        progress=not args.no_progress and sys.stderr.isatty(), extra=extra,
+        progress=show_progress(args), extra=extra,
         command=[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if not k.startswith("_") and v is not None],
     )
     out = method(teacher, calib, options)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pathtwt.cli.options import add_backbone_arguments, load_fit_tiles, load_teacher, teacher_provenance
+from pathtwt.cli.options import add_backbone_arguments, load_fit_tiles, load_teacher, progress_bar, teacher_provenance
 
 HELP = "layer-similarity matrix of a frozen backbone on calibration tiles and the exact min-max merge plan"
 
@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     goal.add_argument("--depth", type=int, help="exactly K blocks with the smallest worst discrepancy")
     parser.add_argument(
         "--tokens", choices=("all", "cls", "patch-mean"), default="all",
-        help="tokens compared: all (per token, averaged; default), cls, or the patch-token mean",
+        help="tokens compared: all (per token, averaged), cls, or the patch-token mean",
     )
 
 
@@ -30,10 +30,11 @@ def run(args: argparse.Namespace) -> int:
 
     backbone = load_teacher(args)
     calib = load_fit_tiles(args)
-    S = similarity_matrix(
-        backbone.model, backbone.transform, calib.fit, num_prefix_tokens=backbone.spec.num_prefix_tokens,
-        tokens=args.tokens, batch_size=args.batch_size, device=backbone.device,
-    )
+    with progress_bar(args, len(calib.fit), "layer similarity") as bar:
+        S = similarity_matrix(
+            backbone.model, backbone.transform, calib.fit, num_prefix_tokens=backbone.spec.num_prefix_tokens,
+            tokens=args.tokens, batch_size=args.batch_size, device=backbone.device, progress=bar.update,
+        )
     part = partition_exact_k(S, args.depth) if args.depth is not None else partition_min_blocks(S, args.eps)
     grid = default_eps_grid(S)
     sweep = eps_sweep(S, grid)

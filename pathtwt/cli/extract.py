@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from pathtwt.cli.options import add_device_argument, add_progress_argument, add_threads_argument, add_workers_argument, show_progress
+
 HELP = "embed every tile of a slide (or of each slide in a manifest) with a backbone into HDF5"
 
 
@@ -13,35 +15,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coords", nargs="+", default=[], metavar="COORDS.h5", help="coords file per slide (pathtwt tile)")
     parser.add_argument("--out", nargs="+", default=[], metavar="OUT.h5", help="features file per slide")
     parser.add_argument(
-        "--manifest", metavar="TSV", help="tab-separated slide, coords, out per line (instead of SLIDE/--coords/--out)"
+        "--manifest", metavar="TSV",
+        help="tab-separated slide, coords, out per line, instead of SLIDE/--coords/--out (default: none)",
     )
     parser.add_argument("--backbone", required=True, help="registry name (h0-mini, hibou-b, ...) or variant folder")
-    parser.add_argument("--weights", help="local weights file or Hugging Face snapshot folder")
+    parser.add_argument(
+        "--weights",
+        help="local weights file or Hugging Face snapshot folder (default: the registry's: a local weights "
+        "folder, then the hub unless HF_HUB_OFFLINE is set)",
+    )
     parser.add_argument(
         "--random-init", action="store_true", help="the architecture with random weights (tests and offline demos)"
     )
     parser.add_argument(
         "--embedding", default="cls+mean", choices=["cls+mean", "cls"],
         help="tile embedding: concat(CLS, mean of patch tokens) (2 x width, the paper's) or the CLS token alone "
-        "(1 x width, as TRIDENT) (default: %(default)s)",
+        "(1 x width, as TRIDENT)",
     )
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
-    parser.add_argument("--workers", type=int, default=None, help="tile-reading processes (default: cores - 1, at most 4)")
-    parser.add_argument("--threads", type=int, default=None, help="compute threads (default: torch's choice)")
+    parser.add_argument("--batch-size", type=int, default=32, help="tiles per forward pass")
+    add_device_argument(parser)
+    parser.add_argument(
+        "--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+        help="inference precision (auto: the backbone's own default precision)",
+    )
+    add_workers_argument(parser, "tile-reading processes")
+    add_threads_argument(parser)
     parser.add_argument("--skip-existing", action="store_true", help="leave features files that already exist")
     parser.add_argument(
         "--failures", metavar="TSV", default=None,
-        help="per-cohort failures table: a slide that fails (corrupt tile, NaN features) is recorded there and "
-        "gets a features file with status 'failed', and the run goes on (default: the first failure stops it)",
+        help="this run's failures table (one per job; the workflow merges them per cohort): a slide that "
+        "fails (corrupt tile, NaN features) is recorded there and gets a features file with status 'failed', "
+        "and the run goes on; the table is written even when nothing fails (default: the first failure stops "
+        "the run)",
     )
     parser.add_argument(
         "--force", action="store_true",
         help="skip the check that each slide is the one its coords file was made from (size, levels, mpp, "
         "file fingerprint); only for a scan re-saved with the same geometry",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
     folders = [str(job.out) for job in jobs if job.out.is_dir()]
     if folders:
         raise PathtwtError(f"--out {folders[0]}: is a folder; give the features file to write, e.g. {folders[0]}/SLIDE.h5")
+    for value, option in ((args.threads, "--threads"), (args.batch_size, "--batch-size")):
+        if value is not None and value < 1:
+            raise PathtwtError(f"{option} must be >= 1, got {value}")
+    if args.workers is not None and args.workers < 0:
+        raise PathtwtError(f"--workers must be >= 0 (0 reads tiles in the main process), got {args.workers}")
     if args.threads:
         torch.set_num_threads(args.threads)
     backbone = create_backbone(
@@ -68,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     )
     summaries = extract_many(
         jobs, backbone, batch_size=args.batch_size, workers=args.workers,
-        progress=not args.quiet, skip_existing=args.skip_existing, failures=args.failures,
+        progress=show_progress(args), skip_existing=args.skip_existing, failures=args.failures,
         embedding=args.embedding, force=args.force,
     )
     for summary in summaries:

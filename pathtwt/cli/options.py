@@ -1,15 +1,136 @@
-"""Options and helpers that several subcommands share (teacher and calibration)."""
+"""The command-line convention every subcommand follows, in one place.
+
+- ``--device`` takes auto|cpu|cuda|cuda:N (:func:`add_device_argument`, resolved by
+  :func:`pathtwt.devices.resolve_device`);
+- ``--no-progress`` is the one switch for progress bars (:func:`add_progress_argument`;
+  ``--quiet`` remains as a deprecated alias);
+- ``--workers`` and ``--threads`` size the CPU side (:func:`add_workers_argument`,
+  :func:`add_threads_argument`); the workflow passes its job's cores to them;
+- every option has help text that shows its default: :class:`HelpFormatter` appends
+  ``(default: X)`` unless the text already says what the default is, which options whose
+  default is None must do (tests/test_cli_options.py walks every subcommand for this).
+
+A new subcommand uses these helpers rather than declaring its own variants.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default and prints docstring text without RST backticks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            action.default is argparse.SUPPRESS
+            or action.required
+            or (not action.option_strings and action.nargs not in ("?", "*"))
+            or "default" in text.lower()
+            or action.default is None
+        ):
+            return text
+        if action.default is False and action.nargs == 0:
+            return text + " (default: off)"
+        if action.default == []:
+            return text + " (default: none)"
+        return text + " (default: %(default)s)"
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(text.replace("`", ""))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return super()._expand_help(action).replace("`", "")
+
+
+def use_help_formatter(parser: argparse.ArgumentParser) -> None:
+    """:class:`HelpFormatter` for ``parser`` and every nested subcommand parser."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                use_help_formatter(sub)
+
+
+def iter_parsers(parser: argparse.ArgumentParser, prefix: str = "pathtwt"):
+    """(command path, parser) for ``parser`` and every nested subcommand parser."""
+    yield prefix, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from iter_parsers(sub, f"{prefix} {name}")
+
+
+def _device_name(text: str) -> str:
+    from pathtwt.devices import check_device_name
+    from pathtwt.errors import ConfigError
+
+    try:
+        return check_device_name(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_device_argument(parser: argparse.ArgumentParser, default: str = "auto") -> None:
+    from pathtwt.devices import DEVICE_HELP
+
+    parser.add_argument("--device", type=_device_name, default=default, metavar="DEVICE", help=DEVICE_HELP)
+
+
+class _DeprecatedQuiet(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog}: --quiet is deprecated; use --no-progress", file=sys.stderr)
+        setattr(namespace, self.dest, True)
+
+
+def add_progress_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-progress", action="store_true",
+        help="no progress bars (they are drawn on stderr only when it is a terminal)",
+    )
+    parser.add_argument("--quiet", dest="no_progress", nargs=0, action=_DeprecatedQuiet, help=argparse.SUPPRESS)
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Progress bars unless --no-progress, and only on a terminal (a bar redrawn into a
+    job's log file is noise)."""
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
+
+
+def progress_bar(args: argparse.Namespace, total: int, desc: str, unit: str = "tile"):
+    """A tqdm bar for a step of ``total`` units, drawn only when :func:`show_progress`;
+    use as a context manager and pass its ``update`` as a ``progress`` callback."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not show_progress(args), dynamic_ncols=True, leave=False)
+
+
+def add_workers_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--workers", type=int, default=None, metavar="N",
+        help=f"{what} (default: the cores this job may use minus one, at most 4; "
+        "the cores come from SLURM_CPUS_PER_TASK or the CPU affinity)",
+    )
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threads", type=int, default=None, metavar="N",
+        help="torch compute threads (default: torch's choice)",
+    )
 
 
 def add_backbone_arguments(parser: argparse.ArgumentParser, n_tiles: int = 10_000) -> None:
     """Teacher and calibration options shared with `pathtwt analyze`."""
     parser.add_argument("--backbone", required=True, help="registry name (e.g. h0-mini) or a backbone variant folder")
-    parser.add_argument("--weights", default=None, help="local weights file (default: the registry's)")
+    parser.add_argument(
+        "--weights", default=None,
+        help="local weights file or Hugging Face snapshot folder (default: the registry's: a local weights "
+        "folder, then the hub unless HF_HUB_OFFLINE is set)",
+    )
     parser.add_argument(
         "--random-init", action="store_true",
         help="use the exact architecture with random weights (tests and dry runs only)",
@@ -18,10 +139,11 @@ def add_backbone_arguments(parser: argparse.ArgumentParser, n_tiles: int = 10_00
         "--calibration", nargs="+", required=True, metavar="SRC",
         help="calib.h5 from `pathtwt calibrate`, or coords/image files and folders",
     )
-    parser.add_argument("--n-tiles", type=int, default=n_tiles, help=f"calibration tiles to use (default {n_tiles})")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the calibration draw (default 0)")
-    parser.add_argument("--batch-size", type=int, default=32, help="tiles per forward pass (default 32)")
-    parser.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
+    parser.add_argument("--n-tiles", type=int, default=n_tiles, help="calibration tiles to use")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the calibration draw")
+    parser.add_argument("--batch-size", type=int, default=32, help="tiles per forward pass")
+    add_device_argument(parser)
+    add_progress_argument(parser)
 
 
 def load_teacher(args: argparse.Namespace) -> Any:

@@ -20,11 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tissue",
         choices=("fraction", "otsu"),
         default="fraction",
-        help="fraction: keep tiles with tissue fraction >= --min-tissue; otsu: keep tiles touching tissue",
+        help="fraction: keep tiles with tissue fraction >= --min-tissue; otsu: keep tiles touching tissue "
+        "(default: fraction)",
     )
     parser.add_argument("--min-tissue", type=float, default=0.6, help="minimum tissue fraction for --tissue fraction")
     parser.add_argument(
-        "--slide-mpp", type=float, default=None, help="level-0 um/px to use when the slide metadata has none"
+        "--slide-mpp", type=float, default=None,
+        help="level-0 um/px to use when the slide metadata has none (default: none; such a slide is an error)",
     )
     parser.add_argument(
         "--mask-mpp",
@@ -39,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--channels", default=None, metavar="I,J,K",
         help="for fluorescence/multiplexed slides: the three channel indices shown as R, G, B "
-        "(tissue is then found by intensity, not saturation)",
+        "(tissue is then found by intensity, not saturation; default: the slide's own RGB)",
     )
     parser.add_argument(
         "--modality", choices=("brightfield", "fluorescence"), default=None,
@@ -50,7 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-upsample", action="store_true",
         help="accept a --mpp finer than the slide's level 0 (tiles are stretched; recorded in the coords file)",
     )
-    parser.add_argument("--thumbnail", default=None, help="also write a PNG with the tissue outline and kept tiles")
+    parser.add_argument(
+        "--thumbnail", default=None,
+        help="also write a PNG with the tissue outline and kept tiles (default: no thumbnail)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

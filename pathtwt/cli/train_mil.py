@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from pathtwt.cli.options import add_device_argument, add_progress_argument, add_threads_argument, show_progress
+
 HELP = "train and evaluate an ABMIL or TransMIL slide head on frozen tile features (grading or metastasis protocol)"
 
 
@@ -13,8 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--features", required=True, type=Path, help="folder of {slide_id}.h5 features files")
     parser.add_argument("--labels", required=True, type=Path, help="label table CSV: slide_id,label,split (train/val/test)")
     parser.add_argument("--protocol", required=True, choices=("grading", "metastasis"), help="preset of the paper's training protocol")
-    parser.add_argument("--aggregator", default="abmil", choices=("abmil", "transmil"))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--aggregator", default="abmil", choices=("abmil", "transmil"), help="slide head")
+    parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, bag sampling and data order")
     parser.add_argument("--out", required=True, type=Path, help="run folder: metrics.json, predictions.csv, attention/, checkpoint.pt")
     parser.add_argument(
         "--external", action="append", default=[], metavar="NAME=DIR:CSV",
@@ -28,26 +30,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "exclude them with a counted warning",
     )
     parser.add_argument("--no-resume", action="store_true", help="ignore an unfinished run's resume.pt in --out and start over")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice; 1 is fastest for small bags)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    preset = parser.add_argument_group("protocol overrides (default: the protocol's preset)")
-    preset.add_argument("--epochs", type=int)
-    preset.add_argument("--lr", type=float)
-    preset.add_argument("--weight-decay", type=float)
-    preset.add_argument("--scheduler", choices=("cosine", "none"))
-    preset.add_argument("--accumulation", type=int, help="slides per optimiser step")
-    preset.add_argument("--grad-clip", type=float, help="max gradient norm (0: off)")
-    preset.add_argument("--class-weighted", action=argparse.BooleanOptionalAction, default=None)
-    preset.add_argument("--selection", choices=("best", "moving-average"))
-    preset.add_argument("--selection-metric", choices=("qwk", "accuracy", "balanced_accuracy", "auc_macro"))
-    preset.add_argument("--selection-window", type=int)
-    preset.add_argument("--eval-each-epoch", choices=("val", "all"))
-    preset.add_argument("--max-instances", type=int, help="random tiles per training bag per epoch")
-    preset.add_argument("--hidden-dim", type=int)
-    preset.add_argument("--dropout", type=float)
-    preset.add_argument("--heads", type=int, help="TransMIL attention heads")
-    preset.add_argument("--landmarks", type=int, help="TransMIL Nystrom landmarks")
+    add_device_argument(parser)
+    add_threads_argument(parser)
+    add_progress_argument(parser)
+    preset = parser.add_argument_group("protocol overrides (default: the value of --protocol's preset)")
+    for flag, kwargs, text in (
+        ("--epochs", dict(type=int), "training epochs"),
+        ("--lr", dict(type=float), "peak learning rate"),
+        ("--weight-decay", dict(type=float), "AdamW weight decay"),
+        ("--scheduler", dict(choices=("cosine", "none")), "learning-rate schedule"),
+        ("--accumulation", dict(type=int), "slides per optimiser step"),
+        ("--grad-clip", dict(type=float), "max gradient norm (0: off)"),
+        ("--class-weighted", dict(action=argparse.BooleanOptionalAction), "class-balanced loss weights"),
+        ("--selection", dict(choices=("best", "moving-average")), "how the reported epoch is chosen"),
+        ("--selection-metric", dict(choices=("qwk", "accuracy", "balanced_accuracy", "auc_macro")),
+         "validation metric that chooses the epoch"),
+        ("--selection-window", dict(type=int), "epochs in the moving average of --selection moving-average"),
+        ("--eval-each-epoch", dict(choices=("val", "all")), "cohorts evaluated after every epoch"),
+        ("--max-instances", dict(type=int), "random tiles per training bag per epoch"),
+        ("--hidden-dim", dict(type=int), "width of the head"),
+        ("--dropout", dict(type=float), "dropout of the head"),
+        ("--heads", dict(type=int), "TransMIL attention heads"),
+        ("--landmarks", dict(type=int), "TransMIL Nystrom landmarks"),
+    ):
+        preset.add_argument(flag, default=None, help=f"{text} (default: the preset's)", **kwargs)
 
 
 def _check_positive(args: argparse.Namespace) -> None:
@@ -82,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"pathtwt train-mil: {name} label table: skipped {counts}", file=sys.stderr)
     sources = {"features": str(args.features), "labels": str(args.labels), "external": args.external}
     metrics = run_mil(
-        data, config, out_dir=args.out, device=resolve_device(args.device), progress=not args.no_progress,
+        data, config, out_dir=args.out, device=resolve_device(args.device), progress=show_progress(args),
         resume=not args.no_resume, sources=sources,
     )
     for name, values in metrics["cohorts"].items():

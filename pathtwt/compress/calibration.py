@@ -16,7 +16,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import h5py
 import numpy as np
@@ -239,8 +239,10 @@ def draw_tiles(
     seed: int,
     holdout: float,
     patch_size: int | None = None,
+    progress: Callable[[int], Any] | None = None,
 ) -> _Drawn:
-    """Draw and read the tiles (in a fixed order: by source, then by tile index)."""
+    """Draw and read the tiles (in a fixed order: by source, then by tile index).
+    ``progress`` is called with the number of tiles read from each source."""
     if n_tiles < 1:
         raise ConfigError(f"--n-tiles must be >= 1, got {n_tiles}")
     if not 0.0 <= holdout < 1.0:
@@ -284,6 +286,8 @@ def draw_tiles(
             tiles[rows] = _read_coords_tiles(g, indices, attrs_of[g.source], Path(g.source), patch_size)
         else:
             tiles[rows] = _read_image_tiles(g, indices, patch_size)
+        if progress is not None:
+            progress(len(rows))
     split = _split(len(picks), holdout, rng)
     return _Drawn(tiles, split, source_index, origins, [g.source for g in groups], patch_size)
 

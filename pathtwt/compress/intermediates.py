@@ -6,7 +6,7 @@ tokens, and no final norm is applied.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -52,11 +52,13 @@ def iter_layer_outputs(
     batch_size: int = 32,
     device: str | torch.device = "cpu",
     with_input: bool = False,
+    progress: Callable[[int], Any] | None = None,
 ) -> Iterator[list[torch.Tensor]]:
     """Yield, batch by batch, the float32 layer outputs (on ``device``) of a frozen model.
 
     With ``with_input`` the first list entry is the input to block 1, so entry l is the
-    input of block l + 1 and the output of block l.
+    input of block l + 1 and the output of block l. ``progress`` is called with the
+    number of tiles of each batch once it has been consumed (e.g. a tqdm bar's update).
     """
     device = torch.device(device)
     model.eval().to(device)
@@ -67,3 +69,5 @@ def iter_layer_outputs(
         if with_input:
             outs = [block_input(model, x).float()] + outs
         yield outs
+        if progress is not None:
+            progress(len(batch))

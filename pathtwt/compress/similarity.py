@@ -85,10 +85,8 @@ def similarity_matrix(
 ) -> np.ndarray:
     """S (L x L, float64) over ``tiles`` (uint8 (N, P, P, 3))."""
     acc = SimilarityAccumulator(len(model.blocks), tokens=tokens, num_prefix_tokens=num_prefix_tokens)
-    for outs in iter_layer_outputs(model, transform, tiles, batch_size=batch_size, device=device):
+    for outs in iter_layer_outputs(model, transform, tiles, batch_size=batch_size, device=device, progress=progress):
         acc.update(outs)
-        if progress is not None:
-            progress(len(outs[0]))
     return acc.matrix()
 
 

@@ -1,8 +1,8 @@
 """Workflow configuration checks, run by `pathtwt check-config` and by the Snakefile at
 parse time, so that a bad config or label table fails before any job starts.
 
-The schema (workflow/schemas/config.schema.yaml) fixes the keys and their defaults; this
-module adds what a schema cannot say: label tables with duplicate slide ids, unknown
+The schema (``schema.yaml`` beside this module, shipped as package data) fixes the keys
+and their defaults; this module adds what a schema cannot say: label tables with duplicate slide ids, unknown
 splits or slides missing on disk, and references between sections (a task naming a
 cohort that does not exist). Every error is one line naming the file and the key.
 """
@@ -18,8 +18,8 @@ from typing import Any, Iterable, Mapping
 
 from pathtwt.errors import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+# Read through importlib.resources, so an installed wheel finds it as well as a checkout.
+SCHEMA_RESOURCE = ("pathtwt.config", "schema.yaml")
 # Offending rows listed in one error line before it is cut short.
 MAX_LISTED = 8
 
@@ -41,12 +41,21 @@ def _key_path(parts: Iterable[Any]) -> str:
     return ".".join(str(p) for p in parts) or "<top level>"
 
 
-def validate_schema(config: dict, *, source: str, schema_path: str | os.PathLike = SCHEMA_PATH) -> dict:
+def load_schema() -> dict:
+    """The workflow config schema shipped with the package."""
+    import yaml
+    from importlib.resources import files
+
+    package, name = SCHEMA_RESOURCE
+    return yaml.safe_load(files(package).joinpath(name).read_text(encoding="utf-8"))
+
+
+def validate_schema(config: dict, *, source: str, schema_path: str | os.PathLike | None = None) -> dict:
     """Validate ``config`` against the schema and fill in defaults (on a deep copy, so
     two cohorts never share one default dict). Raises ConfigError naming the key."""
     import jsonschema
 
-    schema = load_yaml(schema_path)
+    schema = load_schema() if schema_path is None else load_yaml(schema_path)
     base = jsonschema.Draft202012Validator
     validate_properties = base.VALIDATORS["properties"]
 

@@ -88,7 +88,11 @@ def _worker_init(_worker_id: int) -> None:
 
 
 def default_workers() -> int:
-    return max(1, min(4, (os.cpu_count() or 2) - 1))
+    """Tile-reading processes when --workers is not given: the job's cores minus the main
+    process, at most 4."""
+    from pathtwt.devices import available_cores
+
+    return max(1, min(4, available_cores() - 1))
 
 
 def features_attrs(
@@ -235,10 +239,11 @@ def extract_many(
     """Extract several slides with one loaded backbone.
 
     Without ``failures`` the first slide that fails stops the run (SlideError /
-    NumericsError). With it, a failing slide is recorded in that per-cohort
-    ``failures.tsv`` and gets a features file with no tiles, ``status`` "failed" and
-    ``failure_reason``, so the workflow goes on and the MIL stage excludes or refuses
-    it as configured; the other slides are extracted as usual."""
+    NumericsError). With it, a failing slide is recorded in that table (this run's own:
+    the workflow gives every job its own and merges them per cohort) and gets a features
+    file with no tiles, ``status`` "failed" and ``failure_reason``, so the workflow goes
+    on and the MIL stage excludes or refuses it as configured; the other slides are
+    extracted as usual. The table exists at the end even when nothing failed."""
     summaries = []
     for job in jobs:
         if skip_existing and job.out.exists():
@@ -253,6 +258,10 @@ def extract_many(
             if failures is None:
                 raise
             summaries.append(record_failed_slide(job, backbone, str(exc), failures, embedding))
+    if failures is not None and not Path(failures).exists():
+        from pathtwt.io.failures import write_failures
+
+        write_failures(failures, [])
     return summaries
 
 

@@ -15,7 +15,7 @@ resolved by :func:`resolve_timm_kwargs`, for hand-written variant folders.
 
 Weights resolve in this order: an explicit local path (``.safetensors``, ``.pth``/``.pt``,
 ``.bin``, or a Hugging Face snapshot folder), the spec's local hint, the hub (only when
-reachable and ``PATHTWT_OFFLINE`` is unset), otherwise a :class:`WeightsError` that says
+reachable and ``HF_HUB_OFFLINE`` is unset), otherwise a :class:`WeightsError` that says
 which file to download and where to put it.
 """
 

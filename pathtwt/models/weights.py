@@ -1,8 +1,8 @@
 """Finding and reading backbone weight files.
 
 Order: an explicit local path, the spec's own file (variant folders) or its file name
-under a local weights folder, the hub (only when reachable and ``PATHTWT_OFFLINE`` is
-unset), otherwise a :class:`WeightsError` saying which file to download and where to put
+under a local weights folder, the hub (only when reachable and ``HF_HUB_OFFLINE`` is
+unset; ``PATHTWT_OFFLINE`` is an older alias), otherwise a :class:`WeightsError` saying which file to download and where to put
 it. Checkpoint layouts other than timm's are converted by pure ``state_dict ->
 state_dict`` functions chosen by sentinel keys.
 """
@@ -50,9 +50,18 @@ def resolve_weights_path(spec: "BackboneSpec", weights: str | os.PathLike | None
             candidate = folder / spec.default_weights
             if candidate.exists():
                 return candidate
-    if spec.hub_id and not os.environ.get("PATHTWT_OFFLINE"):
+    if spec.hub_id and not hub_offline():
         return _download_from_hub(spec)
     raise WeightsError(f"no weights for backbone {spec.name!r}; {_download_hint(spec)}")
+
+
+def hub_offline() -> bool:
+    """True when the Hugging Face hub must not be asked: ``HF_HUB_OFFLINE`` (the hub's own
+    switch, which huggingface_hub also obeys) or ``PATHTWT_OFFLINE`` set to a true value."""
+    return any(
+        os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+        for var in ("HF_HUB_OFFLINE", "PATHTWT_OFFLINE")
+    )
 
 
 def _download_hint(spec: "BackboneSpec") -> str:

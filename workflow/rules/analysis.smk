@@ -27,7 +27,7 @@ rule analyze_norms:
         runtime=30,
         gpu=1,
     conda:
-        "../envs/pathtwt.yaml"
+        CONDA_ENV
     shell:
         "pathtwt analyze norms {params.backbone} --calibration {input.calibration}"
         " --out results/analysis/{wildcards.backbone}/norms --device {params.device} > {log} 2>&1"
@@ -53,7 +53,7 @@ rule analyze_eps:
         mem_mb=2000,
         runtime=10,
     conda:
-        "../envs/pathtwt.yaml"
+        CONDA_ENV
     shell:
         "pathtwt analyze eps --discovery {params.discovery} --out results/analysis/eps > {log} 2>&1"
 
@@ -85,7 +85,7 @@ for _analysis, _summary in (("intrinsic-dim", "intrinsic_dim.json"), ("stability
             runtime=60,
             gpu=1,
         conda:
-            "../envs/pathtwt.yaml"
+            CONDA_ENV
         shell:
             "pathtwt analyze {params.analysis} {params.backbone} --calibration {input.calibration}"
             " --student results/models/{wildcards.backbone}/{wildcards.variant}"

@@ -20,13 +20,17 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 
 CONFIG_SOURCE = "workflow config (config/config.yaml and --configfile/--config overrides)"
 
-# Schema defaults applied by our own validator as well (deep copies, so no two cohorts
-# share a default dict), then the checks the schema cannot express.
+# The one validation of the config: the package's schema with its defaults filled in
+# (deep copies, so no two cohorts share a default dict), then the checks the schema
+# cannot express. Snakemake's own `validate` is not called as well.
 try:
     config.update(config_check.validate_schema(config, source=CONFIG_SOURCE))
     LABEL_TABLES = config_check.check_config(config, source=CONFIG_SOURCE)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
+
+# The jobs' environment under --use-conda (relative to workflow/rules/, where the rules are).
+CONDA_ENV = f"../envs/{config['conda_env']}.yaml"
 
 
 wildcard_constraints:
@@ -195,12 +199,41 @@ def get_model_args(wildcards):
     return f"--backbone {get_model_dir(wildcards.backbone, wildcards.variant)}"
 
 
-def get_failures_arg(wildcards):
-    """`pathtwt extract --failures` for the cohort's failures table, or nothing when the
+RECORD_FAILURES = config["extract"]["on_failure"] == "record"
+FAILURE_TABLES = "results/failures/{backbone}/{variant}/{cohort}/jobs"
+
+
+def get_failure_table_output(job):
+    """The extraction job's own failures table as a named output ({} when failures stop
+    the job): one writer per file, so nothing is appended to a shared file."""
+    return {"failures": f"{FAILURE_TABLES}/{job}.tsv"} if RECORD_FAILURES else {}
+
+
+def get_failures_arg(wildcards, output):
+    """`pathtwt extract --failures` for the job's own failures table, or nothing when the
     config says a failing slide stops the job."""
-    if config["extract"]["on_failure"] == "stop":
-        return ""
-    return f"--failures results/failures/{wildcards.backbone}/{wildcards.variant}/{wildcards.cohort}.tsv"
+    return f"--failures {output.failures}" if RECORD_FAILURES else ""
+
+
+def get_failure_tables(wildcards):
+    """Per-job failures tables of a cohort's extraction (merged by merge_failures)."""
+    folder = FAILURE_TABLES.format(**wildcards)
+    if not config["extract"]["per_slide_jobs"]:
+        return [f"{folder}/cohort.tsv"]
+    return [f"{folder}/{s}.tsv" for s in get_slide_ids(wildcards.cohort)]
+
+
+def get_failure_summaries():
+    """The merged failures table of every extracted (backbone, variant, cohort)."""
+    if not RECORD_FAILURES:
+        return []
+    cohorts = list(dict.fromkeys(c for task in config["tasks"] for c in get_task_cohorts(task)))
+    return [f"results/failures/{b}/{v}/{c}.tsv" for b in get_backbones() for v in get_variants(b) for c in cohorts]
+
+
+def get_workers(wildcards, threads):
+    """Tile-reading processes of an extraction job: its cores but the main process."""
+    return max(1, threads - 1)
 
 
 def get_model_inputs(wildcards):
@@ -359,4 +392,4 @@ def get_analysis_targets():
 
 
 def get_final_targets():
-    return ["results/report/index.html"]
+    return ["results/report/index.html"] + get_failure_summaries()

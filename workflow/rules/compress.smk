@@ -35,7 +35,7 @@ rule calibrate:
         mem_mb=8000,
         runtime=60,
     conda:
-        "../envs/pathtwt.yaml"
+        CONDA_ENV
     shell:
         "mapfile -t coords < {input.listing}; pathtwt calibrate --coords \"${{coords[@]}}\""
         " --out {output} --n-tiles {params.n_tiles}"
@@ -70,7 +70,7 @@ rule discover:
         runtime=60,
         gpu=1,
     conda:
-        "../envs/pathtwt.yaml"
+        CONDA_ENV
     shell:
         "pathtwt discover {params.backbone} --calibration {input.calibration}"
         " --out results/discovery/{wildcards.backbone} {params.goal} --tokens {params.tokens}"
@@ -103,7 +103,7 @@ rule compress:
         runtime=720,
         gpu=1,
     conda:
-        "../envs/pathtwt.yaml"
+        CONDA_ENV
     shell:
         "pathtwt compress --method {params.method} {params.backbone}"
         " --calibration {input.calibration} {params.target}"

@@ -15,6 +15,6 @@ checkpoint demo_slides:
         mem_mb=2000,
         runtime=30,
     conda:
-        "../envs/pathtwt.yaml"
+        CONDA_ENV
     shell:
         "pathtwt demo make-slides --out results/demo_data --scale {params.scale} --seed {params.seed} --workers {threads} > {log} 2>&1"

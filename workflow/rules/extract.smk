@@ -6,6 +6,14 @@
 # With `extract: {per_slide_jobs: true}` there is one job per slide instead, grouped on a
 # cluster (`group-components: extract=N` in the profile) so a submitted job still embeds
 # many slides; use it for cohorts too large for a single job.
+#
+# With `extract: {on_failure: record}` every job writes its own failures table (declared
+# as an output, so a rerun replaces it) and `merge_failures` joins a cohort's tables:
+# no job appends to a file another job writes.
+#
+# Threads: decoding tiles is the CPU side of a GPU job; `pathtwt extract` gets the job's
+# cores as --workers (threads - 1 reading processes beside the main one). The profiles
+# size `threads` per site (LUMI-G: 7 cores per GCD).
 
 if config["extract"]["per_slide_jobs"]:
 
@@ -15,26 +23,29 @@ if config["extract"]["per_slide_jobs"]:
             slide=get_slide,
             model=get_model_inputs,
         output:
-            "results/features/{backbone}/{variant}/{cohort}/{slide}.h5",
+            features="results/features/{backbone}/{variant}/{cohort}/{slide}.h5",
+            **get_failure_table_output("{slide}"),
         params:
             model=get_model_args,
             batch_size=config["extract"]["batch_size"],
             device=config["extract"]["device"],
             failures=get_failures_arg,
+            workers=get_workers,
         log:
             "logs/extract/{backbone}/{variant}/{cohort}/{slide}.log",
         group:
             "extract"
-        threads: 2
+        threads: 8
         resources:
             mem_mb=8000,
             runtime=15,
             gpu=1,
         conda:
-            "../envs/pathtwt.yaml"
+            CONDA_ENV
         shell:
-            "pathtwt extract {input.slide} --coords {input.coords} --out {output} {params.model}"
-            " --batch-size {params.batch_size} --device {params.device} {params.failures} --quiet > {log} 2>&1"
+            "pathtwt extract {input.slide} --coords {input.coords} --out {output.features} {params.model}"
+            " --batch-size {params.batch_size} --device {params.device} --workers {params.workers}"
+            " {params.failures} --no-progress > {log} 2>&1"
 
 else:
 
@@ -59,21 +70,44 @@ else:
             coords=get_cohort_coords,
             model=get_model_inputs,
         output:
-            directory("results/features/{backbone}/{variant}/{cohort}"),
+            features=directory("results/features/{backbone}/{variant}/{cohort}"),
+            **get_failure_table_output("cohort"),
         params:
             model=get_model_args,
             batch_size=config["extract"]["batch_size"],
             device=config["extract"]["device"],
             failures=get_failures_arg,
+            workers=get_workers,
         log:
             "logs/extract/{backbone}/{variant}/{cohort}.log",
-        threads: 2
+        threads: 8
         resources:
             mem_mb=8000,
             runtime=720,
             gpu=1,
         conda:
-            "../envs/pathtwt.yaml"
+            CONDA_ENV
         shell:
             "pathtwt extract --manifest {input.manifest} {params.model}"
-            " --batch-size {params.batch_size} --device {params.device} {params.failures} --quiet > {log} 2>&1"
+            " --batch-size {params.batch_size} --device {params.device} --workers {params.workers}"
+            " {params.failures} --no-progress > {log} 2>&1"
+
+
+rule merge_failures:
+    """A cohort's failures.tsv: the per-job tables of its extraction merged (header only
+    when no slide failed)."""
+    input:
+        get_failure_tables,
+    output:
+        "results/failures/{backbone}/{variant}/{cohort}.tsv",
+    log:
+        "logs/failures/{backbone}/{variant}/{cohort}.log",
+    localrule: True
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=5,
+    run:
+        from pathtwt.io.failures import merge_failures
+
+        merge_failures(input, output[0])

@@ -19,19 +19,23 @@ rule train_mil:
         extra=config["mil"]["extra_args"],
     log:
         "logs/mil/{backbone}/{variant}/{task}/{head}/seed{seed}.log",
-    threads: 1
+    # a run takes minutes: on a cluster several seeds share one submitted job
+    # (`group-components: train_mil=N` in the profiles), one after the other on one GPU
+    group:
+        "train_mil"
+    threads: 2
     resources:
         mem_mb=8000,
         runtime=120,
         gpu=1,
     conda:
-        "../envs/pathtwt.yaml"
+        CONDA_ENV
     shell:
         "pathtwt train-mil --features results/features/{wildcards.backbone}/{wildcards.variant}/{params.cohort}"
         " --labels results/labels/{params.cohort}.csv --protocol {params.protocol} --classes {params.classes}"
         " --aggregator {wildcards.head} --seed {wildcards.seed}"
         " --out results/mil/{wildcards.backbone}/{wildcards.variant}/{wildcards.task}/{wildcards.head}/seed{wildcards.seed}"
-        " {params.external} {params.epochs} --device {params.device} --failed-slides {params.failed} --no-progress {params.extra} > {log} 2>&1"
+        " {params.external} {params.epochs} --device {params.device} --threads {threads} --failed-slides {params.failed} --no-progress {params.extra} > {log} 2>&1"
 
 
 rule summarize_mil:
@@ -53,6 +57,6 @@ rule summarize_mil:
         mem_mb=1000,
         runtime=5,
     conda:
-        "../envs/pathtwt.yaml"
+        CONDA_ENV
     shell:
         "pathtwt summarize-mil {params.runs} --out {output.json} {output.csv} > {log} 2>&1"

@@ -25,7 +25,7 @@ rule report:
         mem_mb=2000,
         runtime=10,
     conda:
-        "../envs/pathtwt.yaml"
+        CONDA_ENV
     shell:
         "pathtwt report --results results --out results/report {params.metrics}"
         " --attention-slides {params.attention} > {log} 2>&1"

@@ -1,5 +1,9 @@
 # Tissue detection and tile coordinates, one job per slide; label tables normalised
 # to the slide_id,label,split layout the MIL step reads.
+#
+# A slide takes seconds to tile, so on a cluster tile jobs are submitted in groups
+# (`group-components: tile=N` in the profiles): one SLURM job tiles N slides one after
+# the other instead of N submissions of a few seconds each.
 
 
 rule tile:
@@ -23,12 +27,17 @@ rule tile:
         modality=get_modality_args,
     log:
         "logs/tile/{cohort}/{slide}.log",
+    group:
+        "tile"
     threads: 1
     resources:
         mem_mb=2000,
-        runtime=20,
+        runtime=10,
+        # counted against the profiles' per-group limit, so a group of N slides runs a
+        # few at a time on the cores it asked for
+        cpu_slots=1,
     conda:
-        "../envs/pathtwt.yaml"
+        CONDA_ENV
     shell:
         "pathtwt tile {input.slide} --out {output.coords} --thumbnail {output.thumbnail}"
         " --mpp {params.mpp} --tile-size {params.tile_size} --tissue {params.tissue}"
@@ -53,7 +62,7 @@ rule labels:
         mem_mb=500,
         runtime=5,
     conda:
-        "../envs/pathtwt.yaml"
+        CONDA_ENV
     shell:
         "pathtwt check-config --label-table {input.table} --label-column {params.label_column}"
         " --split-column {params.split_column} --splits {params.splits} {params.rename}"

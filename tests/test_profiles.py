@@ -1,0 +1,153 @@
+"""The cluster profiles keep their promises, checked with dry runs through them: every
+job keeps its partition when the account comes from the environment, GPU jobs get
+realistic cores, and the paper's study on a fake data tree of the real cohort sizes is a
+few hundred SLURM submissions, not one per slide."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+PROFILES = REPO / "workflow" / "profiles"
+
+# The paper's cohorts at their real sizes: folder, label table, label column, slides per
+# split, extension (PANDA 10,616; TCGA-PRAD 449; CAMELYON17 500; CAMELYON16 399).
+REAL_SIZES = {
+    "panda": ("PANDA/train_images", "labels/panda_song_split.csv", "isup_grade",
+              {"train": 8492, "val": 1062, "test": 1062}, ".tiff"),
+    "tcga-prad": ("TCGA-PRAD/slides", "labels/tcga_prad_isup.csv", "isup_grade", {"test": 449}, ".svs"),
+    "camelyon17": ("CAMELYON17/images", "labels/camelyon17_slides.csv", "label",
+                   {"train": 300, "val": 100, "test": 100}, ".tif"),
+    "camelyon16": ("CAMELYON16/images", "labels/camelyon16_slides.csv", "label", {"test": 399}, ".tif"),
+}
+REAL_SIZES_COUNT = {k: sum(v[3].values()) for k, v in REAL_SIZES.items()}
+# A small tree for the resource checks.
+SMALL_SIZES = {k: (f, l, c, {s: min(n, 2) for s, n in splits.items()}, e) for k, (f, l, c, splits, e) in REAL_SIZES.items()}
+
+
+def make_tree(root: Path, sizes: dict) -> int:
+    """Empty slide files and label tables; returns the number of slides."""
+    total = 0
+    for cohort, (folder, labels, label_col, splits, ext) in sizes.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        rows = []
+        for split, n in splits.items():
+            for i in range(n):
+                slide = f"{cohort}-{split}-{i:05d}"
+                (root / folder / f"{slide}{ext}").touch()
+                rows.append(f"{slide},{i % 2},{split}\n")
+        (root / labels).parent.mkdir(parents=True, exist_ok=True)
+        (root / labels).write_text(f"slide_id,{label_col},split\n" + "".join(rows))
+        total += len(rows)
+    return total
+
+
+def dry_run(tmp_path: Path, profile: str, sizes: dict, env: dict | None = None, extra=()) -> tuple[str, float]:
+    data, work = tmp_path / "data", tmp_path / "work"
+    make_tree(data, sizes)
+    work.mkdir()
+    cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(work), "-n",
+           "--profile", str(PROFILES / profile), "--configfile", str(REPO / "config" / "paper.yaml"),
+           "--config", f"data_root={data}", *extra]
+    start = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900,
+                         env={**os.environ, **(env or {})})
+    elapsed = time.perf_counter() - start
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout, elapsed
+
+
+def local_rules() -> set[str]:
+    """Rules Snakemake runs in its own process, never submitted: `localrule: True` and
+    rules without an action (targets such as `all`)."""
+    names = set()
+    texts = [(REPO / "Snakefile").read_text()] + [p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk")]
+    for text in texts:
+        for block in re.split(r"\n(?=[ ]*(?:rule|checkpoint) \w+:)", text)[1:]:
+            name = re.match(r"\s*(?:rule|checkpoint) (\w+):", block).group(1)
+            if "localrule: True" in block or not re.search(r"\n\s+(shell|run|script|wrapper|notebook):", block):
+                names.add(name)
+    return names
+
+
+def jobs(output: str) -> list[dict]:
+    """Every planned job of a dry run: rule, group (None outside one), resources."""
+    out, group = [], None
+    for line in output.splitlines():
+        if "Group job" in line:
+            group = object()  # the jobs listed next belong to this group, until a top-level job
+            continue
+        m = re.match(r"^(\s*)(?:local)?rule (\w+):$", line)
+        if m:
+            if not m.group(1):
+                group = None  # a top-level job ends the group block
+            out.append({"rule": m.group(2), "group": group, "resources": {}})
+            continue
+        m = re.match(r"^\s+resources: (.*)$", line)
+        if m and out:
+            out[-1]["resources"] = dict(kv.split("=", 1) for kv in m.group(1).split(", ") if "=" in kv)
+    return out
+
+
+def submissions(output: str) -> dict[str, int]:
+    """rule -> SLURM jobs submitted for it: one per group of jobs, one per job outside a
+    group, none for local rules."""
+    local = local_rules()
+    counted: dict[str, int] = {}
+    seen_groups = set()
+    for job in jobs(output):
+        if job["rule"] in local:
+            continue
+        if job["group"] is not None:
+            if id(job["group"]) in seen_groups:
+                continue
+            seen_groups.add(id(job["group"]))
+        counted[job["rule"]] = counted.get(job["rule"], 0) + 1
+    return counted
+
+
+GPU_RULES = {"discover", "compress", "extract", "train_mil", "analyze_norms", "analyze_intrinsic_dim", "analyze_stability"}
+
+
+@pytest.mark.parametrize("profile,cpu,gpu,cores", [("slurm", "cpu", "gpu", 8), ("lumi", "small", "small-g", 7)])
+def test_account_from_the_environment_keeps_every_partition(tmp_path, profile, cpu, gpu, cores):
+    # --cores only lifts the dry run's own cap of one core per job, so the printed
+    # threads are the ones a submission asks for
+    output, _ = dry_run(tmp_path, profile, SMALL_SIZES, env={"SBATCH_ACCOUNT": "project_465000042"}, extra=["--cores", "64"])
+    planned = [j for j in jobs(output) if j["rule"] not in local_rules()]
+    assert {j["rule"] for j in planned} >= GPU_RULES | {"tile", "calibrate"}
+    for job in planned:
+        res = job["resources"]
+        assert res.get("slurm_partition") == (gpu if job["rule"] in GPU_RULES else cpu), (job["rule"], res)
+        assert "mem_mb" in res and "runtime" in res
+        if profile == "lumi":  # the account from SBATCH_ACCOUNT, beside every rule's own partition
+            assert res.get("slurm_account") == "project_465000042", (job["rule"], res)
+        if job["rule"] in {"discover", "compress", "extract", "train_mil"}:
+            assert res.get("gpu") == "1"
+    # GPU jobs ask for the site's cores per GPU and extract passes them on as workers
+    assert re.findall(r"pathtwt extract .*?--workers (\d+)", output) and set(
+        re.findall(r"pathtwt extract .*?--workers (\d+)", output)) == {str(cores - 1)}
+    assert f"--threads {2 if profile == 'slurm' else 7}" in output.split("pathtwt train-mil", 1)[1].split("\n", 1)[0]
+
+
+@pytest.mark.slow
+def test_paper_study_is_a_few_hundred_submissions(tmp_path):
+    """PANDA 10,616, TCGA-PRAD 449, CAMELYON17 500 and CAMELYON16 399 slides: one job per
+    slide and per MIL run would be ~12,600 submissions; grouped, a few hundred."""
+    output, elapsed = dry_run(tmp_path, "slurm", REAL_SIZES)
+    print(f"planned the paper's study ({sum(REAL_SIZES_COUNT.values())} slides) in {elapsed:.0f} s")
+    total_jobs = sum(1 for _ in jobs(output))
+    per_rule = submissions(output)
+    assert total_jobs > 12_000
+    assert per_rule["tile"] == -(-sum(REAL_SIZES_COUNT.values()) // 100)  # 100 slides per tile job
+    assert per_rule["train_mil"] == 360 // 5
+    assert sum(per_rule.values()) <= 300, per_rule
