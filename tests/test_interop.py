@@ -29,7 +29,7 @@ def real_files(tmp_path_factory, shared_slides):
     coords, feats = root / "tiles" / "CMU-1.h5", root / "features" / "CMU-1.h5"
     assert main(["tile", str(slide), "--out", str(coords), "--mpp", "0.499", "--tile-size", "224"]) == 0
     assert main(["extract", str(slide), "--coords", str(coords), "--out", str(feats), "--backbone",
-                 "vit-s14-tiny", "--random-init", "--workers", "0", "--quiet", "--device", "cpu"]) == 0
+                 "vit-s14-tiny", "--random-init", "--workers", "0", "--no-progress", "--device", "cpu"]) == 0
     return slide, coords, feats
 
 

@@ -152,7 +152,7 @@ def test_extract_refuses_coords_of_another_slide(two_slides, tmp_path, capsys):
     a, b, coords_b = two_slides
     out = tmp_path / "a.h5"
     args = ["extract", str(a), "--coords", str(coords_b), "--out", str(out), "--backbone", "vit-s14-tiny",
-            "--random-init", "--device", "cpu", "--workers", "0", "--quiet"]
+            "--random-init", "--device", "cpu", "--workers", "0", "--no-progress"]
     # same size, levels and mpp: only the file fingerprint tells them apart
     assert main(args) == 1
     line = _error_line(capsys)
@@ -181,7 +181,7 @@ def test_extract_refuses_a_slide_of_another_size_with_old_coords(two_slides, sha
         for key in ("slide_level_count", "slide_size_bytes", "slide_head_tail_sha256"):
             del h5.attrs[key]
     assert main(["extract", str(shared_slides / CMU), "--coords", str(old), "--out", str(tmp_path / "x.h5"),
-                 "--backbone", "vit-s14-tiny", "--random-init", "--device", "cpu", "--workers", "0", "--quiet"]) == 1
+                 "--backbone", "vit-s14-tiny", "--random-init", "--device", "cpu", "--workers", "0", "--no-progress"]) == 1
     line = _error_line(capsys)
     assert CMU in line and "old.h5" in line and "level0_width 1024 vs 2220" in line
 

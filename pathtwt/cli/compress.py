@@ -24,9 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="variant folder to write")
     # every method but nose (which keeps every layer) needs one of these; each method says so
     goal = parser.add_mutually_exclusive_group()
-    goal.add_argument("--depth", type=int, help="exactly K blocks (discovery runs here unless --plan)")
-    goal.add_argument("--eps", type=float, help="fewest blocks with discrepancy <= EPS (discovery runs here)")
-    goal.add_argument("--plan", type=Path, help="plan.json from `pathtwt discover`")
+    goal.add_argument("--depth", type=int, help="exactly K blocks (discovery runs here unless --plan); default: none, one of --depth, --eps, --plan is needed by every method but nose")
+    goal.add_argument("--eps", type=float, help="fewest blocks with discrepancy <= EPS (discovery runs here); default: none")
+    goal.add_argument("--plan", type=Path, help="plan.json from pathtwt discover (default: none)")
     parser.add_argument("--tokens", choices=("all", "cls", "patch-mean"), default="all",
                         help="token mode of the similarity matrix when discovering here (default all)")
     budget = parser.add_mutually_exclusive_group()

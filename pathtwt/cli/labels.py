@@ -35,9 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c17.add_argument("stage_labels", metavar="STAGE_LABELS", help="CAMELYON17's stage_labels.csv (patient,stage)")
     c17.add_argument(
         "--corrected", default=None, metavar="FILE",
-        help="corrected slide stages in the same patient,stage format (e.g. Ling et al.); override the originals",
+        help="corrected slide stages in the same patient,stage format (e.g. Ling et al.); override the originals (default: none)",
     )
-    c17.add_argument("--splits", default=None, metavar="FILE", help="split file (slide_id or patient, split) instead of a drawn split")
+    c17.add_argument("--splits", default=None, metavar="FILE", help="split file (slide_id or patient, split) instead of a drawn split (default: none, a seeded drawn split)")
     c17.add_argument(
         "--fractions", type=float, nargs=3, default=[0.6, 0.2, 0.2], metavar=("TRAIN", "VAL", "TEST"),
         help="patient fractions of the drawn split (default: %(default)s)",
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c16.add_argument("reference", metavar="REFERENCE_CSV", help="the test set's reference.csv (name, class, ...)")
     c16.add_argument(
         "--training-slides", default=None, metavar="DIR|FILE",
-        help="also label the training slides, by their names normal_NNN / tumor_NNN",
+        help="also label the training slides, by their names normal_NNN / tumor_NNN (default: none)",
     )
     c16.add_argument("--split", default="test", help="split of every slide (default: %(default)s, external test)")
 
