@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="calibration HDF5 to write")
     parser.add_argument("--n-tiles", type=int, default=10_000, help="tiles to draw (default 10000)")
     parser.add_argument("--holdout", type=float, default=0.1, help="held-out fraction (default 0.1)")
+    parser.add_argument("--holdout-by", choices=("tile", "slide"), default="tile",
+                        help="hold out random tiles (default) or whole slides, so that a streamed training set "
+                        "(pathtwt compress --train-coords) can leave the held-out slides out")
     parser.add_argument("--seed", type=int, default=0, help="seed of the draw (default 0)")
     parser.add_argument(
         "--patch-size", type=int, default=None,
@@ -51,13 +54,15 @@ def run(args: argparse.Namespace) -> int:
     if args.images and not images:
         raise ConfigError(f"no images found in --images {' '.join(args.images)}")
     drawn = draw_tiles(
-        coords, images, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout, patch_size=args.patch_size
+        coords, images, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout, patch_size=args.patch_size,
+        holdout_by=args.holdout_by,
     )
     provenance = {
         "seed": args.seed,
         "n_tiles_requested": args.n_tiles,
         "n_tiles": int(len(drawn.tiles)),
         "holdout": args.holdout,
+        "holdout_by": args.holdout_by,
         "labels": str(args.labels) if args.labels else None,
         "splits": args.splits if args.labels else None,
         "coords": [str(p) for p in coords],

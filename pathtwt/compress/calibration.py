@@ -178,6 +178,23 @@ def _split(n: int, holdout: float, rng: np.random.Generator) -> np.ndarray:
     return split
 
 
+def _split_by_source(source_index: np.ndarray, holdout: float, rng: np.random.Generator) -> np.ndarray:
+    """Hold out whole sources (slides): a seeded order of the sources, taken until about
+    ``holdout`` of the tiles are held out (at least one source, never all of them). A
+    streamed training set can then leave those slides out entirely."""
+    split = np.zeros(len(source_index), dtype=np.uint8)
+    present = np.unique(source_index)
+    if holdout <= 0 or len(present) < 2:
+        return split
+    want, held = holdout * len(source_index), 0
+    for k, s in enumerate(rng.permutation(present)):
+        if k == len(present) - 1 or (k > 0 and held >= want):
+            break
+        rows = source_index == s
+        split[rows], held = 1, held + int(rows.sum())
+    return split
+
+
 def _read_coords_tiles(
     group: _Group, indices: list[int], attrs: dict[str, Any], coords_path: Path, patch_size: int
 ) -> np.ndarray:
@@ -239,8 +256,12 @@ def draw_tiles(
     seed: int,
     holdout: float,
     patch_size: int | None = None,
+    holdout_by: str = "tile",
 ) -> _Drawn:
-    """Draw and read the tiles (in a fixed order: by source, then by tile index)."""
+    """Draw and read the tiles (in a fixed order: by source, then by tile index).
+    ``holdout_by``: "tile" (a random fraction of the tiles) or "slide" (whole slides)."""
+    if holdout_by not in ("tile", "slide"):
+        raise ConfigError(f"--holdout-by {holdout_by!r}: use tile or slide")
     if n_tiles < 1:
         raise ConfigError(f"--n-tiles must be >= 1, got {n_tiles}")
     if not 0.0 <= holdout < 1.0:
@@ -284,7 +305,7 @@ def draw_tiles(
             tiles[rows] = _read_coords_tiles(g, indices, attrs_of[g.source], Path(g.source), patch_size)
         else:
             tiles[rows] = _read_image_tiles(g, indices, patch_size)
-    split = _split(len(picks), holdout, rng)
+    split = _split(len(picks), holdout, rng) if holdout_by == "tile" else _split_by_source(source_index, holdout, rng)
     return _Drawn(tiles, split, source_index, origins, [g.source for g in groups], patch_size)
 
 

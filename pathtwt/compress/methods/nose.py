@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from pathtwt.errors import ConfigError
-from pathtwt.compress.methods.common import distill_main, drop_checkpoint, export_with_fidelity, fit_steps, holdout_cosine, holdout_fidelity, variant_name
+from pathtwt.compress.methods.common import distill_main, drop_checkpoint, export_with_fidelity, fit_steps, holdout_cosine, n_training, holdout_fidelity, variant_name
 from pathtwt.models.variant_layers import DilutedAttentionBlock
 
 
@@ -105,7 +105,7 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     initial = holdout_fidelity(student, teacher, calib, options)
     for b in diluted:
         b.alpha.fill_(0.0)
-    dilute_steps = int(float(options.extra.get("dilute_fraction", 0.3)) * fit_steps(options, len(calib.fit)))
+    dilute_steps = int(float(options.extra.get("dilute_fraction", 0.3)) * fit_steps(options, n_training(calib)))
     result = distill_main(student, teacher=teacher, calib=calib, options=options, description="nose",
                           objective=DilutedDeepSupervision(diluted, dilute_steps, num_layers))
     if not result.completed:
