@@ -234,3 +234,15 @@ def test_sigkilled_two_rank_run_resumes_with_two_or_one_ranks(workdir, reference
     _run(_compress_cmd(workdir, again, 1, workers=1))  # the same checkpoint resumed by 1 process
     assert _max_diff(_weights(again), _weights(one)) <= RANKS_ATOL
     assert json.loads((again / "model.json").read_text())["distillation"]["resumed_from"] == step
+
+
+def test_holdout_by_slide_holds_out_whole_slides_near_the_share():
+    from pathtwt.compress.calibration import _split_by_source
+
+    index = np.repeat([0, 1, 2], 8)
+    for seed in range(5):
+        split = _split_by_source(index, 0.3, np.random.default_rng(seed))
+        held = set(index[split == 1].tolist())
+        assert len(held) == 1 and all((split[index == s] == 1).all() for s in held)  # whole slides
+    split = _split_by_source(np.repeat([0, 1], [3, 9]), 0.9, np.random.default_rng(0))
+    assert 0 < split.sum() < len(split)  # never every slide

@@ -22,7 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                        help="auto (default): bf16 autocast over fp32 weights where the device has native bf16, kept "
+                        "only if the run's first batch agrees with fp32 (cosine >= 0.999, else fp32; see the features "
+                        "files' precision_check), otherwise the backbone's default; bf16/fp16: weights cast")
     parser.add_argument("--workers", type=int, default=None, help="tile-reading processes (default: cores - 1, at most 4)")
     parser.add_argument("--threads", type=int, default=None, help="compute threads (default: torch's choice)")
     parser.add_argument("--skip-existing", action="store_true", help="leave features files that already exist")
@@ -49,13 +52,17 @@ def run(args: argparse.Namespace) -> int:
         raise PathtwtError("nothing to extract: give SLIDE --coords COORDS.h5 --out OUT.h5 or --manifest TSV")
     if args.threads:
         torch.set_num_threads(args.threads)
+    from pathtwt.devices import native_bf16
+
+    device = resolve_device(args.device)
+    autocast = args.precision == "auto" and native_bf16(device)
     backbone = create_backbone(
-        args.backbone, weights=args.weights, pretrained=not args.random_init, device=resolve_device(args.device),
-        precision=args.precision
+        args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,
+        precision="fp32" if autocast else args.precision
     )
     summaries = extract_many(
         jobs, backbone, batch_size=args.batch_size, workers=args.workers,
-        progress=not args.quiet, skip_existing=args.skip_existing, failures=args.failures,
+        progress=not args.quiet, skip_existing=args.skip_existing, failures=args.failures, bf16_autocast=autocast,
     )
     for summary in summaries:
         print(json.dumps(summary))

@@ -179,19 +179,21 @@ def _split(n: int, holdout: float, rng: np.random.Generator) -> np.ndarray:
 
 
 def _split_by_source(source_index: np.ndarray, holdout: float, rng: np.random.Generator) -> np.ndarray:
-    """Hold out whole sources (slides): a seeded order of the sources, taken until about
-    ``holdout`` of the tiles are held out (at least one source, never all of them). A
-    streamed training set can then leave those slides out entirely."""
+    """Hold out whole sources (slides), in a seeded order, each one taken if it brings the
+    held-out share closer to ``holdout`` (the first always, never all of them). A streamed
+    training set can then leave those slides out entirely."""
     split = np.zeros(len(source_index), dtype=np.uint8)
     present = np.unique(source_index)
     if holdout <= 0 or len(present) < 2:
         return split
-    want, held = holdout * len(source_index), 0
-    for k, s in enumerate(rng.permutation(present)):
-        if k == len(present) - 1 or (k > 0 and held >= want):
-            break
+    want, held, taken = holdout * len(source_index), 0, 0
+    for s in rng.permutation(present):
         rows = source_index == s
-        split[rows], held = 1, held + int(rows.sum())
+        n = int(rows.sum())
+        if taken == len(present) - 1:
+            break
+        if taken == 0 or abs(held + n - want) < abs(held - want):
+            split[rows], held, taken = 1, held + n, taken + 1
     return split
 
 

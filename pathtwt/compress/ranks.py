@@ -42,6 +42,8 @@ def init_from_env(device: str) -> str:
     on_cuda = str(device).startswith("cuda")
     local = _env_int("LOCAL_RANK", "SLURM_LOCALID", default=0)
     if on_cuda:
+        # one GPU visible per task (srun --gpus-per-task) or all of the node's (torchrun)
+        local %= max(1, torch.cuda.device_count())
         torch.cuda.set_device(local)
         device = f"cuda:{local}"
     dist.init_process_group(backend="nccl" if on_cuda else "gloo")

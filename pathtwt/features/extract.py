@@ -115,6 +115,67 @@ def features_attrs(backbone: Backbone, coords_attrs: dict[str, Any], slide: Path
     return attrs
 
 
+# bf16 autocast is kept only when its embeddings of the run's first batch agree with fp32
+# ones at least this well (cosine, worst tile)
+BF16_MIN_COSINE = 0.999
+
+
+@dataclass
+class AutoPrecision:
+    """``--precision auto`` on hardware with native bf16: bf16 autocast over an fp32 model,
+    decided once per run by :func:`check_bf16` on its first batch."""
+
+    bf16: bool = False
+    note: str = "not checked"
+
+    def context(self, device: Any):
+        import contextlib
+
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+    def attrs(self) -> dict[str, Any]:
+        return {"precision": "bf16-autocast" if self.bf16 else "fp32", "precision_check": self.note}
+
+
+def check_bf16(jobs: Sequence[ExtractJob], backbone: Backbone, batch_size: int) -> AutoPrecision:
+    """Embed the first batch of the first readable slide in fp32 and under bf16 autocast;
+    keep bf16 if every tile's cosine is at least BF16_MIN_COSINE, else fall back to fp32
+    and say so (log and the features files' ``precision_check``)."""
+    import logging
+
+    log = logging.getLogger(__name__)
+    for job in jobs:
+        try:
+            xy, _tissue, attrs = read_coords(job.coords)
+            if not len(xy) or not job.slide.is_file():
+                continue
+            dataset = TileDataset(job.slide, xy[:batch_size], attrs, backbone.transform)
+            items = [dataset[i] for i in range(len(dataset))]
+        except Exception:  # noqa: BLE001 - an unreadable slide is reported by its own extraction
+            continue
+        if any(err for _, _, err in items):
+            continue
+        x = torch.stack([t for _, t, _ in items]).to(backbone.device)
+        prefix = backbone.spec.num_prefix_tokens
+        with torch.inference_mode():
+            ref = embed_tiles(backbone.model, x, prefix).float()
+            with AutoPrecision(bf16=True).context(backbone.device):
+                low = embed_tiles(backbone.model, x, prefix).float()
+        cosine = float(torch.nn.functional.cosine_similarity(ref, low, dim=1).min())
+        if cosine >= BF16_MIN_COSINE:
+            note = f"bf16 autocast kept: worst cosine to fp32 {cosine:.6f} >= {BF16_MIN_COSINE} on {len(x)} tiles of {job.slide.name}"
+            log.info(note)
+            return AutoPrecision(bf16=True, note=note)
+        note = (f"fell back to fp32: bf16 autocast worst cosine to fp32 {cosine:.6f} < {BF16_MIN_COSINE} "
+                f"on {len(x)} tiles of {job.slide.name}")
+        log.warning(note)
+        print(f"extract: {note}", flush=True)
+        return AutoPrecision(bf16=False, note=note)
+    return AutoPrecision(bf16=False, note="fp32: no readable tiles to check bf16 autocast on")
+
+
 def extract_slide(
     slide: str | os.PathLike,
     coords: str | os.PathLike,
@@ -123,6 +184,7 @@ def extract_slide(
     batch_size: int = 32,
     workers: int | None = None,
     progress: bool = True,
+    auto_precision: AutoPrecision | None = None,
 ) -> dict[str, Any]:
     """Embed every tile of ``slide`` listed in ``coords`` into ``out`` (written atomically).
     Returns a summary (tiles, seconds, tiles/s)."""
@@ -135,18 +197,21 @@ def extract_slide(
         raise SlideError(f"{slide}: slide file not found (named by {coords})")
     n = len(xy)
     attrs = features_attrs(backbone, coords_attrs, slide, coords, n)
+    if auto_precision is not None:
+        attrs.update(auto_precision.attrs())
     start = time.perf_counter()
     with FeaturesWriter(out, n_tiles=n, dim=backbone.spec.embedding_dim, attrs=attrs) as writer:
         writer.coords[...] = xy
         if n:
             dataset = TileDataset(slide, xy, coords_attrs, backbone.transform)
-            for index, feats in _embed_stream(dataset, backbone, batch_size, workers, progress, slide):
+            for index, feats in _embed_stream(dataset, backbone, batch_size, workers, progress, slide, auto_precision):
                 writer.features[index[0] : index[-1] + 1] = feats
     seconds = time.perf_counter() - start
     return {"slide": str(slide), "out": str(out), "tiles": n, "seconds": seconds, "tiles_per_s": n / max(seconds, 1e-9)}
 
 
-def _embed_stream(dataset: TileDataset, backbone: Backbone, batch_size: int, workers: int | None, progress: bool, slide: Path):
+def _embed_stream(dataset: TileDataset, backbone: Backbone, batch_size: int, workers: int | None, progress: bool, slide: Path,
+                  auto_precision: AutoPrecision | None = None):
     from tqdm import tqdm
 
     workers = default_workers() if workers is None else int(workers)
@@ -178,7 +243,8 @@ def _embed_stream(dataset: TileDataset, backbone: Backbone, batch_size: int, wor
                 if bad is not None:
                     x, y = dataset.coords[int(index[bad])]
                     raise SlideError(f"{slide}: cannot read tile at level-0 (x={x}, y={y}): {errors[bad]}")
-                feats = embed_tiles(model, images.to(backbone.device, non_blocking=on_cuda), prefix)
+                with (auto_precision or AutoPrecision()).context(backbone.device):
+                    feats = embed_tiles(model, images.to(backbone.device, non_blocking=on_cuda), prefix)
                 finite = torch.isfinite(feats).all(dim=1)
                 if not bool(finite.all()):
                     x, y = dataset.coords[int(index[int((~finite).nonzero()[0])])]
@@ -202,6 +268,7 @@ def extract_many(
     progress: bool = True,
     skip_existing: bool = False,
     failures: str | os.PathLike | None = None,
+    bf16_autocast: bool = False,
 ) -> list[dict[str, Any]]:
     """Extract several slides with one loaded backbone.
 
@@ -211,12 +278,13 @@ def extract_many(
     ``failure_reason``, so the workflow goes on and the MIL stage excludes or refuses
     it as configured; the other slides are extracted as usual."""
     summaries = []
+    auto = check_bf16([j for j in jobs if not (skip_existing and j.out.exists())], backbone, batch_size) if bf16_autocast else None
     for job in jobs:
         if skip_existing and job.out.exists():
             summaries.append({"slide": str(job.slide), "out": str(job.out), "skipped": True})
             continue
         try:
-            summaries.append(extract_slide(job.slide, job.coords, job.out, backbone, batch_size, workers, progress))
+            summaries.append(extract_slide(job.slide, job.coords, job.out, backbone, batch_size, workers, progress, auto))
         except (SlideError, NumericsError) as exc:
             if failures is None:
                 raise

@@ -114,8 +114,12 @@ rule compress:
     conda:
         "../envs/pathtwt.yaml"
     shell:
+        # MIOpen (ROCm, e.g. LUMI) keeps its kernel database in $HOME unless told otherwise,
+        # which 8 ranks on a node (and Lustre) handle badly: node-local /tmp instead
+        "export MIOPEN_USER_DB_PATH=\"${{MIOPEN_USER_DB_PATH:-/tmp/miopen-${{USER:-pathtwt}}-${{SLURM_JOB_ID:-local}}}}\";"
+        " export MIOPEN_CUSTOM_CACHE_DIR=\"$MIOPEN_USER_DB_PATH\";"
         # ranks: one per GPU the job got; on CPU (device cpu) compress.cpu_ranks gloo ranks
-        "ranks={resources.gpu}; if [ {params.device} = cpu ]; then ranks={params.cpu_ranks}; fi;"
+        " ranks={resources.gpu}; if [ {params.device} = cpu ]; then ranks={params.cpu_ranks}; fi;"
         " if [ \"$ranks\" -gt 1 ]; then run=\"torchrun --standalone --nproc-per-node $ranks -m pathtwt\";"
         " else run=pathtwt; fi;"
         " $run compress --method {params.method} {params.backbone}"
