@@ -129,6 +129,10 @@ def _run(args: argparse.Namespace) -> int:
 
         raise ConfigError(f"--accumulate {args.accumulate}: must be >= 1")
     device = init_from_env(resolve_device(args.device))  # joins the process group under torchrun / srun
+    if args.batch_size % world_size():
+        from pathtwt.errors import ConfigError
+
+        raise ConfigError(f"--batch-size {args.batch_size} is not divisible by the {world_size()} ranks; choose a multiple")
     precision = resolve_training_precision(args.precision, device)
     # float32 teacher whatever the backbone's inference precision: its outputs are the targets
     teacher = create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init,
