@@ -50,18 +50,28 @@ def write_coords(folder: Path, tile: int, n_files: int) -> list[Path]:
 
 
 def rss_mb() -> float:
-    """Resident memory of this process and its children (the DataLoader workers)."""
-    import psutil
-
-    me = psutil.Process()
-    procs = [me, *me.children(recursive=True)]
-    total = 0
-    for p in procs:
+    """Resident memory of this process and its descendants (the DataLoader workers), from
+    /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            total += p.memory_info().rss
-        except psutil.Error:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    pids, todo = [], [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        todo += children.get(pid, [])
+    total_kb = 0
+    for pid in pids:
+        try:
+            line = next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("VmRSS:"))
+            total_kb += int(line.split()[1])
+        except (OSError, StopIteration):
             pass
-    return total / 2**20
+    return total_kb / 1024
 
 
 class Recording:
