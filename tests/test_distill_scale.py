@@ -21,7 +21,7 @@ import torch
 from pathtwt.cli import main
 from pathtwt.compress.distill import CHECKPOINT_FORMAT, load_checkpoint
 from pathtwt.compress.training_tiles import (EpochOrder, MicroBatches, Sharding, SlideTiles, TrainingItems,
-                                             attach_streamed_training, loader)
+                                             attach_streamed_training, cv2_pool_stopped, loader)
 from pathtwt.errors import ConfigError, PathtwtError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,7 +97,9 @@ def test_a_streamed_epoch_reads_every_training_tile_once(workdir, world):
     seen, tensors = [], {}
     for rank in range(world):
         sampler = MicroBatches(order, Sharding(batch, world, rank), 0, 2 * n // batch)  # two epochs
-        for idx, x, errors in loader(items, sampler, workers=1, pin_memory=False):
+        with cv2_pool_stopped():
+            batches = list(loader(items, sampler, workers=1, pin_memory=False))
+        for idx, x, errors in batches:
             assert not any(errors) and x.shape[1:] == (3, 56, 56)
             seen += idx.tolist()
             for i, t in zip(idx.tolist(), x):

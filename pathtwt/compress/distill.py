@@ -296,7 +296,7 @@ def distill(
     from tqdm.auto import tqdm
 
     from pathtwt.compress import ranks
-    from pathtwt.compress.training_tiles import EpochOrder, MicroBatches, Sharding, TrainingItems, loader
+    from pathtwt.compress.training_tiles import EpochOrder, MicroBatches, Sharding, TrainingItems, cv2_pool_stopped, loader
 
     source = _as_source(tiles)
     n_tiles = len(source)
@@ -361,8 +361,7 @@ def distill(
                             sampler={"position": step * accumulate * sharding.batch, "seed": options.seed, "n_tiles": n_tiles})
         saved_at = step
 
-    cv2_threads = _quiet_cv2_pool() if workers else None
-    with _stop_at_step_end() as stop:
+    with _stop_at_step_end() as stop, cv2_pool_stopped(workers > 0):
         try:
             stream = iter(batches)
             while step < end:
@@ -405,23 +404,9 @@ def distill(
                     raise KeyboardInterrupt(f"stopped by signal {stop.signum or 'on another rank'} after step {step}")
         finally:
             bar.close()
-            if cv2_threads is not None:
-                import cv2
-
-                cv2.setNumThreads(cv2_threads)
     checkpoint_now()
     student.eval()
     return DistillResult(steps_done=step, total_steps=total, completed=step >= total, resumed_from=start, history=history)
-
-
-def _quiet_cv2_pool() -> int:
-    # OpenCV's thread pool does not survive fork (a worker touching it waits forever for
-    # the parent's pool threads): stop it before the DataLoader forks, restore it after.
-    import cv2
-
-    threads = cv2.getNumThreads()
-    cv2.setNumThreads(1)
-    return threads
 
 
 def plan_summary(options: DistillOptions, n_tiles: int, *, world: int = 1) -> str:

@@ -19,6 +19,7 @@ by (seed, p), so it too does not depend on which rank draws the tile.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import OrderedDict
@@ -279,7 +280,27 @@ def _worker_init(_worker_id: int) -> None:
     cv2.setNumThreads(1)
 
 
+@contextlib.contextmanager
+def cv2_pool_stopped(active: bool = True) -> Iterator[None]:
+    """OpenCV's thread pool does not survive fork: once this process has used cv2 (tiling,
+    resizing), a forked worker touching the pool waits forever for the parent's pool
+    threads, which it does not have. Stop the pool while workers are forked; restore it."""
+    if not active:
+        yield
+        return
+    import cv2
+
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(threads)
+
+
 def loader(items: TrainingItems, sampler: MicroBatches, *, workers: int, pin_memory: bool) -> torch.utils.data.DataLoader:
+    """Batches of this rank's tiles; iterate it inside :func:`cv2_pool_stopped` when
+    ``workers`` > 0."""
     return torch.utils.data.DataLoader(
         items, batch_sampler=sampler, num_workers=workers, worker_init_fn=_worker_init if workers else None,
         prefetch_factor=4 if workers else None, pin_memory=pin_memory, persistent_workers=False,
