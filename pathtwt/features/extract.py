@@ -164,15 +164,15 @@ def check_bf16(jobs: Sequence[ExtractJob], backbone: Backbone, batch_size: int) 
             with AutoPrecision(bf16=True).context(backbone.device):
                 low = embed_tiles(backbone.model, x, prefix).float()
         cosine = float(torch.nn.functional.cosine_similarity(ref, low, dim=1).min())
+        measured = f"worst cosine to fp32 {cosine:.6f} on the first {len(x)} tiles of {job.slide.name}"
+        # the files' note names only the outcome: a file must not depend on which slide a
+        # (possibly resumed) run happened to check first; the measurement goes to the log
         if cosine >= BF16_MIN_COSINE:
-            note = f"bf16 autocast kept: worst cosine to fp32 {cosine:.6f} >= {BF16_MIN_COSINE} on {len(x)} tiles of {job.slide.name}"
-            log.info(note)
-            return AutoPrecision(bf16=True, note=note)
-        note = (f"fell back to fp32: bf16 autocast worst cosine to fp32 {cosine:.6f} < {BF16_MIN_COSINE} "
-                f"on {len(x)} tiles of {job.slide.name}")
-        log.warning(note)
-        print(f"extract: {note}", flush=True)
-        return AutoPrecision(bf16=False, note=note)
+            log.info("bf16 autocast kept: %s", measured)
+            return AutoPrecision(bf16=True, note=f"bf16 autocast kept: first-batch cosine to fp32 >= {BF16_MIN_COSINE}")
+        log.warning("fell back to fp32: bf16 autocast %s < %s", measured, BF16_MIN_COSINE)
+        print(f"extract: fell back to fp32: bf16 autocast {measured} < {BF16_MIN_COSINE}", flush=True)
+        return AutoPrecision(bf16=False, note=f"fell back to fp32: first-batch bf16 cosine to fp32 < {BF16_MIN_COSINE}")
     return AutoPrecision(bf16=False, note="fp32: no readable tiles to check bf16 autocast on")
 
 
