@@ -14,7 +14,8 @@ import torch
 
 from pathtwt.models.registry import create_backbone
 from pathtwt.cli import main
-from pathtwt.compress.distill import DeepSupervision, DistillOptions, batch_indices, distill
+from pathtwt.compress.distill import DeepSupervision, DistillOptions, distill
+from pathtwt.compress.training_tiles import EpochOrder
 from pathtwt.compress.schedule import default_alphas
 from pathtwt.compress.student import add_branch_scales, clone_layers, stitch_student
 
@@ -121,11 +122,13 @@ def test_sigterm_stops_at_the_end_of_the_step_and_resumes_exactly(teacher, tiles
         assert torch.equal(a, b)
 
 
-def test_batches_are_a_pure_function_of_seed_and_step():
-    a = [batch_indices(t, n_tiles=10, batch_size=4, seed=1).tolist() for t in range(5)]
-    assert a == [batch_indices(t, n_tiles=10, batch_size=4, seed=1).tolist() for t in range(5)]
-    assert a != [batch_indices(t, n_tiles=10, batch_size=4, seed=2).tolist() for t in range(5)]
-    assert sorted(a[0] + a[1]) == sorted(set(a[0] + a[1]))  # one epoch draws without replacement
+def test_batches_are_a_pure_function_of_seed_and_position():
+    a = EpochOrder(10, seed=1).tiles(0, 25).tolist()
+    assert a == EpochOrder(10, seed=1).tiles(0, 25).tolist()
+    assert a != EpochOrder(10, seed=2).tiles(0, 25).tolist()
+    assert sorted(a[:10]) == sorted(a[10:20]) == list(range(10))  # each epoch draws every tile once
+    assert a[:10] != a[10:20]  # reshuffled every epoch
+    assert EpochOrder(10, seed=1).tiles(13, 5).tolist() == a[13:18]  # resumable mid-epoch
 
 
 def _teacher_weights(teacher, path):

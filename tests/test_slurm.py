@@ -251,3 +251,62 @@ def test_workflow_runs_through_slurm(cluster, tmp_path):
     assert len(allocated) == n_jobs
     slurm_logs = list((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
     assert sum("group_tile" in str(p) for p in slurm_logs) == 1
+
+
+
+def test_compress_job_runs_two_data_parallel_ranks_through_slurm(cluster, tmp_path):
+    """tile -> calibrate -> discover -> compress through sbatch, the compress job with 2
+    gloo ranks on CPU (launched by torchrun inside the job), streaming the training slides
+    less the calibration's held-out slide."""
+    import json
+
+    import yaml
+
+    slides_dir = tmp_path / "data" / "slides"
+    pathtwt = str(Path(sys.executable).parent / "pathtwt")
+    rows = []
+    for i in range(3):
+        subprocess.run(
+            [pathtwt, "demo", "make-slide", "--out", str(slides_dir / f"t{i}.tiff"), "--width", "1536", "--height", "1024",
+             "--mpp", "0.5", "--task", "metastasis", "--label", str(i % 2), "--seed", str(i)],
+            check=True, capture_output=True, timeout=60,
+        )
+        rows.append(f"t{i},{i % 2},train\n")
+    (tmp_path / "data" / "labels.csv").write_text("slide_id,label,split\n" + "".join(rows))
+    config = {
+        "cohorts": {"train-cohort": {"slides": "data/slides", "labels": "data/labels.csv",
+                                     "tiling": {"tile_size": 224, "tissue": "otsu"}}},
+        "tasks": {"metastasis": {"cohort": "train-cohort", "classes": 2, "metric": "accuracy", "protocol": "metastasis"}},
+        # no weights here: the tiny ViT of the same structure with random weights
+        "backbones": {"vit-s14-imgfocus": {"weights": "absent.safetensors", "fallback": "vit-s14-tiny",
+                                           "variants": ["twt-2"]}},
+        "variants": {"twt-2": {"method": "twt", "depth": 2}},
+        "calibration": {"n_tiles": 24, "holdout": 0.3, "holdout_by": "slide"},
+        "discovery": {"batch_size": 8},
+        "compress": {"steps": 6, "batch_size": 4, "device": "cpu", "cpu_ranks": 2, "stream": True, "precision": "fp32",
+                     "extra_args": "--audition-steps 0 --workers 0 --augment off"},
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(config))
+    target = "results/models/vit-s14-tiny/twt-2/model.json"
+    cmd = [
+        str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path), target,
+        "--configfile", str(tmp_path / "test.yaml"),
+        "--profile", str(REPO / "workflow" / "profiles" / "slurm"),
+        "--default-resources", f"slurm_partition={PARTITION}", "mem_mb=500", "runtime=10",
+        # this cluster has no GPUs: the GPU rules run on its one partition, on CPU
+        "--set-resources", *(f"{rule}:{key}" for rule in ("discover", "compress")
+                             for key in (f"slurm_partition={PARTITION}", "gpu=0", "mem_mb=1500")),
+        "--slurm-init-seconds-before-status-checks", "2", "--latency-wait", "5", "--jobs", "4",
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=480)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log[-4000:] + "\n--- slurmctld ---\n" + cluster.log_text()[-2000:]
+
+    compress_log = (tmp_path / "logs/compress/vit-s14-tiny/twt-2.log").read_text()
+    assert "6 optimiser steps of 4 tiles (4 x 1 accumulated, 2 rank(s) x 2)" in compress_log
+    meta = json.loads((tmp_path / target).read_text())
+    assert meta["name"] == "vit-s14-tiny/twt-2" and meta["distillation"]["steps"] == 6
+    training = meta["distillation"]["training"]
+    assert len(training["excluded_slides"]) == 1 and training["slides"] == 2  # one slide held out
+    slurm_logs = list((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
+    assert any("rule_compress" in str(p) for p in slurm_logs)  # the compress job went through sbatch

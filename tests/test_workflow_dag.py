@@ -109,13 +109,40 @@ def test_paper_study_plans_in_full(paper):
     # every compression method of the paper is planned
     for method in ("twt", "raptor", "wdpruning", "nose"):
         assert f"--method {method}" in res.stdout
-    # calibration tiles come from the training split of the training cohorts only
+    # calibration tiles come from the PANDA training split only (the paper's Appendix B:
+    # not CAMELYON17/16 or TCGA-PRAD)
     blocks = res.stdout.split("rule calibration_list:")[1:]
     assert len(blocks) == len(cfg["backbones"])
     train = {f"results/tiles/panda/{s}.h5" for s in PAPER_DATA["panda"][3]["train"]}
-    train |= {f"results/tiles/camelyon17/{s}.h5" for s in PAPER_DATA["camelyon17"][3]["train"]}
     for block in blocks:
         assert set(re.search(r"input: (.*)", block).group(1).split(", ")) == train
+    _assert_paper_compress_jobs(res.stdout, cfg)
+
+
+# the paper's distillation budgets in epochs over the PANDA training tiles
+PAPER_EPOCHS = {"twt-5": 1.5, "twt-4": 2, "raptor-5": 3, "raptor-4": 3, "nose-5": 2, "nose-4": 2,
+                "wdpruning-5": 2, "wdpruning-4": 2}
+
+
+def _assert_paper_compress_jobs(stdout: str, cfg: dict) -> None:
+    """Every compress job streams the PANDA training coords listing (the same list the
+    calibration draws from, so no other cohort) with the paper's epoch budget."""
+    jobs = [b for b in stdout.split("\nrule ")[1:] if b.startswith("compress:")]
+    assert len(jobs) == sum(len(b["variants"]) - 1 for b in cfg["backbones"].values())
+    seen = set()
+    for job in jobs:
+        backbone, variant = re.search(r"results/models/([^/\s]+)/([^/\s]+)/model.json", job).groups()
+        command = job[job.index("ranks="):]
+        assert f"--train-coords results/calibration/{backbone}.coords.txt" in command
+        assert "--steps" not in command
+        epochs = float(re.search(r"--epochs (\S+)", command).group(1))
+        if variant in PAPER_EPOCHS:
+            assert epochs == PAPER_EPOCHS[variant], (variant, epochs)
+            seen.add(variant)
+        if variant.startswith("raptor"):
+            assert "--option stage1_fraction=0.333333" in command  # 1 epoch of stage 1, then 2
+        assert "--precision auto" in command and "nproc-per-node $ranks" in command
+    assert seen == set(PAPER_EPOCHS)
 
 
 def test_adding_a_cohort_adds_exactly_its_jobs(paper, tmp_path):

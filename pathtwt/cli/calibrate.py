@@ -20,9 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="image files or folders (tif/tiff/png/jpg); large images are cut into tiles",
     )
     parser.add_argument("--out", required=True, type=Path, help="calibration HDF5 to write")
-    parser.add_argument("--n-tiles", type=int, default=10_000, help="tiles to draw")
-    parser.add_argument("--holdout", type=float, default=0.1, help="held-out fraction")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the draw")
+    parser.add_argument("--n-tiles", type=int, default=10_000, help="tiles to draw (default 10000)")
+    parser.add_argument("--holdout", type=float, default=0.1, help="held-out fraction (default 0.1)")
+    parser.add_argument("--holdout-by", choices=("tile", "slide"), default="tile",
+                        help="hold out random tiles (default) or whole slides, so that a streamed training set "
+                        "(pathtwt compress --train-coords) can leave the held-out slides out")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the draw (default 0)")
     parser.add_argument(
         "--patch-size", type=int, default=None,
         help="tile side in pixels (default: the coords files' patch_size, else 224); slide tiles are resized to it",
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     with progress_bar(args, args.n_tiles, "calibration tiles") as bar:
         drawn = draw_tiles(
             coords, images, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout, patch_size=args.patch_size,
+            holdout_by=args.holdout_by,
             progress=bar.update,
         )
     provenance = {
@@ -64,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         "n_tiles_requested": args.n_tiles,
         "n_tiles": int(len(drawn.tiles)),
         "holdout": args.holdout,
+        "holdout_by": args.holdout_by,
         "labels": str(args.labels) if args.labels else None,
         "splits": args.splits if args.labels else None,
         "coords": [str(p) for p in coords],

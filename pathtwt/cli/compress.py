@@ -31,7 +31,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="token mode of the similarity matrix when discovering here (default all)")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--steps", type=int, help="distillation optimiser steps (default: from --epochs)")
-    budget.add_argument("--epochs", type=float, help="distillation passes over the fit tiles (default 1)")
+    budget.add_argument("--epochs", type=float, help="distillation passes over the training tiles, fractions allowed "
+                        "(default 1); the implied optimiser steps are printed before training")
+    parser.add_argument("--accumulate", type=int, default=1,
+                        help="micro-batches of --batch-size per optimiser step (effective batch = batch size x this; default 1)")
+    parser.add_argument("--train-coords", nargs="+", default=None, metavar="COORDS",
+                        help="stream distillation tiles from these coords files / folders / .txt lists (the training "
+                        "cohort) instead of the in-memory fit tiles; the slides of the calibration file's held-out tiles are "
+                        "left out. Needs --calibration calibration files (default: none, in memory)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="distillation autocast (default auto: bf16 where the device has native bf16, else fp32); "
+                        "weights and optimiser state stay fp32")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes reading training tiles (default: cores - 1, at most 4, when streaming; 0 in memory)")
     parser.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
     parser.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up before the cosine decay (default 0)")
     parser.add_argument("--audition-steps", type=int, default=50,
@@ -96,6 +108,15 @@ def parse_method_options(pairs: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathtwt.compress.ranks import shutdown
+
+    try:
+        return _run(args)
+    finally:
+        shutdown()
+
+
+def _run(args: argparse.Namespace) -> int:
     from pathtwt.compress.calibration import load_calibration
     from pathtwt.compress.pipeline import CompressOptions
     from pathtwt.compress.registry import get_method
@@ -103,23 +124,54 @@ def run(args: argparse.Namespace) -> int:
     from pathtwt.models.registry import create_backbone
     from pathtwt.devices import resolve_device
 
+    from pathtwt.compress.ranks import init_from_env, is_writer, world_size
+    from pathtwt.devices import resolve_training_precision
+
     method = get_method(args.method)  # fail on an unknown method before loading anything
     extra = parse_method_options(args.option)
+    if args.accumulate < 1:
+        from pathtwt.errors import ConfigError
+
+        raise ConfigError(f"--accumulate {args.accumulate}: must be >= 1")
+    device = init_from_env(resolve_device(args.device))  # joins the process group under torchrun / srun
+    if args.batch_size % world_size():
+        from pathtwt.errors import ConfigError
+
+        raise ConfigError(f"--batch-size {args.batch_size} is not divisible by the {world_size()} ranks; choose a multiple")
+    precision = resolve_training_precision(args.precision, device)
     # float32 teacher whatever the backbone's inference precision: its outputs are the targets
     teacher = create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init,
-                              device=resolve_device(args.device), precision="fp32")
+                              device=device, precision="fp32")
     calib = load_calibration(args.calibration, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout,
                              patch_size=teacher.spec.input_size)
+    workers = args.workers
+    if args.train_coords:
+        from pathtwt.compress.training_tiles import attach_streamed_training
+
+        attach_streamed_training(calib, args.calibration, args.train_coords)
+        if workers is None:
+            from pathtwt.features.extract import default_workers
+
+            workers = default_workers()
     options = CompressOptions(
         out=args.out, depth=args.depth, eps=args.eps, plan=args.plan, tokens=args.tokens, steps=args.steps,
-        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
+        epochs=args.epochs, batch_size=args.batch_size, accumulate=args.accumulate, precision=precision,
+        workers=workers or 0, lr=args.lr, warmup_steps=args.warmup_steps,
         audition_steps=args.audition_steps, schedule=args.schedule, layer_scale=args.layer_scale,
         augment=args.augment, init=args.init, seed=args.seed, device=teacher.device, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, keep_checkpoint=args.keep_checkpoint, stop_after=args.stop_after,
         progress=show_progress(args), extra=extra,
         command=[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if not k.startswith("_") and v is not None],
     )
+    if is_writer():
+        from pathtwt.compress.distill import plan_summary
+        from pathtwt.compress.methods.common import n_training
+        from pathtwt.compress.pipeline import distill_options
+
+        print(plan_summary(distill_options(options), n_training(calib), world=world_size()), flush=True)
     out = method(teacher, calib, options)
+    if not is_writer():
+        return 0  # rank 0 reports
     if out is None:
         print(f"{args.out}: stopped after step {args.stop_after}; rerun the same command to resume")
         return 0

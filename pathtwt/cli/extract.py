@@ -34,10 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=32, help="tiles per forward pass")
     add_device_argument(parser)
-    parser.add_argument(
-        "--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
-        help="inference precision (auto: the backbone's own default precision)",
-    )
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                        help="auto: bf16 autocast over fp32 weights where the device has native bf16, kept "
+                        "only if the run's first batch agrees with fp32 (cosine >= 0.999, else fp32; see the features "
+                        "files' precision_check), otherwise the backbone's default; bf16/fp16: weights cast")
     add_workers_argument(parser, "tile-reading processes")
     add_threads_argument(parser)
     parser.add_argument("--skip-existing", action="store_true", help="leave features files that already exist")
@@ -79,14 +79,18 @@ def run(args: argparse.Namespace) -> int:
         raise PathtwtError(f"--workers must be >= 0 (0 reads tiles in the main process), got {args.workers}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    from pathtwt.devices import native_bf16
+
+    device = resolve_device(args.device)
+    autocast = args.precision == "auto" and native_bf16(device)
     backbone = create_backbone(
-        args.backbone, weights=args.weights, pretrained=not args.random_init, device=resolve_device(args.device),
-        precision=args.precision
+        args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,
+        precision="fp32" if autocast else args.precision
     )
     summaries = extract_many(
         jobs, backbone, batch_size=args.batch_size, workers=args.workers,
         progress=show_progress(args), skip_existing=args.skip_existing, failures=args.failures,
-        embedding=args.embedding, force=args.force,
+        embedding=args.embedding, force=args.force, bf16_autocast=autocast,
     )
     for summary in summaries:
         print(json.dumps(summary))

@@ -178,6 +178,25 @@ def _split(n: int, holdout: float, rng: np.random.Generator) -> np.ndarray:
     return split
 
 
+def _split_by_source(source_index: np.ndarray, holdout: float, rng: np.random.Generator) -> np.ndarray:
+    """Hold out whole sources (slides), in a seeded order, each one taken if it brings the
+    held-out share closer to ``holdout`` (the first always, never all of them). A streamed
+    training set can then leave those slides out entirely."""
+    split = np.zeros(len(source_index), dtype=np.uint8)
+    present = np.unique(source_index)
+    if holdout <= 0 or len(present) < 2:
+        return split
+    want, held, taken = holdout * len(source_index), 0, 0
+    for s in rng.permutation(present):
+        rows = source_index == s
+        n = int(rows.sum())
+        if taken == len(present) - 1:
+            break
+        if taken == 0 or abs(held + n - want) < abs(held - want):
+            split[rows], held, taken = 1, held + n, taken + 1
+    return split
+
+
 def _read_coords_tiles(
     group: _Group, indices: list[int], attrs: dict[str, Any], coords_path: Path, patch_size: int
 ) -> np.ndarray:
@@ -240,9 +259,13 @@ def draw_tiles(
     holdout: float,
     patch_size: int | None = None,
     progress: Callable[[int], Any] | None = None,
+    holdout_by: str = "tile",
 ) -> _Drawn:
     """Draw and read the tiles (in a fixed order: by source, then by tile index).
-    ``progress`` is called with the number of tiles read from each source."""
+    ``progress`` is called with the number of tiles read from each source. ``holdout_by``:
+    "tile" (a random fraction of the tiles) or "slide" (whole slides)."""
+    if holdout_by not in ("tile", "slide"):
+        raise ConfigError(f"--holdout-by {holdout_by!r}: use tile or slide")
     if n_tiles < 1:
         raise ConfigError(f"--n-tiles must be >= 1, got {n_tiles}")
     if not 0.0 <= holdout < 1.0:
@@ -288,7 +311,7 @@ def draw_tiles(
             tiles[rows] = _read_image_tiles(g, indices, patch_size)
         if progress is not None:
             progress(len(rows))
-    split = _split(len(picks), holdout, rng)
+    split = _split(len(picks), holdout, rng) if holdout_by == "tile" else _split_by_source(source_index, holdout, rng)
     return _Drawn(tiles, split, source_index, origins, [g.source for g in groups], patch_size)
 
 

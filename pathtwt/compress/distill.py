@@ -6,11 +6,21 @@ the ``objective``: an object with ``targets(teacher, x) -> list[Tensor]`` (compu
 gradients) and ``loss(student, x, targets, step) -> (loss, {term: value})``, the per-step
 hook through which every method plugs its own loss. :class:`DeepSupervision` is TWT's.
 
-Exact resumption: the batch at step t is a pure function of (seed, t) (a per-epoch
-permutation from a seeded generator), augmentation is seeded by (seed, t), the schedules
-are functions of t, and checkpoints hold the student, optimiser, LR scheduler, RNG states
-and step. A run killed at any point and rerun with the same options therefore continues
-from its last checkpoint to the same numbers as an uninterrupted run (on CPU).
+Tiles come from memory (the calibration set) or are streamed from the training cohort's
+slides by DataLoader workers (:mod:`pathtwt.compress.training_tiles`, which also defines
+the order: seeded per-epoch permutations across slides, the sampler state one position).
+Budgets are optimiser steps or epochs over the training tiles; an optimiser step is
+``accumulate`` micro-batches of ``batch_size`` tiles (global, split over the ranks of a
+torch.distributed run). bf16 autocast is optional; master weights and optimiser state
+stay float32, and the teacher's targets are computed under ``torch.inference_mode``.
+
+Exact resumption: the tiles of micro-batch m are a pure function of (seed, m), their
+augmentation of (seed, position), the schedules are functions of the step, and
+checkpoints hold the student, optimiser, LR scheduler, RNG states, sampler position and
+step, as tensors and plain values only. A run killed at any point and rerun with the same
+options, on any number of ranks, continues from its last checkpoint to the same numbers
+as an uninterrupted run (on CPU; to float rounding of the gradient all-reduce across
+different rank counts).
 """
 
 from __future__ import annotations
@@ -30,7 +40,6 @@ from torch import nn
 
 from pathtwt.errors import NumericsError, PathtwtError
 from pathtwt.io.atomic import atomic_output
-from pathtwt.compress.augment import TileAugmenter, step_seed
 from pathtwt.compress.intermediates import tiles_to_batch
 from pathtwt.compress.schedule import cosine_lr_factor, term_weights
 from pathtwt.compress.student import block_outputs
@@ -42,8 +51,9 @@ CHECKPOINT_FORMAT = "pathtwt-distill-checkpoint/1"
 @dataclass
 class DistillOptions:
     steps: int | None = None  # optimiser steps; None: derived from epochs
-    epochs: float | None = None  # passes over the fit tiles (used when steps is None)
-    batch_size: int = 32
+    epochs: float | None = None  # passes over the training tiles (used when steps is None)
+    batch_size: int = 32  # global micro-batch, split over the ranks
+    accumulate: int = 1  # micro-batches per optimiser step (effective batch = batch_size x accumulate)
     lr: float = 3e-4  # peak learning rate (the paper's)
     weight_decay: float = 0.05
     warmup_steps: int = 0
@@ -51,6 +61,8 @@ class DistillOptions:
     augment: bool = True  # colour jitter + Gaussian blur; off allows caching teacher targets
     seed: int = 0
     device: str = "cpu"
+    precision: str = "fp32"  # fp32 | bf16 (autocast; master weights and optimiser state stay fp32)
+    workers: int = 0  # DataLoader workers reading and augmenting tiles
     checkpoint: Path | None = None  # file; resumed from when it exists
     checkpoint_every: int = 100
     stop_after: int | None = None  # stop after this step as if interrupted (checkpoint kept)
@@ -61,7 +73,11 @@ class DistillOptions:
         if self.steps is not None:
             return int(self.steps)
         epochs = 1.0 if self.epochs is None else float(self.epochs)
-        return max(1, math.ceil(epochs * steps_per_epoch(n_tiles, self.batch_size)))
+        return max(1, math.ceil(epochs * n_tiles / self.effective_batch))
+
+    @property
+    def effective_batch(self) -> int:
+        return max(1, int(self.batch_size)) * max(1, int(self.accumulate))
 
 
 @dataclass
@@ -109,75 +125,103 @@ class DeepSupervision:
         return loss, {n: float(t.detach()) for n, t in zip(names, terms)}
 
 
-def steps_per_epoch(n_tiles: int, batch_size: int) -> int:
-    return max(1, n_tiles // max(1, batch_size))
-
-
-def batch_indices(step: int, *, n_tiles: int, batch_size: int, seed: int) -> np.ndarray:
-    """Tile indices of the batch at ``step``: a seeded permutation per epoch, drop-last."""
-    spe = steps_per_epoch(n_tiles, batch_size)
-    epoch, i = divmod(int(step), spe)
-    g = torch.Generator().manual_seed(step_seed(seed, 10_000_019 * (epoch + 1)))
-    perm = torch.randperm(n_tiles, generator=g).numpy()
-    b = min(batch_size, n_tiles)
-    return np.sort(perm[i * b : (i + 1) * b])
-
-
 class TargetCache:
-    """Teacher targets of every fit tile, computed once in a fixed order (so the values do
-    not depend on when a run was resumed), kept in memory."""
+    """Teacher targets of every in-memory tile, computed once in a fixed order (so the
+    values do not depend on when a run was resumed), kept in memory."""
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         self.tensors = tensors
 
     @classmethod
-    def build(cls, teacher: nn.Module, tiles: np.ndarray, *, transform: Transform, objective: Objective, device: str, chunk: int) -> "TargetCache":
+    def build(cls, teacher: nn.Module, tiles: np.ndarray, *, transform: Transform, objective: Objective, device: str,
+              chunk: int, precision: str) -> "TargetCache":
         parts: list[list[torch.Tensor]] = []
-        with torch.no_grad():
-            for i in range(0, len(tiles), chunk):
-                x = tiles_to_batch(transform, tiles[i : i + chunk], device)
-                parts.append([t.float().cpu() for t in objective.targets(teacher, x)])
+        for i in range(0, len(tiles), chunk):
+            x = tiles_to_batch(transform, tiles[i : i + chunk], device)
+            parts.append([t.cpu() for t in teacher_targets(objective, teacher, x, precision)])
         return cls([torch.cat(list(col)) for col in zip(*parts)])
 
-    def get(self, idx: np.ndarray, device: str) -> list[torch.Tensor]:
-        index = torch.from_numpy(idx)
-        return [t.index_select(0, index).to(device) for t in self.tensors]
+    def get(self, idx: torch.Tensor, device: str) -> list[torch.Tensor]:
+        return [t.index_select(0, idx.cpu()).to(device) for t in self.tensors]
+
+
+def _autocast(device: str, precision: str):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+def teacher_targets(objective: Objective, teacher: nn.Module, x: torch.Tensor, precision: str) -> list[torch.Tensor]:
+    """The teacher's targets under inference mode (no autograd bookkeeping at all), returned
+    as ordinary float32 tensors so the loss may save them for its backward pass."""
+    with torch.inference_mode(), _autocast(str(x.device), precision):
+        targets = objective.targets(teacher, x)
+    return [t.to(torch.float32, copy=True) for t in targets]
 
 
 def _estimate_target_bytes(teacher: nn.Module, tiles: np.ndarray, transform: Transform, objective: Objective, device: str) -> int:
-    with torch.no_grad():
-        probe = objective.targets(teacher, tiles_to_batch(transform, tiles[:1], device))
+    probe = teacher_targets(objective, teacher, tiles_to_batch(transform, tiles[:1], device), "fp32")
     return sum(t.numel() * 4 for t in probe) * len(tiles)
 
 
+# Checkpoints hold only tensors and plain values (dicts, lists, numbers, strings) and are
+# read with torch.load(weights_only=True), which refuses anything else: loading a file
+# never runs code stored in it.
+
 def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"name": str(name), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "python": {"version": int(version), "internal": list(internal), "gauss": gauss}}
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))
 
 
 def _fingerprint(options: DistillOptions, n_tiles: int, total: int) -> dict[str, Any]:
-    # What must match for a checkpoint to continue this very run.
-    return {"total_steps": total, "batch_size": options.batch_size, "seed": options.seed, "n_tiles": n_tiles,
-            "lr": options.lr, "augment": options.augment}
+    # What must match for a checkpoint to continue this very run (the number of ranks need
+    # not: the sampler state is a position in the global stream).
+    return {"total_steps": total, "batch_size": options.batch_size, "accumulate": options.accumulate,
+            "seed": options.seed, "n_tiles": n_tiles, "lr": options.lr, "augment": options.augment}
 
 
 def save_checkpoint(path: Path, *, student: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, step: int,
-                    fingerprint: dict[str, Any], history: list[dict[str, float]]) -> None:
+                    fingerprint: dict[str, Any], history: list[dict[str, float]], sampler: dict[str, int]) -> None:
     state = {"format": CHECKPOINT_FORMAT, "step": step, "fingerprint": fingerprint, "student": student.state_dict(),
-             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(), "history": history}
+             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(),
+             "sampler": sampler, "history": history}
     with atomic_output(path) as tmp:
         torch.save(state, tmp)
 
 
-def _load_checkpoint(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if state.get("format") != CHECKPOINT_FORMAT:
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """A distillation checkpoint's state, refusing (one line) any file that is not one or
+    that holds pickled objects."""
+    import pickle
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PathtwtError(f"{path}: refused, the checkpoint holds pickled objects, not only tensors and plain values "
+                           f"({first[:160]}); delete it to start over") from None
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise PathtwtError(f"{path}: unreadable checkpoint ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+                           "delete it to start over") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise PathtwtError(f"{path}: not a pathtwt distillation checkpoint; delete it or choose another --out")
+    return state
+
+
+def _load_checkpoint(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
+    state = load_checkpoint(path)
     if state["fingerprint"] != fingerprint:
         raise PathtwtError(
             f"{path}: checkpoint of a different run ({state['fingerprint']} vs {fingerprint}); delete it to start over"
@@ -213,23 +257,57 @@ def _stop_at_step_end() -> Iterator[_StopRequest]:
             signal.signal(sig, old)
 
 
+def _as_source(tiles: Any) -> Any:
+    from pathtwt.compress.training_tiles import ArrayTiles
+
+    return ArrayTiles(tiles) if isinstance(tiles, np.ndarray) else tiles
+
+
+class _StudentLoss(nn.Module):
+    """The student and the objective's loss as one module, so DistributedDataParallel sees
+    the forward pass it has to synchronise (the objective calls the student's blocks, not
+    its forward)."""
+
+    def __init__(self, student: nn.Module, objective: Objective) -> None:
+        super().__init__()
+        self.student = student
+        self.objective = objective
+
+    def forward(self, x: torch.Tensor, targets: list[torch.Tensor], step: int):
+        return self.objective.loss(self.student, x, targets, step)
+
+
 def distill(
     student: nn.Module,
     teacher: nn.Module,
-    tiles: np.ndarray,
+    tiles: Any,
     *,
     transform: Transform,
     objective: Objective,
     options: DistillOptions,
     description: str = "distill",
 ) -> DistillResult:
-    """Train ``student`` (in place) to match ``teacher`` under ``objective``; see module doc."""
+    """Train ``student`` (in place) to match ``teacher`` under ``objective``; see module doc.
+
+    ``tiles``: uint8 tiles in memory (N, P, P, 3) or a streamed source
+    (:class:`pathtwt.compress.training_tiles.SlideTiles`). Run under torch.distributed,
+    each rank trains on its slice of every global micro-batch (DistributedDataParallel)
+    and only rank 0 writes the checkpoint."""
     from tqdm.auto import tqdm
 
-    if len(tiles) == 0:
+    from pathtwt.compress import ranks
+    from pathtwt.compress.training_tiles import EpochOrder, MicroBatches, Sharding, TrainingItems, cv2_pool_stopped, loader
+
+    source = _as_source(tiles)
+    n_tiles = len(source)
+    if n_tiles == 0:
         raise PathtwtError("no calibration tiles to distill on; check --calibration")
-    device = options.device
-    n_tiles = len(tiles)
+    if options.precision not in ("fp32", "bf16"):
+        raise PathtwtError(f"--precision {options.precision!r}: use fp32 or bf16")
+    device, precision = options.device, options.precision
+    world, rank, writer = ranks.world_size(), ranks.rank(), ranks.is_writer()
+    sharding = Sharding(batch=int(options.batch_size), world=world, rank=rank)
+    accumulate = max(1, int(options.accumulate))
     total = options.resolved_steps(n_tiles)
     teacher.eval().requires_grad_(False).to(device)
     student.to(device).train()
@@ -247,61 +325,97 @@ def distill(
         scheduler.load_state_dict(state["scheduler"])
         _set_rng_state(state["rng"])
         start, history = int(state["step"]), list(state["history"])
+        expected = start * accumulate * sharding.batch
+        if int(state.get("sampler", {}).get("position", expected)) != expected:
+            raise PathtwtError(f"{ckpt}: sampler position {state['sampler']} does not match step {start}; delete it to start over")
 
-    augmenter = TileAugmenter() if options.augment else None
+    in_memory = isinstance(tiles, np.ndarray)
     cache = None
-    if augmenter is None and start < total:
+    if in_memory and not options.augment and start < total:
         if _estimate_target_bytes(teacher, tiles, transform, objective, device) <= options.cache_limit_bytes:
             cache = TargetCache.build(teacher, tiles, transform=transform, objective=objective, device=device,
-                                      chunk=options.batch_size)
+                                      chunk=options.batch_size, precision=precision)
 
     end = total if options.stop_after is None else min(total, max(start, int(options.stop_after)))
     step, saved_at = start, start
-    bar = tqdm(total=total, initial=start, desc=description, disable=not options.progress, leave=False)
+    model: nn.Module = _StudentLoss(student, objective)
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # unused parameters (e.g. the patch embedding in a block-wise stage) keep no
+        # gradient, as in a single process, so AdamW treats them identically
+        model = DistributedDataParallel(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None,
+                                        find_unused_parameters=True)
+    items = TrainingItems(source, transform, augment=options.augment, seed=options.seed)
+    order = EpochOrder(n_tiles, options.seed)
+    workers = max(0, int(options.workers))
+    batches = loader(items, MicroBatches(order, sharding, start * accumulate, end * accumulate), workers=workers,
+                     pin_memory=device.startswith("cuda"))
+    bar = tqdm(total=total, initial=start, desc=description, disable=not (options.progress and writer), leave=False)
 
     def checkpoint_now() -> None:
         nonlocal saved_at
-        if ckpt is not None and saved_at != step:
+        if ckpt is not None and saved_at != step and writer:
             save_checkpoint(ckpt, student=student, optimizer=optimizer, scheduler=scheduler, step=step,
-                            fingerprint=fingerprint, history=history)
-            saved_at = step
+                            fingerprint=fingerprint, history=history,
+                            sampler={"position": step * accumulate * sharding.batch, "seed": options.seed, "n_tiles": n_tiles})
+        saved_at = step
 
-    with _stop_at_step_end() as stop:
+    with _stop_at_step_end() as stop, cv2_pool_stopped(workers > 0):
         try:
+            stream = iter(batches)
             while step < end:
-                idx = batch_indices(step, n_tiles=n_tiles, batch_size=options.batch_size, seed=options.seed)
-                batch = tiles[idx]
-                if augmenter is not None:
-                    batch = augmenter(batch, seed=step_seed(options.seed, step))
-                x = tiles_to_batch(transform, batch, device)
-                if cache is not None:
-                    targets = cache.get(idx, device)
-                else:
-                    with torch.no_grad():
-                        targets = objective.targets(teacher, x)
-                loss, terms = objective.loss(student, x, targets, step)
-                if not torch.isfinite(loss):
-                    raise NumericsError(f"{description}: loss became {float(loss)} at step {step}; lower --lr or check the calibration tiles")
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                loss_sum, term_sums = 0.0, {}
+                for micro in range(accumulate):
+                    idx, x, errors = next(stream)
+                    bad = next((i for i, e in enumerate(errors) if e), None)
+                    if bad is not None:
+                        raise items.failure(int(idx[bad]), errors[bad])
+                    x = x.to(device, non_blocking=True)
+                    targets = cache.get(idx, device) if cache is not None else teacher_targets(objective, teacher, x, precision)
+                    sync = world == 1 or micro == accumulate - 1
+                    with (contextlib.nullcontext() if sync else model.no_sync()), _autocast(device, precision):
+                        loss, terms = model(x, targets, step)
+                        (loss / accumulate).backward()
+                    loss_sum += float(loss.detach()) / accumulate
+                    for k, v in terms.items():
+                        term_sums[k] = term_sums.get(k, 0.0) + float(v) / accumulate
+                # one small all-reduce per step: the logged numbers are the global means, and a
+                # stop request seen by any rank stops every rank at the same step
+                names = sorted(term_sums)
+                shared = ranks.all_mean(torch.tensor([loss_sum, *(term_sums[k] for k in names),
+                                                      1.0 if stop.signum is not None else 0.0], dtype=torch.float64))
+                loss_value = float(shared[0])
+                if not math.isfinite(loss_value):
+                    raise NumericsError(f"{description}: loss became {loss_value} at step {step}; lower --lr or check the calibration tiles")
                 if options.grad_clip and options.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(params, options.grad_clip)
                 optimizer.step()
                 scheduler.step()
                 step += 1
-                history.append({"step": step, "loss": float(loss.detach()), **terms})
+                history.append({"step": step, "loss": loss_value, **{k: float(v) for k, v in zip(names, shared[1:-1])}})
                 bar.update(1)
                 bar.set_postfix({k: f"{v:.3g}" for k, v in history[-1].items() if k != "step"}, refresh=False)
                 if ckpt is not None and options.checkpoint_every > 0 and step % options.checkpoint_every == 0:
                     checkpoint_now()
-                if stop.signum is not None:
+                if float(shared[-1]) > 0:
                     checkpoint_now()  # an interrupted run keeps its progress
-                    raise KeyboardInterrupt(f"stopped by signal {stop.signum} after step {step}")
+                    raise KeyboardInterrupt(f"stopped by signal {stop.signum or 'on another rank'} after step {step}")
         finally:
             bar.close()
     checkpoint_now()
     student.eval()
     return DistillResult(steps_done=step, total_steps=total, completed=step >= total, resumed_from=start, history=history)
+
+
+def plan_summary(options: DistillOptions, n_tiles: int, *, world: int = 1) -> str:
+    """The budget in words, printed before training starts."""
+    total = options.resolved_steps(n_tiles)
+    epochs = total * options.effective_batch / max(1, n_tiles)
+    return (f"distillation: {n_tiles} training tiles, {total} optimiser steps of {options.effective_batch} tiles "
+            f"({options.batch_size} x {options.accumulate} accumulated, {world} rank(s) x {options.batch_size // max(1, world)}) "
+            f"= {epochs:.3g} epochs, precision {options.precision}")
 
 
 def options_dict(options: DistillOptions) -> dict[str, Any]:

@@ -22,8 +22,11 @@ class CompressOptions:
     plan: Path | None = None  # a discovery plan.json (overrides depth/eps)
     tokens: str = "all"  # token mode of the similarity matrix when discovering here
     steps: int | None = None  # distillation budget in optimiser steps ...
-    epochs: float | None = None  # ... or in passes over the fit tiles (default 1 epoch)
-    batch_size: int = 32
+    epochs: float | None = None  # ... or in passes over the training tiles (default 1 epoch)
+    batch_size: int = 32  # global micro-batch (split over the ranks)
+    accumulate: int = 1  # micro-batches per optimiser step
+    precision: str = "fp32"  # distillation autocast: fp32 | bf16
+    workers: int = 0  # DataLoader workers reading the training tiles
     lr: float = 3e-4
     warmup_steps: int = 0
     audition_steps: int = 50
@@ -54,8 +57,8 @@ def distill_options(options: CompressOptions) -> "DistillOptions":
     from pathtwt.compress.distill import DistillOptions
 
     return DistillOptions(
-        steps=options.steps, epochs=options.epochs, batch_size=options.batch_size, lr=options.lr,
-        warmup_steps=options.warmup_steps, augment=options.augment, seed=options.seed, device=options.device,
+        steps=options.steps, epochs=options.epochs, batch_size=options.batch_size, accumulate=options.accumulate,
+        precision=options.precision, workers=options.workers, lr=options.lr, warmup_steps=options.warmup_steps, augment=options.augment, seed=options.seed, device=options.device,
         checkpoint=options.checkpoint_path(), checkpoint_every=options.checkpoint_every,
         stop_after=options.stop_after, progress=options.progress,
     )
@@ -76,6 +79,22 @@ def budget_record(method: str, options: CompressOptions, n_fit: int, spec: Any, 
     else:
         run["unit"] = None  # closed form or no training
     return {"run": run, "paper": paper}
+
+
+def training_tiles(calib: Any) -> Any:
+    """What distillation trains on: the streamed training cohort when one was attached to
+    the calibration set (``calib.training``, see pathtwt compress --train-coords), else the
+    in-memory fit tiles."""
+    streamed = getattr(calib, "training", None)
+    return calib.fit if streamed is None else streamed
+
+
+def training_record(calib: Any) -> dict[str, Any]:
+    """model.json's account of the training tiles: source, count, the slides held out."""
+    streamed = getattr(calib, "training", None)
+    if streamed is None:
+        return {"source": "in-memory calibration fit tiles", "tiles": int(len(calib.fit))}
+    return streamed.describe()
 
 
 def backbone_default(option: bool | None, spec: Any) -> bool:
@@ -153,10 +172,14 @@ def distill_and_export(
 
     initial = fidelity()
     dopts = distill_options(options)
-    result = distill(student, teacher.model, calib.fit, transform=teacher.transform, objective=objective, options=dopts,
+    result = distill(student, teacher.model, training_tiles(calib), transform=teacher.transform, objective=objective, options=dopts,
                      description=f"{method}-{len(student.blocks)}")
     if not result.completed:
         return None
+    from pathtwt.compress.ranks import is_writer
+
+    if not is_writer():
+        return Path(options.out)  # rank 0 measures and writes
     fold_branch_scales(student)
     final = fidelity()
     last = result.history[-1] if result.history else {}
@@ -170,7 +193,8 @@ def distill_and_export(
             "selection_split": selection_split,
             "fidelity": {"holdout_tiles": final.get("n_tiles", 0), "on": "holdout" if len(calib.holdout) else "fit",
                          "initial": initial, "final": final},
-            "distillation": {"steps": result.total_steps, "resumed_from": result.resumed_from, "last": last},
+            "distillation": {"steps": result.total_steps, "resumed_from": result.resumed_from, "last": last,
+                             "training": training_record(calib)},
         },
     )
     if not options.keep_checkpoint:

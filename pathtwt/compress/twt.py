@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pathtwt.compress.pipeline import CompressOptions, backbone_default, distill_and_export, distill_options, resolve_plan
+from pathtwt.compress.pipeline import CompressOptions, backbone_default, distill_and_export, distill_options, resolve_plan, training_tiles
 
 
 def build_twt_student(teacher: Any, calib: Any, plan: dict[str, Any], options: CompressOptions) -> tuple[Any, list[dict]]:
@@ -47,7 +47,7 @@ def compress_twt(teacher: Any, calib: Any, options: CompressOptions) -> Path | N
     if use_scalar:
         add_branch_scales(student)
     boundaries = [e for _, e in plan["blocks"]]
-    total = distill_options(options).resolved_steps(len(calib.fit))
+    total = distill_options(options).resolved_steps(len(training_tiles(calib)))
     alphas = default_alphas(len(boundaries) + 1, total) if use_schedule else None
     return distill_and_export(
         teacher, calib, options, method="twt", student=student, objective=DeepSupervision(boundaries, alphas),

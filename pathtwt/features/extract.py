@@ -128,6 +128,67 @@ def transform_attrs(transform: Any) -> dict[str, Any]:
     return {f"transform_{k}": v for k, v in describe().items()} if describe else {}
 
 
+# bf16 autocast is kept only when its embeddings of the run's first batch agree with fp32
+# ones at least this well (cosine, worst tile)
+BF16_MIN_COSINE = 0.999
+
+
+@dataclass
+class AutoPrecision:
+    """``--precision auto`` on hardware with native bf16: bf16 autocast over an fp32 model,
+    decided once per run by :func:`check_bf16` on its first batch."""
+
+    bf16: bool = False
+    note: str = "not checked"
+
+    def context(self, device: Any):
+        import contextlib
+
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+    def attrs(self) -> dict[str, Any]:
+        return {"precision": "bf16-autocast" if self.bf16 else "fp32", "precision_check": self.note}
+
+
+def check_bf16(jobs: Sequence[ExtractJob], backbone: Backbone, batch_size: int) -> AutoPrecision:
+    """Embed the first batch of the first readable slide in fp32 and under bf16 autocast;
+    keep bf16 if every tile's cosine is at least BF16_MIN_COSINE, else fall back to fp32
+    and say so (log and the features files' ``precision_check``)."""
+    import logging
+
+    log = logging.getLogger(__name__)
+    for job in jobs:
+        try:
+            xy, _tissue, attrs = read_coords(job.coords)
+            if not len(xy) or not job.slide.is_file():
+                continue
+            dataset = TileDataset(job.slide, xy[:batch_size], attrs, backbone.transform)
+            items = [dataset[i] for i in range(len(dataset))]
+        except Exception:  # noqa: BLE001 - an unreadable slide is reported by its own extraction
+            continue
+        if any(err for _, _, err in items):
+            continue
+        x = torch.stack([t for _, t, _ in items]).to(backbone.device)
+        prefix = backbone.spec.num_prefix_tokens
+        with torch.inference_mode():
+            ref = embed_tiles(backbone.model, x, prefix).float()
+            with AutoPrecision(bf16=True).context(backbone.device):
+                low = embed_tiles(backbone.model, x, prefix).float()
+        cosine = float(torch.nn.functional.cosine_similarity(ref, low, dim=1).min())
+        measured = f"worst cosine to fp32 {cosine:.6f} on the first {len(x)} tiles of {job.slide.name}"
+        # the files' note names only the outcome: a file must not depend on which slide a
+        # (possibly resumed) run happened to check first; the measurement goes to the log
+        if cosine >= BF16_MIN_COSINE:
+            log.info("bf16 autocast kept: %s", measured)
+            return AutoPrecision(bf16=True, note=f"bf16 autocast kept: first-batch cosine to fp32 >= {BF16_MIN_COSINE}")
+        log.warning("fell back to fp32: bf16 autocast %s < %s", measured, BF16_MIN_COSINE)
+        print(f"extract: fell back to fp32: bf16 autocast {measured} < {BF16_MIN_COSINE}", flush=True)
+        return AutoPrecision(bf16=False, note=f"fell back to fp32: first-batch bf16 cosine to fp32 < {BF16_MIN_COSINE}")
+    return AutoPrecision(bf16=False, note="fp32: no readable tiles to check bf16 autocast on")
+
+
 def extract_slide(
     slide: str | os.PathLike,
     coords: str | os.PathLike,
@@ -138,6 +199,7 @@ def extract_slide(
     progress: bool = True,
     embedding: str = DEFAULT_RECIPE,
     force: bool = False,
+    auto_precision: AutoPrecision | None = None,
 ) -> dict[str, Any]:
     """Embed every tile of ``slide`` listed in ``coords`` into ``out`` (written atomically).
     Returns a summary (tiles, seconds, tiles/s). The slide must be the one the coords were
@@ -155,12 +217,14 @@ def extract_slide(
     n = len(xy)
     attrs = features_attrs(backbone, coords_attrs, slide, coords, n, embedding)
     attrs["slide_check"] = slide_check
+    if auto_precision is not None:
+        attrs.update(auto_precision.attrs())
     start = time.perf_counter()
     with FeaturesWriter(out, n_tiles=n, dim=attrs["embedding_dim"], attrs=attrs) as writer:
         writer.coords[...] = xy
         if n:
             dataset = TileDataset(slide, xy, coords_attrs, backbone.transform)
-            for index, feats in _embed_stream(dataset, backbone, batch_size, workers, progress, slide, embedding):
+            for index, feats in _embed_stream(dataset, backbone, batch_size, workers, progress, slide, embedding, auto_precision):
                 writer.features[index[0] : index[-1] + 1] = feats
     seconds = time.perf_counter() - start
     return {"slide": str(slide), "out": str(out), "tiles": n, "seconds": seconds, "tiles_per_s": n / max(seconds, 1e-9)}
@@ -176,7 +240,7 @@ def _check_slide(slide: Path, coords: Path, coords_attrs: dict[str, Any]) -> str
 
 def _embed_stream(
     dataset: TileDataset, backbone: Backbone, batch_size: int, workers: int | None, progress: bool, slide: Path,
-    embedding: str = DEFAULT_RECIPE,
+    embedding: str = DEFAULT_RECIPE, auto_precision: AutoPrecision | None = None,
 ):
     from tqdm import tqdm
 
@@ -209,7 +273,8 @@ def _embed_stream(
                 if bad is not None:
                     x, y = dataset.coords[int(index[bad])]
                     raise SlideError(f"{slide}: cannot read tile at level-0 (x={x}, y={y}): {errors[bad]}")
-                feats = embed_tiles(model, images.to(backbone.device, non_blocking=on_cuda), prefix, embedding)
+                with (auto_precision or AutoPrecision()).context(backbone.device):
+                    feats = embed_tiles(model, images.to(backbone.device, non_blocking=on_cuda), prefix, embedding)
                 finite = torch.isfinite(feats).all(dim=1)
                 if not bool(finite.all()):
                     x, y = dataset.coords[int(index[int((~finite).nonzero()[0])])]
@@ -235,6 +300,7 @@ def extract_many(
     failures: str | os.PathLike | None = None,
     embedding: str = DEFAULT_RECIPE,
     force: bool = False,
+    bf16_autocast: bool = False,
 ) -> list[dict[str, Any]]:
     """Extract several slides with one loaded backbone.
 
@@ -245,6 +311,7 @@ def extract_many(
     on and the MIL stage excludes or refuses it as configured; the other slides are
     extracted as usual. The table exists at the end even when nothing failed."""
     summaries = []
+    auto = check_bf16([j for j in jobs if not (skip_existing and j.out.exists())], backbone, batch_size) if bf16_autocast else None
     for job in jobs:
         if skip_existing and job.out.exists():
             summaries.append({"slide": str(job.slide), "out": str(job.out), "skipped": True})
@@ -252,7 +319,7 @@ def extract_many(
         try:
             summaries.append(
                 extract_slide(job.slide, job.coords, job.out, backbone, batch_size, workers, progress, embedding,
-                              force=force)
+                              force=force, auto_precision=auto)
             )
         except (SlideError, NumericsError) as exc:
             if failures is None:

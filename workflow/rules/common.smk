@@ -272,9 +272,29 @@ def get_compress_target_args(wildcards):
     return f"--depth {v['depth']}" if v["depth"] is not None else f"--eps {v['eps']}"
 
 
-def get_compress_steps(wildcards):
-    v = get_variant(wildcards)
-    return v["steps"] if v["steps"] is not None else config["compress"]["steps"]
+def get_compress_budget_args(wildcards):
+    """The distillation budget: the variant's steps or epochs, else compress.epochs, else
+    compress.steps."""
+    v, c = get_variant(wildcards), config["compress"]
+    if v["steps"] is not None:
+        return f"--steps {v['steps']}"
+    if v["epochs"] is not None:
+        return f"--epochs {v['epochs']}"
+    return f"--epochs {c['epochs']}" if c["epochs"] is not None else f"--steps {c['steps']}"
+
+
+def get_compress_stream_args(wildcards):
+    """Stream the training tiles from the calibration cohort's coords (compress.stream)."""
+    if not config["compress"]["stream"]:
+        return ""
+    return f"--train-coords results/calibration/{wildcards.backbone}.coords.txt"
+
+
+def get_compress_extra_args(wildcards):
+    """The variant's method settings (`--option KEY=VALUE`) and compress.extra_args."""
+    options = get_variant(wildcards)["options"] or {}
+    pairs = [f"--option {k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(options.items())]
+    return " ".join(pairs + ([config["compress"]["extra_args"]] if config["compress"]["extra_args"] else []))
 
 
 # ---- stage paths --------------------------------------------------------------------

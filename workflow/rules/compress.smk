@@ -27,6 +27,7 @@ rule calibrate:
     params:
         n_tiles=config["calibration"]["n_tiles"],
         holdout=config["calibration"]["holdout"],
+        holdout_by=config["calibration"]["holdout_by"],
         seed=config["calibration"]["seed"],
     log:
         "logs/calibrate/{backbone}.log",
@@ -39,7 +40,7 @@ rule calibrate:
     shell:
         "mapfile -t coords < {input.listing}; pathtwt calibrate --coords \"${{coords[@]}}\""
         " --out {output} --n-tiles {params.n_tiles}"
-        " --holdout {params.holdout} --seed {params.seed} > {log} 2>&1"
+        " --holdout {params.holdout} --holdout-by {params.holdout_by} --seed {params.seed} > {log} 2>&1"
 
 
 rule discover:
@@ -80,6 +81,9 @@ rule discover:
 rule compress:
     input:
         calibration="results/calibration/{backbone}.h5",
+        # the coords of the training tiles, streamed when compress.stream is on (the same
+        # training-split slides as the calibration draw, less its held-out slides)
+        listing="results/calibration/{backbone}.coords.txt",
         # discovery first: its similarity matrix and figure belong to every TWT model
         plan="results/discovery/{backbone}/plan.json",
         weights=get_teacher_inputs,
@@ -90,23 +94,37 @@ rule compress:
         backbone=lambda wc: get_backbone_args(wc.backbone),
         method=lambda wc: get_variant(wc)["method"],
         target=get_compress_target_args,
-        steps=get_compress_steps,
+        budget=get_compress_budget_args,
+        stream=get_compress_stream_args,
         batch_size=config["compress"]["batch_size"],
+        accumulate=config["compress"]["accumulate"],
+        precision=config["compress"]["precision"],
         seed=config["compress"]["seed"],
         device=config["compress"]["device"],
-        extra=config["compress"]["extra_args"],
+        cpu_ranks=config["compress"]["cpu_ranks"],
+        extra=get_compress_extra_args,
     log:
         "logs/compress/{backbone}/{variant}.log",
     threads: 2
     resources:
         mem_mb=32000,
         runtime=720,
+        # GPUs of the job; above 1, one data-parallel rank per GPU through torchrun
         gpu=1,
     conda:
         CONDA_ENV
     shell:
-        "pathtwt compress --method {params.method} {params.backbone}"
+        # MIOpen (ROCm, e.g. LUMI) keeps its kernel database in $HOME unless told otherwise,
+        # which 8 ranks on a node (and Lustre) handle badly: node-local /tmp instead
+        "export MIOPEN_USER_DB_PATH=\"${{MIOPEN_USER_DB_PATH:-/tmp/miopen-${{USER:-pathtwt}}-${{SLURM_JOB_ID:-local}}}}\";"
+        " export MIOPEN_CUSTOM_CACHE_DIR=\"$MIOPEN_USER_DB_PATH\";"
+        # ranks: one per GPU the job got; on CPU (device cpu) compress.cpu_ranks gloo ranks
+        " ranks={resources.gpu}; if [ {params.device} = cpu ]; then ranks={params.cpu_ranks}; fi;"
+        " if [ \"$ranks\" -gt 1 ]; then run=\"torchrun --standalone --nproc-per-node $ranks -m pathtwt\";"
+        " else run=pathtwt; fi;"
+        " $run compress --method {params.method} {params.backbone}"
         " --calibration {input.calibration} {params.target}"
         " --out results/models/{wildcards.backbone}/{wildcards.variant}"
-        " --steps {params.steps} --batch-size {params.batch_size} --seed {params.seed}"
+        " {params.budget} {params.stream} --batch-size {params.batch_size} --accumulate {params.accumulate}"
+        " --precision {params.precision} --seed {params.seed}"
         " --device {params.device} --no-progress {params.extra} > {log} 2>&1"

@@ -112,13 +112,17 @@ def export_with_fidelity(student: nn.Module, *, teacher: Any, calib: Any, option
     method chose anything on (None: it chose nothing from data)."""
     from pathtwt.compress.export import export_backbone
     from pathtwt.compress.pipeline import budget_record
+    from pathtwt.compress.pipeline import training_record
+    from pathtwt.compress.ranks import is_writer
 
     student.eval()
+    if not is_writer():
+        return Path(options.out)  # rank 0 measures and writes
     final = holdout_fidelity(student, teacher, calib, options)
     return export_backbone(
         options.out, student, teacher=teacher, method=method, layer_patches=layer_patches,
         calibration_sources=list(getattr(calib, "sources", [])), options=options.to_dict(),
-        extra={**extra, "budget": budget_record(method, options, len(calib.fit), teacher.spec, trains=trains),
+        extra={**extra, "training": training_record(calib), "budget": budget_record(method, options, len(calib.fit), teacher.spec, trains=trains),
                "selection_split": selection_split, "fidelity": {"holdout_tiles": final.get("n_tiles", 0), "on": "holdout" if len(calib.holdout) else "fit",
                                      "initial": final if initial is None else initial, "final": final}},
     )
@@ -134,10 +138,21 @@ def distill_main(student: nn.Module, *, teacher: Any, calib: Any, options: Any, 
     dopts = distill_options(options)
     if steps is not None:
         dopts = dataclasses.replace(dopts, steps=int(steps), epochs=None)
-    return distill(student, teacher.model, calib.fit, transform=teacher.transform, objective=objective, options=dopts,
+    from pathtwt.compress.pipeline import training_tiles
+
+    return distill(student, teacher.model, training_tiles(calib), transform=teacher.transform, objective=objective, options=dopts,
                    description=description)
 
 
+def n_training(calib: Any) -> int:
+    """How many tiles the main distillation trains on (what epochs count)."""
+    from pathtwt.compress.pipeline import training_tiles
+
+    return len(training_tiles(calib))
+
+
 def drop_checkpoint(options: Any) -> None:
-    if not options.keep_checkpoint:
+    from pathtwt.compress.ranks import is_writer
+
+    if not options.keep_checkpoint and is_writer():
         options.checkpoint_path().unlink(missing_ok=True)

@@ -48,7 +48,7 @@ import torch
 
 from pathtwt.errors import ConfigError
 from pathtwt.compress.methods.common import (distill_main, drop_checkpoint, embedding_r2, export_with_fidelity, fit_steps, holdout_fidelity,
-                                             selection_tiles, tile_embeddings)
+                                             n_training, selection_tiles, tile_embeddings)
 from pathtwt.models.variant_layers import DilutedAttentionBlock
 
 
@@ -153,7 +153,7 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     initial = holdout_fidelity(student, teacher, calib, options)
     for b in diluted:
         b.alpha.fill_(0.0)
-    dilute_steps = int(float(options.extra.get("dilute_fraction", 0.3)) * fit_steps(options, len(calib.fit)))
+    dilute_steps = int(float(options.extra.get("dilute_fraction", 0.3)) * fit_steps(options, n_training(calib)))
     result = distill_main(student, teacher=teacher, calib=calib, options=options, description="nose",
                           objective=DilutedDeepSupervision(diluted, dilute_steps, num_layers))
     if not result.completed:

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from pathtwt.compress.methods.common import (distill_main, drop_checkpoint, export_with_fidelity, fit_steps, holdout_fidelity, side_run_options,
+from pathtwt.compress.methods.common import (distill_main, n_training, drop_checkpoint, export_with_fidelity, fit_steps, holdout_fidelity, side_run_options,
                      untied_copy, variant_name)
 from pathtwt.models.variant_layers import add_layer_time_scale, tie_blocks
 
@@ -97,7 +97,7 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     """Registry entry (``--method raptor``): plan, stage 1, stage 2, export."""
     from pathtwt.compress.distill import DeepSupervision, distill
     from pathtwt.models.flops import count_params
-    from pathtwt.compress.pipeline import resolve_plan
+    from pathtwt.compress.pipeline import resolve_plan, training_tiles
 
     plan = resolve_plan(teacher, calib, options)
     blocks = [[int(s), int(e)] for s, e in plan["blocks"]]
@@ -105,12 +105,12 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     time_scale = str(options.extra.get("time_scale", True)).lower() not in ("false", "0", "no")
     student = build_recurrent_student(teacher, blocks, time_scale)
     initial = holdout_fidelity(student, teacher, calib, options)  # each block's first layer, recurrent
-    total = fit_steps(options, len(calib.fit))
+    total = fit_steps(options, n_training(calib))
     stage1 = int(round(float(options.extra.get("stage1_fraction", 0.3)) * total))
     ramp = int(float(options.extra.get("rollout_ramp", 0.25)) * stage1)
     # a stage-2 checkpoint already holds what stage 1 produced, so a resumed run skips it
     if stage1 > 0 and not options.checkpoint_path().exists():
-        distill(student, teacher.model, calib.fit, transform=teacher.transform, objective=BlockwiseRollout(blocks, ramp),
+        distill(student, teacher.model, training_tiles(calib), transform=teacher.transform, objective=BlockwiseRollout(blocks, ramp),
                 options=side_run_options(options, steps=stage1), description="raptor stage 1")
     result = distill_main(student, teacher=teacher, calib=calib, options=options, steps=total - stage1,
                           description="raptor stage 2", objective=DeepSupervision(boundaries=list(range(1, num_layers + 1))))

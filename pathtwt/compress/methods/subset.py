@@ -240,13 +240,13 @@ def run_search(teacher: Any, calib: Any, options: Any, settings: dict[str, Any])
 def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     """Registry entry (``--method subset``): search K layers, distill them fully, export."""
     from pathtwt.compress.pipeline import distill_and_export
-    from pathtwt.compress.methods.common import fit_steps
+    from pathtwt.compress.methods.common import fit_steps, n_training
 
     num_layers = len(teacher.model.blocks)
     if options.depth is None:
         raise ConfigError("--method subset needs --depth K (the number of layers to keep)")
     _check(num_layers, int(options.depth))
-    total = fit_steps(options, len(calib.fit))
+    total = fit_steps(options, n_training(calib))
     record = run_search(teacher, calib, options, search_settings(teacher, calib, options, total))
     best = tuple(i - 1 for i in record["local"]["best_layers"])
     return distill_and_export(

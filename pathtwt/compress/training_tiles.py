@@ -1,0 +1,326 @@
+"""The tiles distillation trains on, and the order it sees them in.
+
+Two sources share one interface (``len`` and ``read(i) -> uint8 (P, P, 3)``):
+:class:`ArrayTiles`, tiles already in memory (the calibration set: short runs, tests),
+and :class:`SlideTiles`, every tile listed in the training cohort's coords files, read
+from its slide at the coords file's geometry when it is needed. Memory does not grow with
+the number of tiles streamed: what is held is the coords (16 bytes a tile), one epoch's
+permutation and, per DataLoader worker, a few open slide handles.
+
+The order is an endless stream of positions p = 0, 1, 2, ...: epoch p // N visits tile
+``perm_e[p % N]``, with ``perm_e`` a permutation seeded by (seed, e) over all N tiles,
+across slides. Micro-batch m covers positions [m B, (m + 1) B) for a global batch B, and
+rank r of W takes the r-th of W equal slices of it. The whole state of the sampler is
+therefore the next position, a plain integer: a run resumed from a checkpoint, with any
+number of ranks, continues mid-epoch with exactly the tiles an uninterrupted run sees, and
+each epoch sees every tile exactly once. Augmentation of the tile at position p is seeded
+by (seed, p), so it too does not depend on which rank draws the tile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from pathtwt.compress.augment import TileAugmenter, step_seed
+from pathtwt.errors import ConfigError, PathtwtError, SlideError
+
+log = logging.getLogger(__name__)
+
+OPEN_SLIDES_PER_WORKER = 16  # a shuffled stream touches many slides; keep the recent ones open
+
+
+class ArrayTiles:
+    """uint8 tiles (N, P, P, 3) in memory."""
+
+    def __init__(self, tiles: np.ndarray) -> None:
+        self.tiles = tiles
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+    def read(self, index: int) -> np.ndarray:
+        return self.tiles[index]
+
+    def describe(self) -> dict[str, Any]:
+        return {"source": "in-memory calibration tiles", "tiles": len(self)}
+
+
+@dataclass(frozen=True)
+class _SlideEntry:
+    coords_file: str
+    slide_path: str
+    open_options: dict[str, Any]
+    patch_size_level0: int
+    read_level: int
+    patch_size: int
+
+
+def _slide_path(coords_file: Path, attrs: dict[str, Any]) -> Path:
+    # as the calibration draw resolves it: absolute, relative to the working directory,
+    # or relative to the coords file
+    named = str(attrs.get("slide_path", ""))
+    path = Path(named)
+    if named and not path.is_absolute() and not path.exists():
+        path = coords_file.parent / path
+    if not named or not path.exists():
+        raise SlideError(f"{coords_file}: slide_path {named!r} not found; run from the workflow folder or re-tile the slide")
+    return path
+
+
+class SlideTiles:
+    """Every tile of the given coords files (status ok), read from its slide on demand.
+
+    Each DataLoader worker gets a copy without open handles (``__getstate__``) and opens
+    its own, so no slide handle is shared across processes."""
+
+    def __init__(self, coords_files: Sequence[Path], *, excluded: dict[str, str] | None = None) -> None:
+        from pathtwt.io.h5 import read_coords
+        from pathtwt.wsi.slides import open_options_from_attrs
+
+        self.entries: list[_SlideEntry] = []
+        self.excluded = dict(excluded or {})
+        parts, counts = [], []
+        for path in sorted(Path(p) for p in coords_files):
+            if path.stem in self.excluded:
+                continue
+            xy, _tissue, attrs = read_coords(path)
+            if attrs.get("status", "ok") != "ok" or len(xy) == 0:
+                continue
+            missing = [k for k in ("patch_size", "patch_size_level0", "read_level") if k not in attrs]
+            if missing:
+                raise PathtwtError(f"{path}: coords file lacks attrs {missing}; re-run `pathtwt tile` for this slide")
+            self.entries.append(_SlideEntry(
+                coords_file=str(path), slide_path=str(_slide_path(path, attrs)), open_options=open_options_from_attrs(attrs),
+                patch_size_level0=int(attrs["patch_size_level0"]), read_level=int(attrs["read_level"]),
+                patch_size=int(attrs["patch_size"]),
+            ))
+            parts.append(np.asarray(xy, dtype=np.int64))
+            counts.append(len(xy))
+        if not self.entries:
+            raise ConfigError("the training coords files hold no tiles (none with status ok outside the held-out slides)")
+        self.coords = np.concatenate(parts)
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._open: OrderedDict[int, Any] = OrderedDict()
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_open"] = OrderedDict()
+        return state
+
+    def locate(self, index: int) -> tuple[int, int, int]:
+        """Tile ``index`` -> (slide number, level-0 x, y)."""
+        s = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        x, y = self.coords[index]
+        return s, int(x), int(y)
+
+    def _slide(self, s: int) -> Any:
+        from pathtwt.wsi.slides import open_slide
+
+        if s in self._open:
+            self._open.move_to_end(s)
+            return self._open[s]
+        entry = self.entries[s]
+        slide = open_slide(entry.slide_path, **entry.open_options)
+        self._open[s] = slide
+        if len(self._open) > OPEN_SLIDES_PER_WORKER:
+            _, old = self._open.popitem(last=False)
+            old.close()
+        return slide
+
+    def read(self, index: int) -> np.ndarray:
+        s, x, y = self.locate(index)
+        e = self.entries[s]
+        return self._slide(s).read_tile(x, y, e.patch_size_level0, e.read_level, e.patch_size)
+
+    def describe(self) -> dict[str, Any]:
+        return {"source": "coords files, streamed from the slides", "tiles": len(self), "slides": len(self.entries),
+                "excluded_slides": sorted(self.excluded)}
+
+
+def coords_files_of(sources: Sequence[str | os.PathLike]) -> list[Path]:
+    """Coords files named directly, in folders (recursively), or listed one a line in a
+    ``.txt`` file (as the workflow writes them)."""
+    out: set[Path] = set()
+    for src in sources:
+        src = Path(src)
+        if src.is_dir():
+            out.update(p for p in src.rglob("*.h5") if not any(q.startswith(".") for q in p.relative_to(src).parts))
+        elif src.suffix == ".txt" and src.is_file():
+            out.update(Path(line.strip()) for line in src.read_text().splitlines() if line.strip())
+        elif src.is_file():
+            out.add(src)
+        else:
+            raise ConfigError(f"--train-coords {src}: no such file or folder")
+    return sorted(out)
+
+
+def held_out_slides(calibration_files: Sequence[Path]) -> dict[str, str]:
+    """slide id -> coords file of every slide that gives a held-out (not fit) tile of the
+    calibration files. Training must not see these slides, so the held-out numbers are
+    measured on tiles of slides the student never trained on."""
+    import h5py
+
+    held: dict[str, str] = {}
+    for path in calibration_files:
+        with h5py.File(path, "r") as h5:
+            if "source_index" not in h5 or "sources" not in h5:
+                raise ConfigError(f"{path}: calibration file without source_index/sources; re-run pathtwt calibrate")
+            sources = [s.decode() if isinstance(s, bytes) else str(s) for s in h5["sources"][()]]
+            split, index = h5["split"][()], h5["source_index"][()]
+            for i in np.unique(index[split != 0]):
+                held[Path(sources[int(i)]).stem] = sources[int(i)]
+    return held
+
+
+class EpochOrder:
+    """Position -> tile index; see the module doc. Keeps one epoch's permutation."""
+
+    def __init__(self, n_tiles: int, seed: int) -> None:
+        self.n_tiles, self.seed = int(n_tiles), int(seed)
+        self._epoch, self._perm = -1, np.zeros(0, np.int64)
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            g = torch.Generator().manual_seed(step_seed(self.seed, 10_000_019 * (epoch + 1)))
+            self._epoch, self._perm = epoch, torch.randperm(self.n_tiles, generator=g).numpy()
+        return self._perm
+
+    def tiles(self, start: int, count: int) -> np.ndarray:
+        out = np.empty(count, np.int64)
+        for k, p in enumerate(range(start, start + count)):
+            epoch, i = divmod(p, self.n_tiles)
+            out[k] = self.permutation(epoch)[i]
+        return out
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Global micro-batch ``batch`` split over ``world`` ranks; this is ``rank``."""
+
+    batch: int
+    world: int = 1
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch % self.world:
+            raise ConfigError(f"--batch-size {self.batch} is not divisible by the {self.world} ranks; choose a multiple")
+
+    @property
+    def local(self) -> int:
+        return self.batch // self.world
+
+    def positions(self, micro: int) -> range:
+        start = micro * self.batch + self.rank * self.local
+        return range(start, start + self.local)
+
+
+class MicroBatches(torch.utils.data.Sampler):
+    """This rank's (position, tile) pairs of micro-batches ``first`` .. ``last - 1``."""
+
+    def __init__(self, order: EpochOrder, sharding: Sharding, first: int, last: int) -> None:
+        self.order, self.sharding, self.first, self.last = order, sharding, int(first), int(last)
+
+    def __len__(self) -> int:
+        return max(0, self.last - self.first)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for m in range(self.first, self.last):
+            pos = self.sharding.positions(m)
+            yield list(zip(pos, self.order.tiles(pos.start, len(pos)).tolist()))
+
+
+class TrainingItems(torch.utils.data.Dataset):
+    """(position, tile) -> (tile index, model input, error text or ""): read, resize to the
+    backbone's input, augment (seeded by position), normalise, all in the worker. A tile that
+    cannot be read comes back as zeros with the reason, raised in the main process as one
+    line naming the slide (a worker's exception would arrive as a multi-line traceback)."""
+
+    def __init__(self, source: Any, transform: Any, *, augment: bool, seed: int) -> None:
+        self.source, self.transform, self.seed = source, transform, int(seed)
+        self.augmenter = TileAugmenter() if augment else None
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, key: tuple[int, int]):
+        position, index = key
+        try:
+            tile = self.transform.resize(self.source.read(index))
+            if self.augmenter is not None:
+                tile = self.augmenter(tile[None], seed=step_seed(self.seed, position))[0]
+            return index, self.transform(tile), ""
+        except Exception as exc:  # noqa: BLE001 - carried to the main process and raised there
+            size = self.transform.input_size
+            return index, torch.zeros(3, size, size), " ".join(f"{type(exc).__name__}: {exc}".split())
+
+    def failure(self, index: int, reason: str) -> PathtwtError:
+        if isinstance(self.source, SlideTiles):
+            s, x, y = self.source.locate(index)
+            return SlideError(f"{self.source.entries[s].slide_path}: cannot read training tile at level-0 (x={x}, y={y}): {reason}")
+        return PathtwtError(f"training tile {index}: {reason}")
+
+
+def _worker_init(_worker_id: int) -> None:
+    # workers only read, decode and augment: one thread each, the compute keeps the rest
+    import cv2
+
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+
+
+@contextlib.contextmanager
+def cv2_pool_stopped(active: bool = True) -> Iterator[None]:
+    """OpenCV's thread pool does not survive fork: once this process has used cv2 (tiling,
+    resizing), a forked worker touching the pool waits forever for the parent's pool
+    threads, which it does not have. Stop the pool while workers are forked; restore it."""
+    if not active:
+        yield
+        return
+    import cv2
+
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(threads)
+
+
+def loader(items: TrainingItems, sampler: MicroBatches, *, workers: int, pin_memory: bool) -> torch.utils.data.DataLoader:
+    """Batches of this rank's tiles; iterate it inside :func:`cv2_pool_stopped` when
+    ``workers`` > 0."""
+    return torch.utils.data.DataLoader(
+        items, batch_sampler=sampler, num_workers=workers, worker_init_fn=_worker_init if workers else None,
+        prefetch_factor=4 if workers else None, pin_memory=pin_memory, persistent_workers=False,
+    )
+
+
+def attach_streamed_training(calib: Any, calibration_sources: Sequence[str | os.PathLike],
+                             train_coords: Sequence[str | os.PathLike]) -> SlideTiles:
+    """Make ``calib.training`` the streamed training cohort: every tile of ``train_coords``
+    except those of the slides whose tiles the calibration files hold out (the held-out
+    parts, whatever they are called, are every split other than fit). The one place that
+    ties the in-memory calibration set to the streamed training set."""
+    from pathtwt.compress.calibration import expand_sources
+
+    calib_files, coords, images = expand_sources(calibration_sources)
+    if not calib_files or coords or images:
+        raise ConfigError("--train-coords needs --calibration calibration files (pathtwt calibrate output), which record "
+                          "the slides their held-out tiles come from")
+    held = held_out_slides(calib_files)
+    streamed = SlideTiles(coords_files_of(train_coords), excluded=held)
+    log.info("training on %d tiles of %d slides, %d held-out slides left out", len(streamed), len(streamed.entries), len(held))
+    calib.training = streamed
+    return streamed
