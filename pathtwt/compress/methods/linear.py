@@ -113,6 +113,7 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path:
     student, patches = build_linear_student(teacher, blocks, maps)
     return export_with_fidelity(
         student, teacher=teacher, calib=calib, options=options, method="linear", layer_patches=patches,
+        boundaries=[e for _s, e in blocks],
         extra={"plan": plan, "linear": {"ridge": ridge, "fit_tiles": int(len(calib.fit)),
                                         "solve": "float64 least squares on the token Gram, teacher-forced block inputs"}},
     )

@@ -7,8 +7,9 @@ residual stream, so the layer computes ``x = 2x; x = x + ls2(mlp(norm2(x)))``, t
 :mod:`pathtwt.models.layer_patches`).
 
 Selection (the documented criterion): each layer's attention is removed alone from the
-teacher and the held-out embedding cosine to the unmodified teacher is measured; the
-L - K layers whose removal changes the final embedding least lose their attention. So
+teacher and the embedding R^2 to the unmodified teacher is measured on the select tiles
+(never the report tiles); the L - K layers whose removal changes the final embedding
+least lose their attention. So
 ``--depth K`` is the number of layers that keep attention; the model keeps all L layers.
 
 Distillation: the whole model is trained against the teacher with a loss at every layer
@@ -26,17 +27,17 @@ from typing import Any, Sequence
 import torch
 
 from pathtwt.errors import ConfigError
-from pathtwt.compress.methods.common import distill_main, drop_checkpoint, export_with_fidelity, fit_steps, holdout_cosine, holdout_fidelity, variant_name
+from pathtwt.compress.methods.common import distill_main, drop_checkpoint, export_with_fidelity, fit_steps, report_fidelity, select_r2, variant_name
 from pathtwt.models.variant_layers import DilutedAttentionBlock
 
 
 def attention_removal_costs(teacher: Any, calib: Any, options: Any) -> list[float]:
-    """Per layer: 1 - held-out embedding cosine when only that layer's attention is removed."""
+    """Per layer: 1 - select-split embedding R^2 when only that layer's attention is removed."""
     probe = copy.deepcopy(teacher.model)
     costs = []
     for i, block in enumerate(list(probe.blocks)):
         probe.blocks[i] = make_attention_free_copy(block)
-        costs.append(1.0 - holdout_cosine(probe, teacher, calib, options))
+        costs.append(1.0 - select_r2(probe, teacher, calib, options))
         probe.blocks[i] = block
     return costs
 
@@ -102,7 +103,8 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
         student.blocks[i] = b
     for b in diluted:  # the starting point: attention already removed, nothing trained yet
         b.alpha.fill_(1.0)
-    initial = holdout_fidelity(student, teacher, calib, options)
+    every_layer = list(range(1, num_layers + 1))
+    initial = report_fidelity(student, teacher, calib, options, every_layer)
     for b in diluted:
         b.alpha.fill_(0.0)
     dilute_steps = int(float(options.extra.get("dilute_fraction", 0.3)) * fit_steps(options, len(calib.fit)))
@@ -113,8 +115,10 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     finish_attention_free(student, chosen)
     out = export_with_fidelity(
         student, teacher=teacher, calib=calib, options=options, method="nose", initial=initial, layer_patches={"attention_free": chosen},
+        boundaries=every_layer,
         extra={"name": variant_name(teacher, "nose", int(options.depth)), "attention_layers": int(options.depth), "attention_free_layers": [i + 1 for i in chosen],
-               "criterion": "1 - held-out embedding cosine with only that layer's attention removed",
+               "criterion": "1 - embedding R^2 on the select split with only that layer's attention removed",
+               "selection_split": "select",
                "removal_costs": [round(c, 6) for c in costs], "dilute_steps": dilute_steps,
                "distillation": {"steps": result.total_steps, "resumed_from": result.resumed_from}},
     )

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from pathtwt.compress.methods.common import (distill_main, drop_checkpoint, export_with_fidelity, fit_steps, holdout_fidelity, side_run_options,
+from pathtwt.compress.methods.common import (distill_main, drop_checkpoint, export_with_fidelity, fit_steps, report_fidelity, side_run_options,
                      untied_copy, variant_name)
 from pathtwt.models.variant_layers import tie_blocks
 
@@ -86,7 +86,8 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     blocks = [[int(s), int(e)] for s, e in plan["blocks"]]
     num_layers = len(teacher.model.blocks)
     student = build_recurrent_student(teacher, blocks)
-    initial = holdout_fidelity(student, teacher, calib, options)  # each block's first layer, recurrent
+    every_layer = list(range(1, num_layers + 1))
+    initial = report_fidelity(student, teacher, calib, options, every_layer)  # each block's first layer, recurrent
     total = fit_steps(options, len(calib.fit))
     stage1 = int(round(float(options.extra.get("stage1_fraction", 0.3)) * total))
     ramp = int(float(options.extra.get("rollout_ramp", 0.25)) * stage1)
@@ -102,7 +103,7 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     multi = [b for b in blocks if b[1] > b[0]]
     out = export_with_fidelity(
         untied_copy(student), teacher=teacher, calib=calib, options=options, method="raptor", initial=initial,
-        layer_patches={"tied_blocks": multi} if multi else None,
+        layer_patches={"tied_blocks": multi} if multi else None, boundaries=every_layer,
         extra={"name": variant_name(teacher, "raptor", len(blocks)), "params": int(params), "plan": plan,
                "shared_blocks": blocks, "recurrence": [e - s + 1 for s, e in blocks],
                "stages": {"stage1_steps": stage1, "rollout_ramp_steps": ramp, "stage2_steps": total - stage1},

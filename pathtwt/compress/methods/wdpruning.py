@@ -53,9 +53,11 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     depth = int(options.depth)
     student = build_wdpruning_student(teacher, depth)
     macs = count_macs(student)  # the probe's per-token linear map included
-    # boundaries=None: the only loss term is the probe's output against the teacher's final features
+    # DeepSupervision(None): the only loss term is the probe's output against the teacher's
+    # final features; the boundaries only say where fidelity is measured per block
     return distill_and_export(
-        teacher, calib, options, method="wdpruning", student=student, objective=DeepSupervision(None), boundaries=None,
+        teacher, calib, options, method="wdpruning", student=student, objective=DeepSupervision(None),
+        boundaries=list(range(1, depth + 1)),
         layer_patches={"probe": True},
         extra={"macs_per_tile": int(macs), "kept_layers": list(range(1, depth + 1)),
                "probe": "LayerNorm + Linear(D, D) on every token, in place of the final norm"},
