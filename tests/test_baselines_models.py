@@ -47,7 +47,7 @@ def teacher():
 
 @pytest.fixture(scope="module")
 def calib():
-    return CalibrationSet(fit=_tiles(8, 1), holdout=_tiles(4, 2), patch_size=56)
+    return CalibrationSet(fit=_tiles(8, 1), select=_tiles(4, 3), report=_tiles(4, 2), patch_size=56, seed=0)
 
 
 # ---------------------------------------------------------------------------- linear surrogate, patches
@@ -176,13 +176,15 @@ def _plain(teacher, depth):
 
 def _assert_round_trip(folder, meta, teacher, calib):
     """create_backbone(folder) gives the accounted params and the fidelity measured at export."""
-    from pathtwt.compress.fidelity import evaluate_fidelity
+    from pathtwt.compress.fidelity import measure
 
     back = create_backbone(folder)
     assert count_params(back.model) == meta["params"]
     assert count_macs(back.model) == meta["macs_per_tile"]
-    fid = evaluate_fidelity(back.model, teacher.model, calib.holdout, transform=teacher.transform, num_prefix_tokens=1)
-    assert fid["embedding_cosine_mean"] == pytest.approx(meta["fidelity"]["final"]["embedding_cosine_mean"], abs=1e-5)
+    fid = measure(back.model, teacher, calib, on="report")
+    assert meta["fidelity"]["on"] == "report" and meta["fidelity"]["splits"] == calib.splits_record()
+    for key in ("r2", "cka", "centred_cosine", "cosine"):
+        assert fid[key] == pytest.approx(meta["fidelity"]["final"][key], abs=1e-4)
     assert back.weights_sha256 == meta["weights_sha256"]
     return back
 

@@ -1,4 +1,4 @@
-"""Calibration draw: proportional, seeded, split into fit and holdout, readable back."""
+"""Calibration draw: proportional, seeded, split into disjoint fit / select / report, readable back."""
 
 from __future__ import annotations
 
@@ -52,9 +52,12 @@ def test_image_sources_are_cut_resized_and_seeded(image_dir):
 
     a = load_calibration([image_dir], n_tiles=5, seed=3, holdout=0.4, patch_size=64)
     b = load_calibration([image_dir], n_tiles=5, seed=3, holdout=0.4, patch_size=64)
-    assert len(a.fit) == 3 and len(a.holdout) == 2
-    np.testing.assert_array_equal(a.fit, b.fit)
-    np.testing.assert_array_equal(a.holdout, b.holdout)
+    assert (len(a.fit), len(a.select), len(a.report)) == (3, 1, 1)
+    assert a.splits_record() == {"fit": 3, "select": 1, "report": 1, "seed": 3}
+    for part in ("fit", "select", "report"):
+        np.testing.assert_array_equal(getattr(a, part), getattr(b, part))
+    # disjoint: the 5 tiles (distinct crops of distinct images) appear once across the parts
+    assert len({t.tobytes() for t in a.all}) == 5
     draws = {
         load_calibration([image_dir], n_tiles=5, seed=s, holdout=0.4, patch_size=64).fit.tobytes() for s in range(6)
     }
@@ -77,7 +80,7 @@ def test_calibrate_cli_reads_slide_tiles_and_round_trips(tmp_path, shared_slides
         tiles, split, src = h5["tiles"][()], h5["split"][()], h5["source_index"][()]
         origins, sources = h5["origins"][()], [s.decode() for s in h5["sources"][()]]
         assert h5["tiles"].chunks == (1, 64, 64, 3)  # one tile per chunk: subsets read lazily
-    assert tiles.shape == (20, 64, 64, 3) and split.sum() == 5
+    assert tiles.shape == (20, 64, 64, 3) and np.bincount(split).tolist() == [15, 3, 2]
     assert np.bincount(src).tolist() == [15, 5]  # proportional to 75 : 25
     assert [s.rsplit("/", 1)[1] for s in sources] == ["a.h5", "b.h5"]
     with open_slide(slide) as s:
@@ -87,14 +90,25 @@ def test_calibrate_cli_reads_slide_tiles_and_round_trips(tmp_path, shared_slides
 
     back = load_calibration([out], n_tiles=None)
     np.testing.assert_array_equal(back.fit, tiles[split == 0])
-    np.testing.assert_array_equal(back.holdout, tiles[split == 1])
+    np.testing.assert_array_equal(back.select, tiles[split == 1])
+    np.testing.assert_array_equal(back.report, tiles[split == 2])
+    assert back.splits_record() == {"fit": 15, "select": 3, "report": 2, "seed": 1}
     sub = load_calibration([out], n_tiles=8, seed=0)
-    assert (len(sub.fit), len(sub.holdout)) == (6, 2)
-    held, honoured = load_part([out], part="holdout", n_tiles=100)
-    assert honoured and held.shape[0] == 5
-    assert {t.tobytes() for t in held} == {t.tobytes() for t in tiles[split == 1]}
+    assert (len(sub.fit), len(sub.select), len(sub.report)) == (6, 1, 1)
+    held, honoured = load_part([out], part="report", n_tiles=100)
+    assert honoured and held.shape[0] == 2
+    assert {t.tobytes() for t in held} == {t.tobytes() for t in tiles[split == 2]}
     assert load_part([out], part="fit", n_tiles=4)[0].shape[0] == 4
-    assert load_part([image_dir], part="holdout", n_tiles=4)[1] is False  # raw sources have no split
+    assert load_part([image_dir], part="report", n_tiles=4)[1] is False  # raw sources have no split
+    # a file of the old fit/holdout format is refused with what to do
+    old = tmp_path / "old.h5"
+    import shutil
+
+    shutil.copy(out, old)
+    with h5py.File(old, "r+") as h5:
+        h5.attrs["format"] = "pathtwt-calibration/1"
+    with pytest.raises(ConfigError, match="rerun pathtwt calibrate"):
+        load_calibration([old], n_tiles=None)
 
     # the same draw again is byte-identical; coords and images mix into one set
     again = tmp_path / "again.h5"
@@ -113,7 +127,7 @@ def test_calibrate_cli_reads_slide_tiles_and_round_trips(tmp_path, shared_slides
     assert main(["calibrate", "--coords", str(cdir), "--labels", str(labels), "--out", str(again)]) == 1
 
     mixed = load_calibration([cdir, image_dir], n_tiles=50, holdout=0.1)
-    assert mixed.patch_size == 64 and len(mixed.fit) + len(mixed.holdout) == 50
+    assert mixed.patch_size == 64 and len(mixed.all) == 50
     assert not any(".tmp" in s for s in mixed.sources)
 
 

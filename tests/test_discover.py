@@ -76,7 +76,7 @@ def test_discover_cli_end_to_end(tmp_path, shared_tiles):
     S = np.load(out / "similarity.npy")
     plan = json.loads((out / "plan.json").read_text())
     assert S.shape == (12, 12) and plan["num_layers"] == 12 and plan["tokens"] == "patch-mean"
-    assert plan["n_tiles"] == 11  # 12 drawn, 10 % held out for validation
+    assert plan["n_tiles"] == 10  # 12 drawn, 10 % held out, at least one select and one report tile
     assert plan["backbone"] == "vit-s14-tiny" and plan["depth"] == 4 and plan["eps"] is None
     assert plan["blocks"] == [list(b) for b in partition_exact_k(S, 4).blocks]
     assert plan["blocks"][0][0] == 1 and plan["blocks"][-1][1] == 12 and len(plan["blocks"]) == 4

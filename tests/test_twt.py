@@ -133,8 +133,8 @@ def test_audition_picks_the_planted_best_layer(steps):
     ranking = report[1]["ranking"]
     assert report[1]["winner"] == "layer 3"
     assert {r["candidate"] for r in ranking} == {"layer 2", "layer 3", "layer 4", "average 2-4"}
-    assert ranking[0]["holdout_mse"] < 1e-3 * ranking[1]["holdout_mse"]
-    assert [r["holdout_mse"] for r in ranking] == sorted(r["holdout_mse"] for r in ranking)
+    assert ranking[0]["select_mse"] < 1e-3 * ranking[1]["select_mse"]
+    assert [r["select_mse"] for r in ranking] == sorted(r["select_mse"] for r in ranking)
     assert len(report[2]["ranking"]) == 9 and len(winners) == 3
 
 

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("stability", "ID and representation spread under stochastic augmentation (Table 1)"),
     ):
         p = sub.add_parser(name, help=helptext)
-        _teacher_args(p, n_tiles=500, part="holdout")
+        _teacher_args(p, n_tiles=500, part="report")
         p.add_argument(
             "--student", type=Path,
             help="compressed backbone folder whose model.json holds the plan (default: teacher only, needs --plan)",
@@ -51,8 +51,8 @@ def _teacher_args(p: argparse.ArgumentParser, *, n_tiles: int, part: str) -> Non
     add_backbone_arguments(p, n_tiles=n_tiles)
     p.add_argument("--out", required=True, type=Path, help="output folder")
     p.add_argument(
-        "--part", choices=("fit", "holdout", "all"), default=part,
-        help=f"calibration part analysed (default {part}; holdout keeps tiles a student was trained on out)",
+        "--part", choices=("fit", "select", "report", "all"), default=part,
+        help=f"calibration part analysed (default {part}; report keeps tiles a student was trained on out)",
     )
 
 
@@ -75,7 +75,7 @@ def _tiles(args: argparse.Namespace):
 
     tiles, honoured = load_part(args.calibration, part=args.part, n_tiles=args.n_tiles, seed=args.seed)
     if not honoured:
-        print(f"note: coords/image sources carry no fit/holdout split; --part {args.part} needs a calib.h5 "
+        print(f"note: coords/image sources carry no fit/select/report split; --part {args.part} needs a calib.h5 "
               f"from `pathtwt calibrate`, so all {len(tiles)} drawn tiles are analysed", file=sys.stderr)
     return tiles
 

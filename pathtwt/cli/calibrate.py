@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pathtwt.cli.options import add_progress_argument, progress_bar
 
-HELP = "draw a seeded calibration set of tiles (with a held-out part) from training-cohort coords files or images"
+HELP = "draw a seeded calibration set of tiles (split fit/select/report) from training-cohort coords files or images"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", required=True, type=Path, help="calibration HDF5 to write")
     parser.add_argument("--n-tiles", type=int, default=10_000, help="tiles to draw (default 10000)")
-    parser.add_argument("--holdout", type=float, default=0.1, help="held-out fraction (default 0.1)")
+    parser.add_argument("--holdout", type=float, default=0.1, help="fraction kept out of fitting, half select and half report (default 0.1)")
     parser.add_argument("--holdout-by", choices=("tile", "slide"), default="tile",
                         help="hold out random tiles (default) or whole slides, so that a streamed training set "
                         "(pathtwt compress --train-coords) can leave the held-out slides out")
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         "images": [str(p) for p in images],
     }
     write_calibration(args.out, drawn, provenance)
-    n_hold = int(drawn.split.sum())
+    counts = [int((drawn.split == code).sum()) for code in range(3)]
     print(f"{args.out}: {len(drawn.tiles)} tiles of {drawn.patch_size} px "
-          f"({len(drawn.tiles) - n_hold} fit, {n_hold} holdout) from {len(drawn.sources)} sources")
+          f"({counts[0]} fit, {counts[1]} select, {counts[2]} report) from {len(drawn.sources)} sources")
     return 0

@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="colour jitter + Gaussian blur (default on; off caches teacher targets)")
     parser.add_argument("--init", choices=("audition", "random"), default="audition",
                         help="surrogate initialisation (random: ablation)")
-    parser.add_argument("--holdout", type=float, default=0.1, help="held-out fraction of drawn calibration tiles")
+    parser.add_argument("--holdout", type=float, default=0.1, help="fraction of drawn calibration tiles kept out of fitting, half select "
+                        "(choices) and half report (reported fidelity) (default 0.1)")
     parser.add_argument("--checkpoint", type=Path, default=None, help="resume file (default OUT/checkpoint.pt)")
     parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
     parser.add_argument("--keep-checkpoint", action="store_true", help="keep the checkpoint after a successful export")
@@ -180,6 +181,6 @@ def _run(args: argparse.Namespace) -> int:
     meta = json.loads((Path(out) / "model.json").read_text())
     fid = meta.get("fidelity", {})
     print(f"{out}: {meta['name']}, {meta['params'] / 1e6:.2f} M params, {meta['macs_per_tile'] / 1e9:.2f} G MACs/tile, "
-          f"held-out embedding cosine {fid.get('initial', {}).get('embedding_cosine_mean', float('nan')):.4f} -> "
-          f"{fid.get('final', {}).get('embedding_cosine_mean', float('nan')):.4f}")
+          f"embedding R^2 on {fid.get('on', '?')} tiles {fid.get('initial', {}).get('r2', float('nan')):.4f} -> "
+          f"{fid.get('final', {}).get('r2', float('nan')):.4f} (CKA {fid.get('final', {}).get('cka', float('nan')):.4f})")
     return 0

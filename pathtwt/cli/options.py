@@ -166,7 +166,7 @@ def teacher_provenance(backbone: Any, n_tiles: int, args: argparse.Namespace) ->
 
 
 def load_fit_tiles(args: argparse.Namespace):
-    """The fit part of the calibration set (the holdout stays unseen for validation)."""
+    """The fit part of the calibration set (select and report stay unseen)."""
     from pathtwt.compress.calibration import load_calibration
 
     return load_calibration(args.calibration, n_tiles=args.n_tiles, seed=args.seed)

@@ -11,7 +11,8 @@ match none of them).
 
 Each candidate is briefly fitted (``steps``, AdamW; 0 = score only) to map h_{s-1} (the
 teacher's input to the block: the embedded tokens for s = 1) to h_e on fit tiles, then
-ranked by MSE on held-out tiles. The fitted winner initialises the surrogate.
+ranked by MSE on the select tiles (the calibration split for choices; the report tiles
+are never read here). The fitted winner initialises the surrogate.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class AuditionOptions:
     lr: float = 1e-4
     batch_size: int = 16
     max_fit_tiles: int = 128  # teacher states are held in memory: keep these modest
-    max_holdout_tiles: int = 64
+    max_select_tiles: int = 64
     seed: int = 0
     device: str = "cpu"
 
@@ -108,16 +109,16 @@ def audition(
     teacher: nn.Module,
     blocks: Sequence[Sequence[int]],
     fit_tiles: np.ndarray,
-    holdout_tiles: np.ndarray,
+    select_tiles: np.ndarray,
     *,
     transform: Transform,
     options: AuditionOptions,
 ) -> tuple[list[nn.Module], list[dict]]:
     """The winning (fitted) layer of every block and the ranking report, one entry per block:
-    ``{"block": [s, e], "winner": name, "ranking": [{"candidate", "layer", "holdout_mse",
-    "holdout_mse_unfitted"}, ...]}`` best first."""
+    ``{"block": [s, e], "winner": name, "ranking": [{"candidate", "layer", "select_mse",
+    "select_mse_unfitted"}, ...]}`` best first."""
     fit = fit_tiles[: options.max_fit_tiles]
-    held = holdout_tiles[: options.max_holdout_tiles] if len(holdout_tiles) else fit
+    held = select_tiles[: options.max_select_tiles] if len(select_tiles) else fit
     needed = [l for s, e in blocks for l in (s - 1, e)]
     kw = dict(transform=transform, device=options.device, batch_size=options.batch_size)
     fit_states = teacher_states(teacher, fit, needed, **kw)
@@ -131,9 +132,9 @@ def audition(
             if options.steps > 0:
                 _fit(module, fit_states[s - 1], fit_states[e], options)
             after = _mse(module, held_states[s - 1], held_states[e], device=options.device, batch_size=options.batch_size)
-            ranking.append({"candidate": name, "layer": layer_no, "holdout_mse": after,
-                            "holdout_mse_unfitted": before, "module": module})
-        ranking.sort(key=lambda r: r["holdout_mse"])
+            ranking.append({"candidate": name, "layer": layer_no, "select_mse": after,
+                            "select_mse_unfitted": before, "module": module})
+        ranking.sort(key=lambda r: r["select_mse"])
         winners.append(ranking[0]["module"].cpu())
         report.append({"block": [s, e], "winner": ranking[0]["candidate"],
                        "ranking": [{k: v for k, v in r.items() if k != "module"} for r in ranking]})

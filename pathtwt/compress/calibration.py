@@ -1,5 +1,12 @@
 """The calibration set: tiles drawn reproducibly from the training cohort (coords files
-read back from their slides) or from image files, with a held-out part.
+read back from their slides) or from image files, split three ways.
+
+The split is seeded and disjoint: ``fit`` tiles train a student (and give the teacher's
+mean embedding that centres fidelity), ``select`` tiles are the only ones anything that
+chooses may read (auditioning's ranking, the subset search, NOSE's layer choice), and
+``report`` tiles are only ever measured, so the fidelity reported on them is not inflated
+by a choice made on the same tiles. ``holdout`` is the fraction kept out of fitting; it is
+shared equally between select and report.
 
 Sources may be coords files (``pathtwt tile`` output), folders of them, image files
 (tif/tiff/png/jpg/jpeg) or folders of images, or calibration files written by
@@ -27,23 +34,48 @@ from pathtwt.io.atomic import atomic_output
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".tif", ".tiff", ".png", ".jpg", ".jpeg")
-CALIBRATION_FORMAT = "pathtwt-calibration/1"
+CALIBRATION_FORMAT = "pathtwt-calibration/2"  # /1 had a fit/holdout split only
+SPLITS = ("fit", "select", "report")  # stored as split codes 0, 1, 2
 DEFAULT_PATCH_SIZE = 224
 
 
 @dataclass
 class CalibrationSet:
-    """uint8 tiles (N, P, P, 3): ``fit`` for fitting/statistics, ``holdout`` for validation."""
+    """uint8 tiles (N, P, P, 3) in three disjoint parts: ``fit`` for fitting and teacher
+    statistics, ``select`` for every choice, ``report`` only for the reported fidelity."""
 
     fit: np.ndarray
-    holdout: np.ndarray
+    select: np.ndarray
+    report: np.ndarray
     patch_size: int
     sources: list[str] = field(default_factory=list)
     provenance: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+    # values derived from these tiles (the teacher's fit means, reference fidelities),
+    # computed once per set by pathtwt.compress.fidelity
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def all(self) -> np.ndarray:
-        return np.concatenate([self.fit, self.holdout]) if len(self.holdout) else self.fit
+        return np.concatenate([p for p in (self.fit, self.select, self.report) if len(p)])
+
+    def choosing_tiles(self) -> np.ndarray:
+        """The tiles a choice is scored on: ``select`` (``fit`` when the set has none)."""
+        return self.select if len(self.select) else self.fit
+
+    def choosing_split(self) -> str:
+        """The name of the split :meth:`choosing_tiles` returns."""
+        return "select" if len(self.select) else "fit"
+
+    def reported_tiles(self) -> tuple[np.ndarray, str]:
+        """The tiles fidelity is reported on and their split's name (``fit`` when the set
+        holds out nothing, which model.json then says)."""
+        return (self.report, "report") if len(self.report) else (self.fit, "fit")
+
+    def splits_record(self) -> dict[str, Any]:
+        """Sizes and seed of the split, as model.json records them."""
+        return {"fit": int(len(self.fit)), "select": int(len(self.select)), "report": int(len(self.report)),
+                "seed": self.seed}
 
 
 @dataclass(frozen=True)
@@ -169,31 +201,40 @@ def _draw(groups: list[_Group], n_tiles: int, rng: np.random.Generator) -> list[
     return picks
 
 
-def _split(n: int, holdout: float, rng: np.random.Generator) -> np.ndarray:
+def split_codes(n: int, holdout: float, rng: np.random.Generator) -> np.ndarray:
+    """0 fit, 1 select, 2 report for ``n`` tiles: ``holdout`` of them held out of fitting,
+    half select and half report (select gets the odd one); all three non-empty when a
+    holdout is asked for and there are at least three tiles."""
     n_hold = int(round(n * holdout))
-    if holdout > 0 and n >= 2:
-        n_hold = min(max(n_hold, 1), n - 1)  # both parts non-empty when asked for a holdout
+    if holdout > 0 and n >= 3:
+        n_hold = min(max(n_hold, 2), n - 1)
+    n_report = n_hold // 2
     split = np.zeros(n, dtype=np.uint8)
-    split[rng.permutation(n)[:n_hold]] = 1
+    order = rng.permutation(n)
+    split[order[: n_hold - n_report]] = 1
+    split[order[n_hold - n_report : n_hold]] = 2
     return split
 
 
 def _split_by_source(source_index: np.ndarray, holdout: float, rng: np.random.Generator) -> np.ndarray:
     """Hold out whole sources (slides), in a seeded order, each one taken if it brings the
-    held-out share closer to ``holdout`` (the first always, never all of them). A streamed
-    training set can then leave those slides out entirely."""
+    held-out share closer to ``holdout`` (never all of them; the first two always when there
+    are at least three, so that select and report both get a slide). Held-out slides go to
+    select (1) and report (2) in turn, so no slide is shared between fit, select and report,
+    and a streamed training set can leave them out entirely."""
     split = np.zeros(len(source_index), dtype=np.uint8)
     present = np.unique(source_index)
     if holdout <= 0 or len(present) < 2:
         return split
+    minimum = 2 if len(present) >= 3 else 1
     want, held, taken = holdout * len(source_index), 0, 0
     for s in rng.permutation(present):
         rows = source_index == s
         n = int(rows.sum())
         if taken == len(present) - 1:
             break
-        if taken == 0 or abs(held + n - want) < abs(held - want):
-            split[rows], held, taken = 1, held + n, taken + 1
+        if taken < minimum or abs(held + n - want) < abs(held - want):
+            split[rows], held, taken = 1 + taken % 2, held + n, taken + 1
     return split
 
 
@@ -311,13 +352,13 @@ def draw_tiles(
             tiles[rows] = _read_image_tiles(g, indices, patch_size)
         if progress is not None:
             progress(len(rows))
-    split = _split(len(picks), holdout, rng) if holdout_by == "tile" else _split_by_source(source_index, holdout, rng)
+    split = split_codes(len(picks), holdout, rng) if holdout_by == "tile" else _split_by_source(source_index, holdout, rng)
     return _Drawn(tiles, split, source_index, origins, [g.source for g in groups], patch_size)
 
 
 def write_calibration(path: str | os.PathLike, drawn: _Drawn, provenance: dict[str, Any]) -> None:
     """Atomic HDF5: ``tiles`` uint8 (N, P, P, 3) chunked one tile per chunk (so any subset
-    reads lazily), ``split`` (0 fit, 1 holdout), ``source_index``, ``origins``, ``sources``."""
+    reads lazily), ``split`` (0 fit, 1 select, 2 report), ``source_index``, ``origins``, ``sources``."""
     import json
 
     with atomic_output(path) as tmp:
@@ -339,52 +380,60 @@ def _subsample(idx: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
 
 def _stored_split(path: Path) -> np.ndarray:
     with h5py.File(path, "r") as h5:
+        if h5.attrs.get("format") != CALIBRATION_FORMAT:
+            raise ConfigError(
+                f"{path}: calibration file of format {h5.attrs.get('format')!r}, which has no select/report split; "
+                "rerun pathtwt calibrate"
+            )
         return h5["split"][()]
 
 
 def read_calibration_files(paths: Sequence[Path], *, n_tiles: int | None, seed: int) -> CalibrationSet:
     """Concatenate calibration files, keeping their stored split. With ``n_tiles`` below
-    the stored count, a seeded subset, proportional over files and over fit/holdout."""
+    the stored count, a seeded subset, proportional over files and over the three parts."""
     import json
 
     splits = [_stored_split(p) for p in paths]
     want = allocate([len(s) for s in splits], sum(map(len, splits)) if n_tiles is None else n_tiles)
     rng = np.random.default_rng(seed)
-    fits, holds, sources, sizes, provenance = [], [], [], set(), {}
+    parts: dict[int, list[np.ndarray]] = {code: [] for code in range(len(SPLITS))}
+    sources, sizes, provenance, seeds = [], set(), {}, set()
     for path, split, n in zip(paths, splits, want):
-        n_fit, n_hold = allocate([int((split == 0).sum()), int((split == 1).sum())], n)
+        counts = allocate([int((split == code).sum()) for code in range(len(SPLITS))], n)
         with h5py.File(path, "r") as h5:
             sizes.add(int(h5.attrs["patch_size"]))
             sources += [s.decode() if isinstance(s, bytes) else str(s) for s in h5["sources"][()]]
             provenance[str(path)] = json.loads(h5.attrs.get("provenance", "{}"))
+            seeds.add(provenance[str(path)].get("seed"))
             # sorted indices: h5py reads only the chosen one-tile chunks
-            for part, count, bucket in ((0, n_fit, fits), (1, n_hold, holds)):
-                idx = _subsample(np.flatnonzero(split == part), count, rng)
-                bucket.append(h5["tiles"][idx] if len(idx) else np.zeros((0, *h5["tiles"].shape[1:]), np.uint8))
+            for code, count in enumerate(counts):
+                idx = _subsample(np.flatnonzero(split == code), count, rng)
+                parts[code].append(h5["tiles"][idx] if len(idx) else np.zeros((0, *h5["tiles"].shape[1:]), np.uint8))
     if len(sizes) != 1:
         raise ConfigError(f"calibration files {', '.join(map(str, paths))} have different tile sizes {sorted(sizes)}")
+    fit, select, report = (np.concatenate(parts[code]) for code in range(len(SPLITS)))
     return CalibrationSet(
-        fit=np.concatenate(fits),
-        holdout=np.concatenate(holds),
-        patch_size=sizes.pop(),
-        sources=sources,
+        fit=fit, select=select, report=report, patch_size=sizes.pop(), sources=sources,
         provenance={"calibration_files": provenance},
+        seed=seeds.pop() if len(seeds) == 1 else None,  # files drawn with different seeds: see provenance
     )
 
 
 def load_part(
     sources: Sequence[str | os.PathLike], *, part: str, n_tiles: int, seed: int = 0
 ) -> tuple[np.ndarray, bool]:
-    """Up to ``n_tiles`` tiles of one stored part ("fit", "holdout" or "all") of calibration
-    files, reading only those tiles; or, for coords/image sources, which carry no split, a
-    fresh draw of ``n_tiles``. Returns (tiles, whether the part was honoured)."""
+    """Up to ``n_tiles`` tiles of one stored part ("fit", "select", "report" or "all") of
+    calibration files, reading only those tiles; or, for coords/image sources, which carry
+    no split, a fresh draw of ``n_tiles``. Returns (tiles, whether the part was honoured)."""
     calib, coords, images = expand_sources(sources)
     if not calib:
         drawn = load_calibration(sources, n_tiles=n_tiles, seed=seed, holdout=0.0)
         return drawn.fit, part == "all"
     if coords or images:
         raise ConfigError("mix of calibration files and coords/images; pass either calib.h5 files or raw sources")
-    wanted = {"fit": (0,), "holdout": (1,), "all": (0, 1)}[part]
+    if part not in (*SPLITS, "all"):
+        raise ConfigError(f"calibration part {part!r}: expected one of {', '.join(SPLITS)}, all")
+    wanted = tuple(range(len(SPLITS))) if part == "all" else (SPLITS.index(part),)
     pools = [np.flatnonzero(np.isin(_stored_split(p), wanted)) for p in calib]
     rng = np.random.default_rng(seed)
     out = []
@@ -417,10 +466,8 @@ def load_calibration(
     if not coords and not images:
         raise ConfigError(f"no coords files or images found in {', '.join(map(str, sources))}")
     drawn = draw_tiles(coords, images, n_tiles=n_tiles or 10_000, seed=seed, holdout=holdout, patch_size=patch_size)
+    fit, select, report = (drawn.tiles[drawn.split == code] for code in range(len(SPLITS)))
     return CalibrationSet(
-        fit=drawn.tiles[drawn.split == 0],
-        holdout=drawn.tiles[drawn.split == 1],
-        patch_size=drawn.patch_size,
-        sources=drawn.sources,
+        fit=fit, select=select, report=report, patch_size=drawn.patch_size, sources=drawn.sources, seed=seed,
         provenance={"seed": seed, "holdout": holdout, "n_tiles": len(drawn.tiles), "sources": drawn.sources},
     )

@@ -155,20 +155,19 @@ def distill_and_export(
     layer_patches: dict[str, Any] | None = None,
     selection_split: str | None = None,
 ) -> Path | None:
-    """Distill ``student`` with the shared budget, fold any branch scalars, measure held-out
-    fidelity before and after, and export. None when ``--stop-after`` ended the run early.
+    """Distill ``student`` with the shared budget, fold any branch scalars, measure fidelity
+    on the report split before and after (with ``boundaries``: teacher layer matched by each
+    student block, for the per-block R^2), and export. None when ``--stop-after`` ended the
+    run early.
     ``selection_split`` names the split the method chose anything on (None: nothing)."""
     from pathtwt.compress.distill import distill, options_dict
     from pathtwt.compress.export import export_backbone
-    from pathtwt.compress.fidelity import evaluate_fidelity
+    from pathtwt.compress.fidelity import fidelity_record, measure
     from pathtwt.compress.student import fold_branch_scales
 
-    spec = teacher.spec
-    held = calib.holdout if len(calib.holdout) else calib.fit
-
     def fidelity() -> dict[str, Any]:
-        return evaluate_fidelity(student, teacher.model, held, transform=teacher.transform, num_prefix_tokens=spec.num_prefix_tokens,
-                                 boundaries=boundaries, device=options.device, batch_size=options.batch_size)
+        return measure(student, teacher, calib, on="report", boundaries=boundaries, device=options.device,
+                       batch_size=options.batch_size)
 
     initial = fidelity()
     dopts = distill_options(options)
@@ -189,10 +188,10 @@ def distill_and_export(
         options={**options.to_dict(), "distill": options_dict(dopts)},
         extra={
             **extra,
-            "budget": budget_record(method, options, len(calib.fit), spec),
+            "budget": budget_record(method, options, len(training_tiles(calib)), teacher.spec),
             "selection_split": selection_split,
-            "fidelity": {"holdout_tiles": final.get("n_tiles", 0), "on": "holdout" if len(calib.holdout) else "fit",
-                         "initial": initial, "final": final},
+            "fidelity": fidelity_record(teacher, calib, initial=initial, final=final, device=options.device,
+                                        batch_size=options.batch_size, seed=options.seed),
             "distillation": {"steps": result.total_steps, "resumed_from": result.resumed_from, "last": last,
                              "training": training_record(calib)},
         },

@@ -29,7 +29,8 @@ def build_twt_student(teacher: Any, calib: Any, plan: dict[str, Any], options: C
     elif options.init == "audition":
         aopts = AuditionOptions(steps=options.audition_steps, lr=options.extra.get("audition_lr", 1e-4),
                                 batch_size=min(options.batch_size, 16), seed=options.seed, device=options.device)
-        layers, report = audition(teacher.model, blocks, calib.fit, calib.holdout, transform=teacher.transform, options=aopts)
+        layers, report = audition(teacher.model, blocks, calib.fit, calib.choosing_tiles(), transform=teacher.transform,
+                                  options=aopts)
     else:
         raise ValueError(f"unknown init {options.init!r}")
     return stitch_student(teacher.model, layers, spec=spec), report
@@ -53,7 +54,7 @@ def compress_twt(teacher: Any, calib: Any, options: CompressOptions) -> Path | N
         teacher, calib, options, method="twt", student=student, objective=DeepSupervision(boundaries, alphas),
         boundaries=boundaries,
         # the audition picks each block's surrogate on the held-out tiles
-        selection_split=("holdout" if len(calib.holdout) else "fit") if options.init == "audition" else None,
+        selection_split=calib.choosing_split() if options.init == "audition" else None,
         extra={"plan": plan, "init": options.init, "audition": report,
                "audition_winners": [r["winner"] for r in report],
                "schedule": {"enabled": use_schedule, "alphas": alphas}, "branch_scalars": use_scalar},

@@ -1,13 +1,11 @@
 """What the comparison methods add to the shared compression machinery
 (:mod:`pathtwt.compress.registry`): short side runs of the distillation loop (Raptor's
-stage 1, the subset search's candidate scoring), held-out fidelity as one number, and
-export of students whose weights are tied.
+stage 1, the subset search's candidate scoring), the selection score, and export of
+students whose weights are tied.
 
-Every method is judged like TWT: the cosine between student and teacher tile embeddings
-(concat(CLS, mean of patch tokens)) on the calibration set's held-out tiles. A method that
-chooses something from data (NOSE's layers) scores its candidates on the selection tiles
-(:func:`selection_tiles`) with the centred fidelity :func:`embedding_r2`, so that what is
-reported is never what was chosen on.
+Every method is judged like TWT (:mod:`pathtwt.compress.fidelity`): centred fidelity of
+its tile embedding to the teacher's on the calibration set's report tiles. Choices a
+method makes are scored on the select tiles only (:func:`select_r2`).
 """
 
 from __future__ import annotations
@@ -23,8 +21,8 @@ from torch import nn
 
 def selection_tiles(calib: Any) -> tuple[str, Any]:
     """(split name, tiles) on which a method scores its candidates: the calibration set's
-    ``select`` split where it has one, else its held-out tiles, else its fit tiles."""
-    for name in ("select", "holdout", "fit"):
+    ``select`` split where it has one, else its fit tiles."""
+    for name in ("select", "fit"):
         tiles = getattr(calib, name, None)
         if tiles is not None and len(tiles):
             return name, tiles
@@ -88,43 +86,48 @@ def untied_copy(model: nn.Module) -> nn.Module:
     return out
 
 
-def holdout_fidelity(student: nn.Module, teacher: Any, calib: Any, options: Any) -> dict[str, Any]:
-    """The shared fidelity record on the held-out tiles (fit tiles if there are none)."""
-    from pathtwt.compress.fidelity import evaluate_fidelity
+def report_fidelity(student: nn.Module, teacher: Any, calib: Any, options: Any,
+                    boundaries: list[int] | None = None) -> dict[str, Any]:
+    """The shared fidelity record on the report tiles (fit tiles if the set holds none out)."""
+    from pathtwt.compress.fidelity import measure
 
-    tiles = calib.holdout if len(calib.holdout) else calib.fit
-    return evaluate_fidelity(student, teacher.model, tiles, transform=teacher.transform,
-                             num_prefix_tokens=teacher.spec.num_prefix_tokens, device=options.device, batch_size=options.batch_size)
+    return measure(student, teacher, calib, on="report", boundaries=boundaries, device=options.device,
+                   batch_size=options.batch_size)
 
 
-def holdout_cosine(student: nn.Module, teacher: Any, calib: Any, options: Any) -> float:
-    """Mean held-out embedding cosine of ``student`` to the teacher."""
-    return float(holdout_fidelity(student, teacher, calib, options)["embedding_cosine_mean"])
+def select_r2(student: nn.Module, teacher: Any, calib: Any, options: Any) -> float:
+    """The score every choice is made by: embedding R^2 on the select tiles (never report)."""
+    from pathtwt.compress.fidelity import measure
+
+    return float(measure(student, teacher, calib, on="select", device=options.device, batch_size=options.batch_size)["r2"])
 
 
 @torch.no_grad()
 def export_with_fidelity(student: nn.Module, *, teacher: Any, calib: Any, options: Any, method: str, extra: dict[str, Any],
                          initial: dict[str, Any] | None = None, layer_patches: dict[str, Any] | None = None,
-                         selection_split: str | None = None, trains: bool = True) -> Path:
-    """Measure held-out fidelity and write the variant folder through the shared exporter.
+                         selection_split: str | None = None, trains: bool = True,
+                         boundaries: list[int] | None = None) -> Path:
+    """Measure report fidelity and write the variant folder through the shared exporter.
     ``initial`` is the fidelity before training (None: the method does not train, so the
     final numbers are also the initial ones). ``selection_split`` names the split the
     method chose anything on (None: it chose nothing from data)."""
     from pathtwt.compress.export import export_backbone
-    from pathtwt.compress.pipeline import budget_record
-    from pathtwt.compress.pipeline import training_record
+    from pathtwt.compress.fidelity import fidelity_record
+    from pathtwt.compress.pipeline import budget_record, training_record
     from pathtwt.compress.ranks import is_writer
 
     student.eval()
     if not is_writer():
         return Path(options.out)  # rank 0 measures and writes
-    final = holdout_fidelity(student, teacher, calib, options)
+    final = report_fidelity(student, teacher, calib, options, boundaries)
+    record = fidelity_record(teacher, calib, initial=final if initial is None else initial, final=final,
+                             device=options.device, batch_size=options.batch_size, seed=options.seed)
     return export_backbone(
         options.out, student, teacher=teacher, method=method, layer_patches=layer_patches,
         calibration_sources=list(getattr(calib, "sources", [])), options=options.to_dict(),
-        extra={**extra, "training": training_record(calib), "budget": budget_record(method, options, len(calib.fit), teacher.spec, trains=trains),
-               "selection_split": selection_split, "fidelity": {"holdout_tiles": final.get("n_tiles", 0), "on": "holdout" if len(calib.holdout) else "fit",
-                                     "initial": final if initial is None else initial, "final": final}},
+        extra={**extra, "fidelity": record, "training": training_record(calib),
+               "budget": budget_record(method, options, len(calib.fit), teacher.spec, trains=trains),
+               "selection_split": selection_split},
     )
 
 

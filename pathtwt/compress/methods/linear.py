@@ -198,7 +198,7 @@ def build_folded_student(teacher: Any, blocks: Sequence[tuple[int, int]], maps: 
 def compress(teacher: Any, calib: Any, options: Any) -> Path:
     """Registry entry (``--method linear``): fit one map per multi-layer block (folded into
     the preceding MLP with ``fold``), export."""
-    from pathtwt.compress.methods.common import holdout_fidelity
+    from pathtwt.compress.methods.common import report_fidelity
     from pathtwt.compress.pipeline import resolve_plan
 
     plan = resolve_plan(teacher, calib, options)
@@ -220,11 +220,12 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path:
         unfolded, _ = build_folded_student(teacher, blocks, maps, folded_maps, fold=False)
         record["fold"] = {"folded_blocks": [list(b) for b, f in zip(blocks, folds) if f],
                           "into_layers": [b[0] - 1 for b, f in zip(blocks, folds) if f],
-                          "unfolded_fidelity": holdout_fidelity(unfolded.eval(), teacher, calib, options)}
+                          "unfolded_fidelity": report_fidelity(unfolded.eval(), teacher, calib, options)}
         student, patches = build_folded_student(teacher, blocks, maps, folded_maps, fold=True)
     else:
         student, patches = build_linear_student(teacher, blocks, maps)
     return export_with_fidelity(
         student, teacher=teacher, calib=calib, options=options, method="linear", layer_patches=patches, trains=False,
+        boundaries=[e for _s, e in blocks],
         extra={"plan": plan, "linear": record},
     )

@@ -47,7 +47,7 @@ from typing import Any, Sequence
 import torch
 
 from pathtwt.errors import ConfigError
-from pathtwt.compress.methods.common import (distill_main, drop_checkpoint, embedding_r2, export_with_fidelity, fit_steps, holdout_fidelity,
+from pathtwt.compress.methods.common import (distill_main, drop_checkpoint, embedding_r2, export_with_fidelity, fit_steps, report_fidelity,
                                              n_training, selection_tiles, tile_embeddings)
 from pathtwt.models.variant_layers import DilutedAttentionBlock
 
@@ -150,7 +150,8 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
         student.blocks[i] = b
     for b in diluted:  # the starting point: attention already removed, nothing trained yet
         b.alpha.fill_(1.0)
-    initial = holdout_fidelity(student, teacher, calib, options)
+    every_layer = list(range(1, num_layers + 1))
+    initial = report_fidelity(student, teacher, calib, options, every_layer)
     for b in diluted:
         b.alpha.fill_(0.0)
     dilute_steps = int(float(options.extra.get("dilute_fraction", 0.3)) * fit_steps(options, n_training(calib)))

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from pathtwt.compress.methods.common import (distill_main, n_training, drop_checkpoint, export_with_fidelity, fit_steps, holdout_fidelity, side_run_options,
+from pathtwt.compress.methods.common import (distill_main, n_training, drop_checkpoint, export_with_fidelity, fit_steps, report_fidelity, side_run_options,
                      untied_copy, variant_name)
 from pathtwt.models.variant_layers import add_layer_time_scale, tie_blocks
 
@@ -104,7 +104,8 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     num_layers = len(teacher.model.blocks)
     time_scale = str(options.extra.get("time_scale", True)).lower() not in ("false", "0", "no")
     student = build_recurrent_student(teacher, blocks, time_scale)
-    initial = holdout_fidelity(student, teacher, calib, options)  # each block's first layer, recurrent
+    every_layer = list(range(1, num_layers + 1))
+    initial = report_fidelity(student, teacher, calib, options, every_layer)  # each block's first layer, recurrent
     total = fit_steps(options, n_training(calib))
     stage1 = int(round(float(options.extra.get("stage1_fraction", 0.3)) * total))
     ramp = int(float(options.extra.get("rollout_ramp", 0.25)) * stage1)
@@ -123,7 +124,7 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
         patches["tied_blocks"] = multi
     out = export_with_fidelity(
         untied_copy(student), teacher=teacher, calib=calib, options=options, method="raptor", initial=initial,
-        layer_patches=patches or None, selection_split=None,
+        layer_patches=patches or None, selection_split=None, boundaries=every_layer,
         extra={"name": variant_name(teacher, "raptor", len(blocks)), "params": int(params), "plan": plan,
                "shared_blocks": blocks, "recurrence": [e - s + 1 for s, e in blocks], "layer_time_scale": time_scale,
                "stages": {"stage1_steps": stage1, "rollout_ramp_steps": ramp, "stage2_steps": total - stage1},

@@ -5,12 +5,15 @@ so ranking single-layer deletions once and dropping the cheapest ones can pick e
 the pairs that hurt together. Local search fixes that: start from the ranking's subset,
 then repeatedly try swapping one kept layer for one dropped layer (neighbours in a seeded
 random order) and move to the first swap that scores better; stop at a local optimum or
-when the budget of evaluations is spent. Random search with the same budget is the control.
+when the budget of evaluations is spent. Two controls: random search with the same budget,
+and the single-deletion ranking's subset on its own (the search's starting point).
 
 A scorer maps a subset (sorted 0-based layer indices) to a fidelity, higher is better; the
 search is independent of how it is computed. The default scorer distills the K-layer
-student for a short budget and measures held-out embedding cosine; the winning subset is
-then distilled with the full budget and exported as a plain timm ViT of depth K.
+student for a short budget and measures the embedding R^2 on the calibration set's select
+tiles (never its report tiles, on which the exported model's fidelity is reported); the
+winning subset is then distilled with the full budget and exported as a plain timm ViT of
+depth K.
 """
 
 from __future__ import annotations
@@ -40,11 +43,16 @@ class SearchResult:
     best_score: float
     evaluations: int  # distinct subsets scored
     trace: list[tuple[Subset, float]] = field(default_factory=list)  # every scoring, in order
+    start: Subset | None = None  # the subset the search started from (local search)
 
     def to_dict(self) -> dict[str, Any]:
         # 1-based layer numbers in files, as in plans
-        return {"best_layers": [i + 1 for i in self.best], "best_score": self.best_score, "evaluations": self.evaluations,
-                "trace": [[[i + 1 for i in s], round(v, 6)] for s, v in self.trace]}
+        out = {"best_layers": [i + 1 for i in self.best], "best_score": self.best_score, "evaluations": self.evaluations,
+               "trace": [[[i + 1 for i in s], round(v, 6)] for s, v in self.trace]}
+        if self.start is not None:
+            out["start_layers"] = [i + 1 for i in self.start]
+            out["start_score"] = next((v for s, v in self.trace if s == self.start), None)
+        return out
 
 
 class BudgetedScorer:
@@ -69,9 +77,9 @@ class BudgetedScorer:
         candidates = [(s, v) for s, v in self.cache.items() if len(s) == size]
         return max(candidates, key=lambda sv: sv[1])
 
-    def result(self, size: int) -> SearchResult:
+    def result(self, size: int, start: Subset | None = None) -> SearchResult:
         best, score = self.best(size)
-        return SearchResult(best=best, best_score=score, evaluations=len(self.cache), trace=list(self.trace))
+        return SearchResult(best=best, best_score=score, evaluations=len(self.cache), trace=list(self.trace), start=start)
 
 
 def _check(num_layers: int, keep: int) -> None:
@@ -102,6 +110,7 @@ def local_search(num_layers: int, keep: int, scorer: Scorer, *, budget: int, sta
     scored = BudgetedScorer(scorer, budget)
     rng = np.random.default_rng(seed)
     cost: dict[int, float] = {}
+    first: Subset | None = None
     try:
         if start == "ranking":
             current = rank_single_deletions(num_layers, keep, scored)
@@ -111,6 +120,7 @@ def local_search(num_layers: int, keep: int, scorer: Scorer, *, budget: int, sta
             current = tuple(range(keep))
         else:
             current = tuple(sorted(start))
+        first = current
         current_score = scored(current)
         improved = True
         while improved:
@@ -129,7 +139,7 @@ def local_search(num_layers: int, keep: int, scorer: Scorer, *, budget: int, sta
                     break
     except BudgetExhausted:
         pass
-    return scored.result(keep)
+    return scored.result(keep, start=first)
 
 
 def random_search(num_layers: int, keep: int, scorer: Scorer, *, budget: int, seed: int = 0) -> SearchResult:
@@ -188,11 +198,11 @@ def subset_objective(teacher: Any, subset: Subset, options: Any, steps: int) -> 
 
 
 def distillation_scorer(teacher: Any, calib: Any, options: Any, *, steps: int) -> Scorer:
-    """Held-out embedding cosine after a short distillation of the candidate subset (no
-    augmentation, on the first ``steps * batch_size`` fit tiles only: the teacher's targets
-    are then computed once per candidate for just the tiles the short run sees)."""
+    """Embedding R^2 on the select tiles after a short distillation of the candidate subset
+    (no augmentation, on the first ``steps * batch_size`` fit tiles only: the teacher's
+    targets are then computed once per candidate for just the tiles the short run sees)."""
     from pathtwt.compress.distill import distill
-    from pathtwt.compress.methods.common import holdout_cosine, side_run_options
+    from pathtwt.compress.methods.common import select_r2, side_run_options
 
     tiles = calib.fit[: max(1, steps * options.batch_size)]
 
@@ -202,7 +212,7 @@ def distillation_scorer(teacher: Any, calib: Any, options: Any, *, steps: int) -
             distill(student, teacher.model, tiles, transform=teacher.transform,
                     objective=subset_objective(teacher, subset, options, steps),
                     options=side_run_options(options, steps=steps, augment=False), description=f"subset {subset}")
-        return holdout_cosine(student, teacher, calib, options)
+        return select_r2(student, teacher, calib, options)
 
     return score
 
@@ -214,12 +224,27 @@ def search_settings(teacher: Any, calib: Any, options: Any, total_steps: int) ->
             "search_steps": int(extra.get("search_steps", max(1, total_steps // 10))),
             "random_control": bool(extra.get("random_control", False)), "seed": int(options.seed),
             "batch_size": int(options.batch_size), "lr": float(options.lr), "teacher_weights_sha256": teacher.weights_sha256,
-            "fit_tiles": int(len(calib.fit)), "holdout_tiles": int(len(calib.holdout))}
+            "score": "embedding R^2 on the select split", "splits": calib.splits_record()}
+
+
+def _memoised(scorer: Scorer, memo: dict[Subset, float]) -> Scorer:
+    """A scorer that computes each subset once across searches: the short distillation is
+    seeded, so a subset drawn by two searches (or at two depths: the single deletions are
+    the same L-1 layer models) has one score; each search still counts it against its own
+    budget."""
+
+    def score(subset: Subset) -> float:
+        if subset not in memo:
+            memo[subset] = scorer(subset)
+        return memo[subset]
+
+    return score
 
 
 def run_search(teacher: Any, calib: Any, options: Any, settings: dict[str, Any]) -> dict[str, Any]:
-    """Local search (and the random control if asked), as a JSON-ready record. The record is
-    kept in ``OUT/subset_search.json`` so a resumed run does not search again."""
+    """Local search (and the random-search control if asked), as a JSON-ready record; the
+    single-deletion ranking control is the local search's start (``local.start_layers``).
+    The record is kept in ``OUT/subset_search.json`` so a resumed run does not search again."""
     from pathtwt.io.atomic import write_json_atomic
 
     record_path = Path(options.out) / "subset_search.json"
@@ -228,7 +253,11 @@ def run_search(teacher: Any, calib: Any, options: Any, settings: dict[str, Any])
         if record.get("settings") == settings:
             return record
     num_layers, keep = len(teacher.model.blocks), settings["depth"]
-    scorer = distillation_scorer(teacher, calib, options, steps=settings["search_steps"])
+    # scores depend on the tiles, the teacher and the short run's settings, not on the depth
+    memo_key = ("subset_scores", id(teacher.model), settings["search_steps"], settings["batch_size"], settings["lr"],
+                settings["seed"], options.schedule)
+    scorer = _memoised(distillation_scorer(teacher, calib, options, steps=settings["search_steps"]),
+                       calib.cache.setdefault(memo_key, {}))
     record: dict[str, Any] = {"settings": settings, "search": "local search (swap one kept layer for one dropped), ranking start",
                               "local": local_search(num_layers, keep, scorer, budget=settings["budget"], seed=settings["seed"]).to_dict()}
     if settings["random_control"]:
@@ -239,7 +268,6 @@ def run_search(teacher: Any, calib: Any, options: Any, settings: dict[str, Any])
 
 def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     """Registry entry (``--method subset``): search K layers, distill them fully, export."""
-    from pathtwt.compress.pipeline import distill_and_export
     from pathtwt.compress.methods.common import fit_steps, n_training
 
     num_layers = len(teacher.model.blocks)
@@ -249,9 +277,31 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     total = fit_steps(options, n_training(calib))
     record = run_search(teacher, calib, options, search_settings(teacher, calib, options, total))
     best = tuple(i - 1 for i in record["local"]["best_layers"])
+    return distill_subset(teacher, calib, options, best, {"subset_search": record})
+
+
+def control_subsets(record: dict[str, Any]) -> dict[str, Subset]:
+    """The controls' choices in a search record (0-based): ``ranking`` (the single-deletion
+    ranking's subset) and, when the random control ran, ``random`` (its best)."""
+    out = {}
+    if record["local"].get("start_layers"):
+        out["ranking"] = tuple(i - 1 for i in record["local"]["start_layers"])
+    if "random" in record:
+        out["random"] = tuple(i - 1 for i in record["random"]["best_layers"])
+    return out
+
+
+def distill_subset(teacher: Any, calib: Any, options: Any, subset: Subset, extra: dict[str, Any]) -> Path | None:
+    """Distill the K-layer student of ``subset`` (0-based) with the full budget and export it
+    with its report-split fidelity (the search's choice, or a control's)."""
+    from pathtwt.compress.methods.common import fit_steps, n_training
+    from pathtwt.compress.pipeline import distill_and_export
+
+    num_layers = len(teacher.model.blocks)
+    total = fit_steps(options, n_training(calib))
     return distill_and_export(
-        teacher, calib, options, method="subset", student=subset_student(teacher, best),
-        objective=subset_objective(teacher, best, options, total), boundaries=subset_boundaries(best, num_layers),
-        selection_split="holdout" if len(calib.holdout) else "fit",  # where distillation_scorer scores candidates
-        extra={"kept_layers": [i + 1 for i in best], "subset_search": record},
+        teacher, calib, options, method="subset", student=subset_student(teacher, subset),
+        objective=subset_objective(teacher, subset, options, total), boundaries=subset_boundaries(subset, num_layers),
+        selection_split="select",
+        extra={"kept_layers": [i + 1 for i in subset], **extra},
     )

@@ -81,7 +81,7 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     probe_params = sum(p.numel() for p in student.embedding_probe.parameters())
     return distill_and_export(
         teacher, calib, options, method="wdpruning", student=student,
-        objective=FinalEmbeddingLoss(teacher.spec.num_prefix_tokens), boundaries=None,
+        objective=FinalEmbeddingLoss(teacher.spec.num_prefix_tokens), boundaries=list(range(1, depth + 1)),
         layer_patches={"embedding_probe": {"hidden": hidden}},
         extra={"kept_layers": list(range(1, depth + 1)),
                "probe": {"form": "e + fc2(gelu(fc1(e))) on e = concat(CLS, mean patch), once per tile",
