@@ -163,3 +163,25 @@ def test_refuses_a_split_file_with_an_unknown_split(tmp_path, capsys):
     rows = [("red/red0.png", "train"), ("red/red1.png", "validation"), ("blue/blue0.png", "train")]
     assert _probe(tiles, tmp_path / "o", "--split-file", str(_split_file(tmp_path / "s.csv", rows))) == 1
     assert "split must be train or test" in _one_line_error(capsys)
+
+
+def test_pretrained_vit_s_beats_its_random_init_on_real_lung_tiles(tmp_path, shared_tiles, vit_s_weights):
+    """LC25000 lung (3 classes, real H&E) with its split file, 30 tiles per class and split:
+    the real ViT-S's logistic probe scores above the same architecture with random weights."""
+    tiles = shared_tiles / "lc25000-lung"
+    if not (tiles / "split.csv").is_file():
+        pytest.skip(f"real test data not available: {tiles / 'split.csv'} is absent")
+    common = ["--tiles", str(tiles), "--split-file", str(tiles / "split.csv"), "--max-per-class", "30",
+              "--device", "cpu", "--batch-size", "30"]
+    assert main(["probe", "--backbone", "vit-s14-imgfocus", "--weights", str(vit_s_weights), "--out",
+                 str(tmp_path / "real"), *common]) == 0
+    assert main(["probe", "--backbone", "vit-s14-imgfocus", "--random-init", "--out", str(tmp_path / "random"), *common]) == 0
+    real = json.loads((tmp_path / "real" / "probe.json").read_text())
+    floor = json.loads((tmp_path / "random" / "probe.json").read_text())
+    assert real["n_train"] == real["n_test"] == 90 and real["classes"] == ["lung_aca", "lung_n", "lung_scc"]
+    assert real["weights_sha256"] == "063d5a03b56f0809dc120b8f596da4cc8a7e57ebbae92a56d34497861f1ac520"
+    assert floor["weights_sha256"] is None and floor["random_init"]
+    # the split file's test tiles are numbers 141-200 of each class
+    rows = list(csv.DictReader(open(tmp_path / "real" / "predictions.csv")))
+    assert all(int("".join(ch for ch in Path(r["path"]).stem if ch.isdigit())) > 140 for r in rows)
+    assert real["probes"]["logistic"]["balanced_accuracy"] > floor["probes"]["logistic"]["balanced_accuracy"]

@@ -258,8 +258,8 @@ def check_references(config: Mapping[str, Any], *, source: str) -> None:
 
 def available_probes(config: Mapping[str, Any], *, source: str) -> tuple[list[str], list[str]]:
     """(probe sets to run, probe sets skipped). A probe set whose tiles folder or split
-    file is absent is skipped when its `if_missing` is `skip` (the demo's probe on
-    ../shared), else an error naming the key."""
+    file is absent is skipped when its `if_missing` is `skip` (a probe set on data that
+    may not be checked out, as in the demo), else an error naming the key."""
     run, skipped = [], []
     for name, probe in config.get("probes", {}).items():
         absent = [

@@ -159,6 +159,7 @@ table{border-collapse:collapse;margin:1em 0;font-size:0.9em}
 th,td{border:1px solid #ccc;padding:0.3em 0.6em;text-align:right}
 th:nth-child(-n+3),td:nth-child(-n+3){text-align:left}
 table.names2 th:nth-child(3),table.names2 td:nth-child(3){text-align:right}
+table.names2 td:nth-child(-n+2){white-space:nowrap}
 tr.reference td{color:#555;font-style:italic}
 thead{background:#f0f0f0}
 .figs{display:flex;flex-wrap:wrap;gap:1em}

@@ -262,7 +262,7 @@ def teacher_lines(costs: dict[tuple[str, str], Cost]) -> list[str]:
 PROBE_NOTE = (
     "Balanced accuracy on each probe set's test split of a logistic-regression probe "
     "(standardised features, C = 1) and a cosine kNN (k = 20) fitted on its train split "
-    "(`pathtwt probe`); in brackets the 95 % bootstrap interval over test tiles. The "
+    "(pathtwt probe); in brackets the 95 % bootstrap interval over test tiles. The "
     "uncompressed teacher and the same architecture with random weights (the floor) are "
     "reference rows."
 )
