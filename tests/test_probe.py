@@ -185,3 +185,25 @@ def test_pretrained_vit_s_beats_its_random_init_on_real_lung_tiles(tmp_path, sha
     rows = list(csv.DictReader(open(tmp_path / "real" / "predictions.csv")))
     assert all(int("".join(ch for ch in Path(r["path"]).stem if ch.isdigit())) > 140 for r in rows)
     assert real["probes"]["logistic"]["balanced_accuracy"] > floor["probes"]["logistic"]["balanced_accuracy"]
+
+
+def test_probes_config_fills_defaults_skips_or_stops_and_reserves_random_init(tmp_path):
+    from pathtwt.config.check import available_probes, check_references, validate_schema
+    from pathtwt.errors import ConfigError
+
+    there = _tiles(tmp_path / "there", {"red": 1, "blue": 1})
+    config = validate_schema({"probes": {
+        "here": {"tiles": str(there)},
+        "gone": {"tiles": str(tmp_path / "gone"), "if_missing": "skip"},
+    }}, source="test")
+    assert config["probes"]["here"] == {"tiles": str(there), "split_file": None, "max_per_class": None, "seed": 0,
+                                        "if_missing": "stop"}
+    assert available_probes(config, source="test") == (["here"], ["gone"])
+    config["probes"]["here"]["split_file"] = str(tmp_path / "missing.csv")
+    with pytest.raises(ConfigError, match=r"key probes.here.split_file: .*missing.csv not found"):
+        available_probes(config, source="test")
+    with pytest.raises(ConfigError, match="max_per_class"):
+        validate_schema({"probes": {"p": {"tiles": "x", "max_per_class": 0}}}, source="test")
+    config = validate_schema({"variants": {"random-init": {"method": "none"}}}, source="test")
+    with pytest.raises(ConfigError, match="reserved"):
+        check_references(config, source="test")
