@@ -36,6 +36,7 @@ include: "workflow/rules/tiling.smk"
 include: "workflow/rules/compress.smk"
 include: "workflow/rules/extract.smk"
 include: "workflow/rules/mil.smk"
+include: "workflow/rules/probe.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/report.smk"
 

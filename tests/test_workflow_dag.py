@@ -195,3 +195,40 @@ def test_slurm_profile_plans_the_demo(tmp_path):
     res = snakemake(tmp_path, "-n", "--profile", str(REPO / "workflow" / "profiles" / "slurm"),
                     "--configfile", str(REPO / "config" / "config.yaml"))
     assert job_counts(res.stdout)["demo_slides"] == 1
+
+
+def test_every_variant_is_probed_with_the_teacher_and_a_random_init_floor(paper, tmp_path):
+    data, work = paper
+    tiles = tmp_path / "probe-tiles"
+    for cls in ("a", "b"):
+        (tiles / cls).mkdir(parents=True)
+        (tiles / cls / "t_0.png").write_bytes(b"")
+    (tiles / "split.csv").write_text("path,split\na/t_0.png,train\nb/t_0.png,test\n")
+    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    cfg["backbones"] = {"h0-mini": {"variants": ["uncompressed", "twt-4", "nose-4"]}}
+    cfg["probes"] = {
+        "set1": {"tiles": str(tiles), "split_file": str(tiles / "split.csv"), "max_per_class": 7},
+        "set2": {"tiles": str(tiles)},
+        "absent": {"tiles": str(tmp_path / "nowhere"), "if_missing": "skip"},
+    }
+    cfg_path = tmp_path / "probes.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    res = _dry_run(work, cfg_path, data)
+    assert job_counts(res.stdout)["probe"] == (3 + 1) * 2  # 3 variants + random-init, 2 present sets
+    assert "tiles of probe set absent" in res.stderr and "skipping" in res.stderr
+    commands = [line.strip() for line in res.stdout.splitlines() if "pathtwt probe " in line]
+    floor = [c for c in commands if "/random-init/set1" in c]
+    assert len(floor) == 1 and "--backbone h0-mini --random-init" in floor[0]
+    assert f"--split-file {tiles / 'split.csv'} --max-per-class 7" in floor[0]
+    assert any("--backbone results/models/h0-mini/twt-4 " in c and "/twt-4/set2" in c for c in commands)
+    teacher = [c for c in commands if "/uncompressed/set2" in c]
+    assert len(teacher) == 1 and "--random-init" not in teacher[0] and "--split-file" not in teacher[0]
+    # the report waits for every probe
+    assert "results/probes/h0-mini/random-init/set1/probe.json" in res.stdout.split("rule report:")[1]
+
+    # a probe set that must be there stops the workflow before any job, naming the key
+    cfg["probes"]["absent"]["if_missing"] = "stop"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    res = snakemake(work, "-n", "--configfile", str(cfg_path), "--config", f"data_root={data}", check=False)
+    assert res.returncode != 0 and "probes.absent.tiles" in res.stdout + res.stderr
+    assert "Job stats" not in res.stdout

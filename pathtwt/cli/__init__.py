@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "train-mil": "train_mil",
     "summarize-mil": "summarize_mil",
     "analyze": "analyze",
+    "probe": "probe",
     "report": "report",
     "check-config": "check_config",
 }
@@ -41,6 +42,7 @@ SUMMARIES: dict[str, str] = {
     "train-mil": "train and evaluate an ABMIL or TransMIL slide head on frozen features",
     "summarize-mil": "mean +- std of MIL metrics over seeds",
     "analyze": "norm growth, eps sensitivity, intrinsic dimension and stability analyses",
+    "probe": "logistic-regression and kNN probes of a backbone's tile embeddings on labelled tiles",
     "report": "build the results tables and HTML report",
     "check-config": "validate a workflow config and its label tables before any job runs",
 }

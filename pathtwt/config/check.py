@@ -22,6 +22,8 @@ from pathtwt.errors import ConfigError
 SCHEMA_RESOURCE = ("pathtwt.config", "schema.yaml")
 # Offending rows listed in one error line before it is cut short.
 MAX_LISTED = 8
+# Variant name of the random-init reference in results/probes/{backbone}/ (not a config variant).
+RANDOM_INIT_VARIANT = "random-init"
 
 
 def load_yaml(path: str | os.PathLike) -> Any:
@@ -258,14 +260,43 @@ def check_references(config: Mapping[str, Any], *, source: str) -> None:
             raise ConfigError(f"{source}: key variants.{name}: give exactly one of depth and eps")
         if var["eps"] is not None and var["method"] != "twt":
             raise ConfigError(f"{source}: key variants.{name}.eps: only the twt method takes eps; give a depth")
+    if RANDOM_INIT_VARIANT in variants:
+        raise ConfigError(
+            f"{source}: key variants.{RANDOM_INIT_VARIANT}: the name is reserved for the random-init probe reference; "
+            "rename the variant"
+        )
     if any(c.get("demo") for c in cohorts.values()) and not config["demo"]["enabled"]:
         raise ConfigError(f"{source}: key demo.enabled: cohorts marked demo: true need demo.enabled: true")
+
+
+def available_probes(config: Mapping[str, Any], *, source: str) -> tuple[list[str], list[str]]:
+    """(probe sets to run, probe sets skipped). A probe set whose tiles folder or split
+    file is absent is skipped when its `if_missing` is `skip` (a probe set on data that
+    may not be checked out, as in the demo), else an error naming the key."""
+    run, skipped = [], []
+    for name, probe in config.get("probes", {}).items():
+        absent = [
+            (key, Path(probe[key])) for key, is_there in (("tiles", Path.is_dir), ("split_file", Path.is_file))
+            if probe.get(key) is not None and not is_there(Path(probe[key]))
+        ]
+        if not absent:
+            run.append(name)
+        elif probe.get("if_missing") == "skip":
+            skipped.append(name)
+        else:
+            key, path = absent[0]
+            raise ConfigError(
+                f"{source}: key probes.{name}.{key}: {path} not found; fix the path or set probes.{name}.if_missing: skip"
+            )
+    return run, skipped
 
 
 def check_config(config: Mapping[str, Any], *, source: str, require_slides: bool = True) -> dict[str, LabelTable]:
     """Cross-section references, label tables and slides on disk. Returns the label
     tables of cohorts whose data exist (demo cohorts not generated yet are skipped)."""
     check_references(config, source=source)
+    if require_slides:
+        available_probes(config, source=source)
     tables: dict[str, LabelTable] = {}
     for cohort in config["cohorts"]:
         if demo_pending(config, cohort):

@@ -1,5 +1,5 @@
 """The HTML page of the report, the file a person opens first: the tables of every task,
-which teacher was used and how cost was counted, then the figures that exist (similarity
+the tile-probe and fidelity tables, which teacher was used and how cost was counted, then the figures that exist (similarity
 heatmaps with the discovered blocks, tissue thumbnails, MIL attention heatmaps, analysis
 figures). Figures are copied next to the page, so the report folder stands alone."""
 
@@ -131,10 +131,16 @@ def attention_figures(results: Path, out: Path, task: str, rows: list, n_slides:
     return figs
 
 
-def _table_html(header: list[str], body: list[list[str]]) -> str:
+def _table_html(header: list[str], body: list[list[str]], css: str = "", references: set[int] = frozenset()) -> str:
+    """``references``: indices of rows drawn as reference rows (muted)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+    rows = "".join(
+        ("<tr class='reference'>" if i in references else "<tr>")
+        + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+        for i, cells in enumerate(body)
+    )
+    cls = f" class='{css}'" if css else ""
+    return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
 
 
 def _figures_html(title: str, figs: list[tuple[str, str]]) -> str:
@@ -152,6 +158,9 @@ body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}
 th,td{border:1px solid #ccc;padding:0.3em 0.6em;text-align:right}
 th:nth-child(-n+3),td:nth-child(-n+3){text-align:left}
+table.names2 th:nth-child(3),table.names2 td:nth-child(3){text-align:right}
+table.names2 td:nth-child(-n+2){white-space:nowrap}
+tr.reference td{color:#555;font-style:italic}
 thead{background:#f0f0f0}
 .figs{display:flex;flex-wrap:wrap;gap:1em}
 figure{margin:0;max-width:360px}figure img{max-width:100%}
@@ -162,8 +171,10 @@ figcaption{font-size:0.8em;color:#555}
 
 def render_html(
     results: Path, out: Path, *, sections: list[dict[str, Any]], teachers: list[str], counting: str,
-    attention_slides: int,
+    attention_slides: int, tables: list[dict[str, Any]] | None = None,
 ) -> str:
+    """The page; ``tables`` are the backbone-level tables (tile probe, fidelity) shown
+    after the MIL tables, each with a title, header, cells and notes."""
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>pathtwt results</title>",
         f"<style>{STYLE}</style></head><body><h1>pathtwt results</h1>",
@@ -177,6 +188,10 @@ def render_html(
         parts.append(f"<h2>Task: {html.escape(s['task'])} (headline metric {html.escape(s['metric'])})</h2>")
         parts.append(_table_html(s["header"], s["body"]) if s["body"] else "<p>No finished runs yet.</p>")
         attention += attention_figures(results, out, s["task"], s["rows"], attention_slides)
+    for t in tables or []:
+        parts.append(f"<h2>{html.escape(t['title'])}</h2>")
+        parts.append(_table_html(t["header"], t["body"], css="names2", references=set(t.get("references", ()))))
+        parts += [f"<p class='note'>{html.escape(n)}</p>" for n in t["notes"]]
     parts.append(_figures_html("Layer similarity and discovered blocks", similarity_figures(results, out)))
     parts.append(_figures_html("MIL attention", attention))
     parts.append(_figures_html("Tissue detection", thumbnail_figures(results, out)))

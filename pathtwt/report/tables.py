@@ -259,6 +259,55 @@ def teacher_lines(costs: dict[tuple[str, str], Cost]) -> list[str]:
     return lines
 
 
+PROBE_NOTE = (
+    "Balanced accuracy on each probe set's test split of a logistic-regression probe "
+    "(standardised features, C = 1) and a cosine kNN (k = 20) fitted on its train split "
+    "(pathtwt probe); in brackets the 95 % bootstrap interval over test tiles. The "
+    "uncompressed teacher and the same architecture with random weights (the floor) are "
+    "reference rows."
+)
+FIDELITY_NOTE = (
+    "Student against teacher tile embeddings on held-out calibration tiles: R² of the "
+    "teacher embedding (1 = the teacher, 0 = a constant at the teacher's fit mean), cosine "
+    "after subtracting the teacher's fit mean, linear CKA; the uncentred cosine is "
+    "secondary (a constant output already scores high on it). R² per block: at each block "
+    "boundary. Reference rows are measured on the same tiles."
+)
+
+
+def reference_rows(body: list[list[str]]) -> list[int]:
+    """Rows whose variant cell names a reference (teacher, floor, constant)."""
+    return [i for i, cells in enumerate(body) if cells[1].endswith(("(reference)", "(teacher)", "(floor)"))]
+
+
+def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost]) -> list[dict[str, Any]]:
+    """The tile-probe and fidelity tables (``probes.*``, ``fidelity.*``), those that have rows."""
+    from pathtwt.io.atomic import write_text_atomic
+    from pathtwt.report.fidelity import fidelity_table
+    from pathtwt.report.probes import probe_sets_note, probe_table
+
+    def cost_of(backbone: str, variant: str) -> Cost:
+        if (backbone, variant) not in costs:
+            costs[backbone, variant] = variant_cost(results, backbone, variant)
+        return costs[backbone, variant]
+
+    tables = []
+    header, body, records = probe_table(results, cost_of)
+    if body:
+        note = f"{PROBE_NOTE} {probe_sets_note(results)}"
+        tables.append({"name": "probes", "title": "Tile probe", "header": header, "body": body,
+                       "records": records, "notes": [note], "references": reference_rows(body)})
+    header, body, records, notes = fidelity_table(results, cost_of)
+    if body:
+        tables.append({"name": "fidelity", "title": "Fidelity", "header": header, "body": body,
+                       "records": records, "notes": [FIDELITY_NOTE, *notes], "references": reference_rows(body)})
+    for t in tables:
+        write_text_atomic(out / f"{t['name']}.csv", csv_text(t["records"]))
+        notes_md = "".join(f"\n{n}\n" for n in t["notes"])
+        write_text_atomic(out / f"{t['name']}.md", f"## {t['title']}\n\n" + markdown_table(t["header"], t["body"]) + notes_md)
+    return tables
+
+
 def write_report(results: str | Path, out: str | Path, *, metrics: dict[str, str], attention_slides: int = 3) -> Path:
     """Write ``{task}.csv``, ``{task}.md`` and ``index.html`` (with figures) into ``out``."""
     from pathtwt.io.atomic import write_text_atomic
@@ -279,9 +328,10 @@ def write_report(results: str | Path, out: str | Path, *, metrics: dict[str, str
         md = f"## {task}\n\n" + (markdown_table(header, body) if rows else "No finished runs yet.\n")
         write_text_atomic(out / f"{task}.md", md)
         sections.append({"task": task, "metric": metric, "header": header, "body": body, "rows": rows, "cohorts": cohorts})
+    extra = backbone_tables(results, out, costs)
     html = render_html(
         results, out, sections=sections, teachers=teacher_lines(costs), counting=COUNTING_NOTE,
-        attention_slides=attention_slides,
+        attention_slides=attention_slides, tables=extra,
     )
     write_text_atomic(out / "index.html", html)
     return out / "index.html"

@@ -41,6 +41,7 @@ wildcard_constraints:
     task=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     head=r"abmil|transmil",
     seed=r"\d+",
+    probe=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
 
 
 DEMO_COHORTS = [c for c, cfg in config["cohorts"].items() if cfg["demo"]]
@@ -409,6 +410,84 @@ def get_analysis_targets():
                     f"results/analysis/{b}/{v}/stability/stability.json",
                 ]
     return targets
+
+
+# ---- tile probes ---------------------------------------------------------------------
+
+
+def _resolve_probes():
+    """Probe sets to run; one whose tiles are absent and whose `if_missing` is `skip` is
+    left out with a warning (the demo's probe on ../shared)."""
+    try:
+        run, skipped = config_check.available_probes(config, source=CONFIG_SOURCE)
+    except ConfigError as exc:
+        raise WorkflowError(str(exc)) from None
+    for name in skipped:
+        print(
+            f"pathtwt workflow: tiles of probe set {name} ({config['probes'][name]['tiles']}) not found; "
+            f"skipping its tile probes (probes.{name}.if_missing: skip)",
+            file=sys.stderr,
+        )
+    return run
+
+
+PROBES = _resolve_probes()
+RANDOM_INIT = config_check.RANDOM_INIT_VARIANT
+
+
+def get_probe_variants(backbone):
+    """Variants probed for a backbone: its configured ones, the uncompressed teacher
+    (named `uncompressed` when no configured variant is) and the random-init floor."""
+    variants = get_variants(backbone)
+    if not any(config["variants"][v]["method"] == "none" for v in variants):
+        variants.append("uncompressed")
+    return variants + [RANDOM_INIT]
+
+
+def _is_teacher(variant):
+    return variant not in config["variants"] or config["variants"][variant]["method"] == "none"
+
+
+def get_probe_model_args(wildcards):
+    """`pathtwt probe` arguments that build the probed model."""
+    if wildcards.variant == RANDOM_INIT:
+        return f"--backbone {BACKBONES[wildcards.backbone]['teacher']} --random-init"
+    if _is_teacher(wildcards.variant):
+        return get_backbone_args(wildcards.backbone)
+    return f"--backbone {get_model_dir(wildcards.backbone, wildcards.variant)}"
+
+
+def get_probe_model_inputs(wildcards):
+    if wildcards.variant == RANDOM_INIT:
+        return []
+    if _is_teacher(wildcards.variant):
+        return get_teacher_inputs(wildcards)
+    return [f"{get_model_dir(wildcards.backbone, wildcards.variant)}/model.json"]
+
+
+def get_probe_split_inputs(wildcards):
+    split_file = config["probes"][wildcards.probe]["split_file"]
+    return [split_file] if split_file else []
+
+
+def get_probe_args(wildcards):
+    p = config["probes"][wildcards.probe]
+    args = f"--tiles {p['tiles']} --seed {p['seed']}"
+    if p["split_file"]:
+        args += f" --split-file {p['split_file']}"
+    if p["max_per_class"] is not None:
+        args += f" --max-per-class {p['max_per_class']}"
+    return args
+
+
+def get_probe_targets():
+    """probe.json of every (backbone, probed variant, probe set)."""
+    return [
+        f"results/probes/{b}/{v}/{p}/probe.json"
+        for b in get_backbones()
+        for v in get_probe_variants(b)
+        for p in PROBES
+    ]
 
 
 def get_final_targets():

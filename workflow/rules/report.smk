@@ -1,4 +1,5 @@
-# The results report: tables like the paper's (one per task) and the figures.
+# The results report: tables like the paper's (one per task), the tile-probe and fidelity
+# tables, and the figures.
 
 
 rule report:
@@ -7,6 +8,7 @@ rule report:
         summaries=get_mil_summaries(),
         plans=expand("results/discovery/{backbone}/plan.json", backbone=get_discovered_backbones()),
         analyses=get_analysis_targets(),
+        probes=get_probe_targets(),
     output:
         html=report(
             "results/report/index.html",

@@ -1,0 +1,30 @@
+# Tile-level probes: every backbone variant, the uncompressed teacher and the same
+# architecture with random weights (the floor) on every labelled tile set of `probes`.
+# Embedding uses the extraction settings (device, batch size).
+
+
+rule probe:
+    input:
+        model=get_probe_model_inputs,
+        split=get_probe_split_inputs,
+    output:
+        summary="results/probes/{backbone}/{variant}/{probe}/probe.json",
+        predictions="results/probes/{backbone}/{variant}/{probe}/predictions.csv",
+    params:
+        model=get_probe_model_args,
+        probe=get_probe_args,
+        batch_size=config["extract"]["batch_size"],
+        device=config["extract"]["device"],
+    log:
+        "logs/probes/{backbone}/{variant}/{probe}.log",
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=30,
+        gpu=1,
+    conda:
+        "../envs/pathtwt.yaml"
+    shell:
+        "pathtwt probe {params.model} {params.probe} --name {wildcards.probe}"
+        " --out results/probes/{wildcards.backbone}/{wildcards.variant}/{wildcards.probe}"
+        " --batch-size {params.batch_size} --device {params.device} > {log} 2>&1"
