@@ -266,7 +266,7 @@ def test_wdpruning_probe_is_part_of_the_exported_model(teacher, calib, tmp_path)
     plain = timm.create_model(meta["timm_name"], pretrained=False, **meta["timm_kwargs"])
     result = plain.load_state_dict(safetensors.torch.load_file(folder / "model.safetensors"), strict=False)
     assert not result.missing_keys and all(k.startswith("embedding_probe.") for k in result.unexpected_keys)
-    x = torch.stack([teacher.transform(t) for t in calib.holdout])
+    x = torch.stack([teacher.transform(t) for t in calib.report])
     with torch.no_grad():
         assert torch.allclose(plain.eval().forward_features(x), back.model.forward_features(x), atol=1e-6)
 
@@ -311,17 +311,17 @@ def test_nose_keeps_attention_where_the_greedy_information_criterion_says(teache
     folder, meta = _compress("nose", teacher, calib, tmp_path / "nose", extra={"keep_attention": 8})
     free = meta["layer_patches"]["attention_free"]
     assert len(free) == 4 and meta["name"] == "vit-s14-tiny/nose-keep8" and meta["attention_layers"] == 8
-    assert meta["selection_split"] == "holdout"  # no select split in this calibration set
+    assert meta["selection_split"] == "select"
     trace = meta["selection_trace"]
     assert [t["removed"] for t in trace][-1] == free and len(trace) == 4
     # step 1 is the single removal that keeps the most information, recomputed here
     kw = dict(transform=teacher.transform, num_prefix_tokens=1, device="cpu", batch_size=8)
-    target = tile_embeddings(teacher.model, calib.holdout, **kw)
+    target = tile_embeddings(teacher.model, calib.select, **kw)
     infos = []
     for i in range(L):
         probe = copy.deepcopy(teacher.model)
         probe.blocks[i] = make_attention_free_copy(probe.blocks[i])
-        infos.append(gaussian_information(embedding_r2(tile_embeddings(probe, calib.holdout, **kw), target)[1]))
+        infos.append(gaussian_information(embedding_r2(tile_embeddings(probe, calib.select, **kw), target)[1]))
     assert trace[0]["added"] == int(np.argmax(infos))
     assert trace[0]["information"] == pytest.approx(max(infos), rel=1e-4)
     attn_params, _ = _attention_cost()
@@ -336,8 +336,7 @@ def test_nose_choice_does_not_depend_on_the_reported_tiles(teacher):
     opts = CompressOptions(out="unused", batch_size=4, progress=False)
     runs = []
     for report_seed in (13, 14):
-        calib = CalibrationSet(fit=fit, holdout=_tiles(4, report_seed), patch_size=56)
-        calib.select = select  # the selection split, apart from the tiles reported on
+        calib = CalibrationSet(fit=fit, select=select, report=_tiles(4, report_seed), patch_size=56)
         runs.append(greedy_attention_removal(teacher, calib, opts, 3))
     assert runs[0] == runs[1] and runs[0][1] == "select"
 
@@ -423,8 +422,8 @@ def test_linear_fold_exports_a_plain_layer_with_the_unfolded_fidelity(teacher, c
     assert meta["linear"]["fold"]["folded_blocks"] == [[2, 6]] and meta["linear"]["fold"]["into_layers"] == [1]
     assert meta["depth"] == 2 and meta["layer_patches"] == {"linear_blocks": [1]}
     assert meta["params"] == count_params(_plain(teacher, 1)) + D * D + D
-    unfolded = meta["linear"]["fold"]["unfolded_fidelity"]["embedding_cosine_mean"]
-    assert meta["fidelity"]["final"]["embedding_cosine_mean"] == pytest.approx(unfolded, abs=1e-5)
+    unfolded = meta["linear"]["fold"]["unfolded_fidelity"]["r2"]
+    assert meta["fidelity"]["final"]["r2"] == pytest.approx(unfolded, abs=1e-5)
     assert meta["budget"]["run"]["unit"] is None and meta["selection_split"] is None
     back = _assert_round_trip(folder, meta, teacher, calib)
     assert not torch.equal(back.model.blocks[0].mlp.fc2.weight, teacher.model.blocks[0].mlp.fc2.weight)

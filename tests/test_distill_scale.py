@@ -244,7 +244,13 @@ def test_holdout_by_slide_holds_out_whole_slides_near_the_share():
     index = np.repeat([0, 1, 2], 8)
     for seed in range(5):
         split = _split_by_source(index, 0.3, np.random.default_rng(seed))
-        held = set(index[split == 1].tolist())
-        assert len(held) == 1 and all((split[index == s] == 1).all() for s in held)  # whole slides
+        held = set(index[split != 0].tolist())
+        assert len(held) == 1 and all((split[index == s] != 0).all() for s in held)  # whole slides
+        # one held-out slide: its tiles are shared out between select (1) and report (2)
+        assert set(split[split != 0].tolist()) == {1, 2}
+    split = _split_by_source(np.repeat([0, 1, 2, 3], 6), 0.5, np.random.default_rng(0))
+    by_slide = {int(s): set(split[np.repeat([0, 1, 2, 3], 6) == s].tolist()) for s in range(4)}
+    assert sorted(len(v) for v in by_slide.values()) == [1, 1, 1, 1]  # several: whole slides per part
+    assert {next(iter(v)) for v in by_slide.values()} == {0, 1, 2}
     split = _split_by_source(np.repeat([0, 1], [3, 9]), 0.9, np.random.default_rng(0))
-    assert 0 < split.sum() < len(split)  # never every slide
+    assert 0 < (split != 0).sum() < len(split)  # never every slide

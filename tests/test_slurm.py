@@ -297,6 +297,8 @@ def test_compress_job_runs_two_data_parallel_ranks_through_slurm(cluster, tmp_pa
         "--set-resources", *(f"{rule}:{key}" for rule in ("discover", "compress")
                              for key in (f"slurm_partition={PARTITION}", "gpu=0", "mem_mb=1500")),
         "--slurm-init-seconds-before-status-checks", "2", "--latency-wait", "5", "--jobs", "4",
+        # the tile group job tiles one slide at a time, so it fits this small node's cores
+        "--resources", "cpu_slots=1",
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=480)
     log = res.stdout + res.stderr

@@ -120,7 +120,7 @@ def test_paper_study_plans_in_full(paper):
 
 
 # the paper's distillation budgets in epochs over the PANDA training tiles
-PAPER_EPOCHS = {"twt-5": 1.5, "twt-4": 2, "raptor-5": 3, "raptor-4": 3, "nose-5": 2, "nose-4": 2,
+PAPER_EPOCHS = {"twt-5": 1.5, "twt-4": 2, "raptor-5": 3, "raptor-4": 3, "nose": 2,
                 "wdpruning-5": 2, "wdpruning-4": 2}
 
 
@@ -205,7 +205,7 @@ def test_every_variant_is_probed_with_the_teacher_and_a_random_init_floor(paper,
         (tiles / cls / "t_0.png").write_bytes(b"")
     (tiles / "split.csv").write_text("path,split\na/t_0.png,train\nb/t_0.png,test\n")
     cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
-    cfg["backbones"] = {"h0-mini": {"variants": ["uncompressed", "twt-4", "nose-4"]}}
+    cfg["backbones"] = {"h0-mini": {"variants": ["uncompressed", "twt-4", "nose"]}}
     cfg["probes"] = {
         "set1": {"tiles": str(tiles), "split_file": str(tiles / "split.csv"), "max_per_class": 7},
         "set2": {"tiles": str(tiles)},

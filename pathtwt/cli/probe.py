@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from pathtwt.cli.options import add_device_argument, add_threads_argument
+
 HELP = (
     "embed a folder of class subfolders of tiles with a backbone, fit a logistic-regression probe "
     "(standardised features, C=1) and a cosine kNN (k=20) on the train split, and report balanced "
@@ -33,13 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="name of the probe set in probe.json (default: the folder's name)")
     parser.add_argument(
         "--max-per-class", type=int, default=None, metavar="N",
-        help="keep at most N tiles per class in each split, drawn with --seed (quick runs)",
+        help="keep at most N tiles per class in each split, drawn with --seed (quick runs; default: every tile)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the drawn split, subsampling and bootstrap (default 0)")
     parser.add_argument("--batch-size", type=int, default=32, help="tiles per forward pass (default 32)")
-    parser.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
-    parser.add_argument("--threads", type=int, default=None, help="compute threads (default: torch's choice)")
+    add_device_argument(parser)
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                        help="inference precision (auto: the backbone's own default precision)")
+    add_threads_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -218,23 +218,29 @@ def split_codes(n: int, holdout: float, rng: np.random.Generator) -> np.ndarray:
 
 def _split_by_source(source_index: np.ndarray, holdout: float, rng: np.random.Generator) -> np.ndarray:
     """Hold out whole sources (slides), in a seeded order, each one taken if it brings the
-    held-out share closer to ``holdout`` (never all of them; the first two always when there
-    are at least three, so that select and report both get a slide). Held-out slides go to
-    select (1) and report (2) in turn, so no slide is shared between fit, select and report,
-    and a streamed training set can leave them out entirely."""
+    held-out share closer to ``holdout`` (the first always, never all of them), so that a
+    streamed training set can leave them out entirely. Held-out slides go to select (1) and
+    report (2) in turn; a single held-out slide has its tiles split between the two."""
     split = np.zeros(len(source_index), dtype=np.uint8)
     present = np.unique(source_index)
     if holdout <= 0 or len(present) < 2:
         return split
-    minimum = 2 if len(present) >= 3 else 1
-    want, held, taken = holdout * len(source_index), 0, 0
+    want, held, chosen = holdout * len(source_index), 0, []
     for s in rng.permutation(present):
         rows = source_index == s
         n = int(rows.sum())
-        if taken == len(present) - 1:
+        if len(chosen) == len(present) - 1:
             break
-        if taken < minimum or abs(held + n - want) < abs(held - want):
-            split[rows], held, taken = 1 + taken % 2, held + n, taken + 1
+        if not chosen or abs(held + n - want) < abs(held - want):
+            chosen.append(s)
+            held += n
+    if len(chosen) == 1:
+        rows = np.flatnonzero(source_index == chosen[0])
+        split[rows] = 2
+        split[rng.permutation(rows)[: (len(rows) + 1) // 2]] = 1
+    else:
+        for k, s in enumerate(chosen):
+            split[source_index == s] = 1 + k % 2
     return split
 
 

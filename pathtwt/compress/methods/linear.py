@@ -226,6 +226,6 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path:
         student, patches = build_linear_student(teacher, blocks, maps)
     return export_with_fidelity(
         student, teacher=teacher, calib=calib, options=options, method="linear", layer_patches=patches, trains=False,
-        boundaries=[e for _s, e in blocks],
+        boundaries=None if any(folds) else [e for _s, e in blocks],  # a folded block leaves no layer of its own
         extra={"plan": plan, "linear": record},
     )
