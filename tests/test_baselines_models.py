@@ -305,7 +305,8 @@ def test_nose_removes_attention_from_every_layer_by_default(teacher, calib, tmp_
 
 
 def test_nose_keeps_attention_where_the_greedy_information_criterion_says(teacher, calib, tmp_path):
-    from pathtwt.compress.methods.common import embedding_r2, tile_embeddings
+    from pathtwt.compress.fidelity import tile_embeddings
+    from pathtwt.compress.methods.common import embedding_r2
     from pathtwt.compress.methods.nose import gaussian_information, make_attention_free_copy
 
     folder, meta = _compress("nose", teacher, calib, tmp_path / "nose", extra={"keep_attention": 8})

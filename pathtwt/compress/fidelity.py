@@ -167,11 +167,11 @@ def evaluate_fidelity(
 
 
 @torch.no_grad()
-def teacher_embeddings(teacher: nn.Module, tiles: np.ndarray, *, transform: Transform, num_prefix_tokens: int,
-                       device: str = "cpu", batch_size: int = 32) -> torch.Tensor:
-    """The teacher's tile embeddings of ``tiles`` (N, E), float32 on CPU."""
-    teacher.eval().to(device)
-    return torch.cat([_embed(teacher, block_outputs(teacher, tiles_to_batch(transform, tiles[i : i + batch_size], device)),
+def tile_embeddings(model: nn.Module, tiles: np.ndarray, *, transform: Transform, num_prefix_tokens: int,
+                    device: str = "cpu", batch_size: int = 32) -> torch.Tensor:
+    """``model``'s tile embeddings of ``tiles`` (N, E), its probe included, float32 on CPU."""
+    model.eval().to(device)
+    return torch.cat([_embed(model, block_outputs(model, tiles_to_batch(transform, tiles[i : i + batch_size], device)),
                              num_prefix_tokens).cpu() for i in range(0, len(tiles), batch_size)])
 
 
@@ -225,7 +225,7 @@ def measure(student: nn.Module, teacher: Any, calib: Any, *, on: str = "report",
     if on == "select" and not boundaries:  # choices score many students on these tiles
         key = ("teacher_select_embeddings", id(teacher.model))
         if key not in calib.cache:
-            calib.cache[key] = teacher_embeddings(teacher.model, tiles, **kw)
+            calib.cache[key] = tile_embeddings(teacher.model, tiles, **kw)
         cached = calib.cache[key]
     return evaluate_fidelity(student, teacher.model, tiles, centre=fit_centre(teacher, calib, device=device, batch_size=batch_size),
                              boundaries=boundaries, teacher_embeddings=cached, **kw)

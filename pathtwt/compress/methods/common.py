@@ -22,11 +22,7 @@ from torch import nn
 def selection_tiles(calib: Any) -> tuple[str, Any]:
     """(split name, tiles) on which a method scores its candidates: the calibration set's
     ``select`` split where it has one, else its fit tiles."""
-    for name in ("select", "fit"):
-        tiles = getattr(calib, name, None)
-        if tiles is not None and len(tiles):
-            return name, tiles
-    raise ValueError("the calibration set has no tiles")
+    return calib.choosing_split(), calib.choosing_tiles()
 
 
 def embedding_r2(student_emb: torch.Tensor, teacher_emb: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -37,22 +33,6 @@ def embedding_r2(student_emb: torch.Tensor, teacher_emb: torch.Tensor) -> tuple[
     res = ((student_emb.double() - t) ** 2).sum(dim=0)
     tot = ((t - t.mean(dim=0)) ** 2).sum(dim=0).clamp_min(1e-12)
     return float(1 - res.sum() / tot.sum()), 1 - res / tot
-
-
-@torch.no_grad()
-def tile_embeddings(model: nn.Module, tiles: Any, *, transform: Any, num_prefix_tokens: int, device: str,
-                    batch_size: int) -> torch.Tensor:
-    """(N, E) float32 tile embeddings of ``model`` (its probe included)."""
-    from pathtwt.compress.intermediates import tiles_to_batch
-    from pathtwt.compress.student import block_outputs
-    from pathtwt.models.embedding import pool_model_tokens
-
-    model.eval().to(device)
-    parts = []
-    for i in range(0, len(tiles), batch_size):
-        x = tiles_to_batch(transform, tiles[i : i + batch_size], device)
-        parts.append(pool_model_tokens(model, model.norm(block_outputs(model, x)[-1]), num_prefix_tokens).cpu())
-    return torch.cat(parts)
 
 
 def fit_steps(options: Any, n_fit: int) -> int:

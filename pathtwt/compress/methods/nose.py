@@ -48,7 +48,8 @@ import torch
 
 from pathtwt.errors import ConfigError
 from pathtwt.compress.methods.common import (distill_main, drop_checkpoint, embedding_r2, export_with_fidelity, fit_steps, report_fidelity,
-                                             n_training, selection_tiles, tile_embeddings)
+                                             n_training, selection_tiles)
+from pathtwt.compress.fidelity import tile_embeddings
 from pathtwt.models.variant_layers import DilutedAttentionBlock
 
 
