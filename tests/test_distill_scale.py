@@ -21,7 +21,7 @@ import torch
 from pathtwt.cli import main
 from pathtwt.compress.distill import CHECKPOINT_FORMAT, load_checkpoint
 from pathtwt.compress.training_tiles import (EpochOrder, MicroBatches, Sharding, SlideTiles, TrainingItems,
-                                             attach_streamed_training, cv2_pool_stopped, loader)
+                                             cv2_pool_stopped, loader, with_streamed_training)
 from pathtwt.errors import ConfigError, PathtwtError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,14 +56,22 @@ def workdir(shared_slides, tmp_path_factory):
     return root
 
 
-class _Calib:
-    fit = np.zeros((0, 56, 56, 3), np.uint8)
+def _calib():
+    from pathtwt.compress.calibration import CalibrationSet
+
+    empty = np.zeros((0, 56, 56, 3), np.uint8)
+    return CalibrationSet(fit=empty, select=empty, report=empty, patch_size=56)
 
 
 def test_held_out_slides_never_reach_training(workdir):
-    calib = _Calib()
-    streamed = attach_streamed_training(calib, [workdir / "calib.h5"], [workdir / "coords"])
-    assert calib.training is streamed
+    import dataclasses
+
+    calib = _calib()
+    attached = with_streamed_training(calib, [workdir / "calib.h5"], [workdir / "coords"])
+    streamed = attached.training
+    assert calib.training is None and attached.training_tiles() is streamed  # the loaded set stays as it was
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        attached.training = None
     with h5py.File(workdir / "calib.h5", "r") as h5:
         sources = [Path(s.decode() if isinstance(s, bytes) else s).stem for s in h5["sources"][()]]
         split, index, origins = h5["split"][()], h5["source_index"][()], h5["origins"][()]
@@ -81,7 +89,7 @@ def test_held_out_slides_never_reach_training(workdir):
 
 def test_streaming_needs_calibration_files(workdir):
     with pytest.raises(ConfigError, match="needs --calibration calibration files"):
-        attach_streamed_training(_Calib(), [workdir / "coords"], [workdir / "coords"])
+        with_streamed_training(_calib(), [workdir / "coords"], [workdir / "coords"])
 
 
 @pytest.mark.parametrize("world", [1, 2])

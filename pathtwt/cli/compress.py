@@ -17,6 +17,7 @@ def _on_off(value: str) -> bool:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pathtwt.cli.options import add_backbone_arguments
+    from pathtwt.compress.defaults import LR
 
     add_backbone_arguments(parser)
     parser.add_argument("--method", default="twt", help="twt, truncation, or a comparison method "
@@ -44,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "weights and optimiser state stay fp32")
     parser.add_argument("--workers", type=int, default=None,
                         help="processes reading training tiles (default: cores - 1, at most 4, when streaming; 0 in memory)")
-    parser.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
+    parser.add_argument("--lr", type=float, default=LR, help=f"peak learning rate (default {LR:g})")
     parser.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up before the cosine decay (default 0)")
     parser.add_argument("--audition-steps", type=int, default=50,
                         help="fitting steps per audition candidate, 0 = rank as they are (default 50)")
@@ -147,9 +148,9 @@ def _run(args: argparse.Namespace) -> int:
                              patch_size=teacher.spec.input_size)
     workers = args.workers
     if args.train_coords:
-        from pathtwt.compress.training_tiles import attach_streamed_training
+        from pathtwt.compress.training_tiles import with_streamed_training
 
-        attach_streamed_training(calib, args.calibration, args.train_coords)
+        calib = with_streamed_training(calib, args.calibration, args.train_coords)
         if workers is None:
             from pathtwt.features.extract import default_workers
 
@@ -166,10 +167,9 @@ def _run(args: argparse.Namespace) -> int:
     )
     if is_writer():
         from pathtwt.compress.distill import plan_summary
-        from pathtwt.compress.methods.common import n_training
         from pathtwt.compress.pipeline import distill_options
 
-        print(plan_summary(distill_options(options), n_training(calib), world=world_size()), flush=True)
+        print(plan_summary(distill_options(options), len(calib.training_tiles()), world=world_size()), flush=True)
     out = method(teacher, calib, options)
     if not is_writer():
         return 0  # rank 0 reports

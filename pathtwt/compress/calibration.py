@@ -23,13 +23,16 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 import h5py
 import numpy as np
 
-from pathtwt.errors import ConfigError, PathtwtError, SlideError
+from pathtwt.errors import ConfigError, PathtwtError
 from pathtwt.io.atomic import atomic_output
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +42,68 @@ SPLITS = ("fit", "select", "report")  # stored as split codes 0, 1, 2
 DEFAULT_PATCH_SIZE = 224
 
 
+class TileSource(Protocol):
+    """Tiles read one at a time (:mod:`pathtwt.compress.training_tiles`: in memory or
+    streamed from the slides of coords files)."""
+
+    def __len__(self) -> int: ...
+    def read(self, index: int) -> np.ndarray: ...
+    def describe(self) -> dict[str, Any]: ...
+
+
 @dataclass
+class TeacherCentre:
+    """The teacher's means over fit tiles: of the tile embedding (E,) and of every layer's
+    tokens, per position (L + 1, T, D), entry l being layer l's output (0: embedded tokens)."""
+
+    embedding: "torch.Tensor"
+    layers: "torch.Tensor"
+    n_tiles: int
+
+
+@dataclass
+class DerivedValues:
+    """What is computed from a calibration set once per teacher (keyed by
+    ``id(teacher.model)``) and reused by every measurement on it: the teacher's fit means
+    and select-tile embeddings and the reference rows (:mod:`pathtwt.compress.fidelity`),
+    and the subset search's candidate scores (:mod:`pathtwt.compress.methods.subset`)."""
+
+    teacher_centres: dict[int, TeacherCentre] = field(default_factory=dict)
+    select_embeddings: dict[int, "torch.Tensor"] = field(default_factory=dict)
+    references: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    subset_scores: dict[tuple[Any, ...], dict[tuple[int, ...], float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
 class CalibrationSet:
     """uint8 tiles (N, P, P, 3) in three disjoint parts: ``fit`` for fitting and teacher
-    statistics, ``select`` for every choice, ``report`` only for the reported fidelity."""
+    statistics, ``select`` for every choice, ``report`` only for the reported fidelity.
+    ``patch_size`` is P, the side the tiles were resampled to (the teacher's input size).
+
+    ``training`` is what distillation trains on when it is not the fit tiles: the streamed
+    training cohort (:func:`pathtwt.compress.training_tiles.with_streamed_training`). The set
+    is frozen once loaded; ``derived`` holds the values computed from it once per teacher."""
 
     fit: np.ndarray
     select: np.ndarray
     report: np.ndarray
     patch_size: int
-    sources: list[str] = field(default_factory=list)
+    sources: tuple[str, ...] = ()
     provenance: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None
-    # values derived from these tiles (the teacher's fit means, reference fidelities),
-    # computed once per set by pathtwt.compress.fidelity
-    cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    training: TileSource | None = None
+    derived: DerivedValues = field(default_factory=DerivedValues, repr=False)
+
+    def training_tiles(self) -> np.ndarray | TileSource:
+        """What distillation trains on: the streamed cohort when one is attached, else the
+        in-memory fit tiles."""
+        return self.fit if self.training is None else self.training
+
+    def training_record(self) -> dict[str, Any]:
+        """model.json's account of the training tiles: source, count, the slides held out."""
+        if self.training is None:
+            return {"source": "in-memory calibration fit tiles", "tiles": int(len(self.fit))}
+        return self.training.describe()
 
     @property
     def all(self) -> np.ndarray:
@@ -146,10 +196,12 @@ def restrict_to_splits(
 
 def _coords_group(path: Path) -> tuple[_Group | None, dict[str, Any]]:
     from pathtwt.io.h5 import read_coords
+    from pathtwt.wsi.coords_tiles import check_geometry
 
     coords, _, attrs = read_coords(path)
     if attrs.get("status", "ok") != "ok" or len(coords) == 0:
         return None, attrs
+    check_geometry(path, attrs)
     return _Group(source=str(path), kind="coords", origins=coords), attrs
 
 
@@ -244,32 +296,15 @@ def _split_by_source(source_index: np.ndarray, holdout: float, rng: np.random.Ge
     return split
 
 
-def _read_coords_tiles(
-    group: _Group, indices: list[int], attrs: dict[str, Any], coords_path: Path, patch_size: int
-) -> np.ndarray:
-    import cv2
+def _read_coords_tiles(group: _Group, indices: list[int], attrs: dict[str, Any], patch_size: int) -> np.ndarray:
+    from pathtwt.wsi.coords_tiles import CoordsTileReader, TileGeometry
 
-    from pathtwt.wsi.slides import open_slide
-
-    slide_path = Path(str(attrs.get("slide_path", "")))
-    if not slide_path.is_absolute() and not slide_path.exists():
-        slide_path = coords_path.parent / slide_path  # paths written relative to the coords file
-    if not str(attrs.get("slide_path", "")) or not slide_path.exists():
-        raise SlideError(
-            f"{coords_path}: slide_path {attrs.get('slide_path')!r} not found; run calibrate from the "
-            "workflow folder or re-tile the slide"
-        )
-    mpp_fallback = attrs.get("level0_mpp") or None
+    geometry = TileGeometry.from_attrs(group.source, attrs)
     out = np.empty((len(indices), patch_size, patch_size, 3), dtype=np.uint8)
-    with open_slide(slide_path, mpp_fallback=mpp_fallback) as slide:
-        for k, i in enumerate(indices):
-            x, y = group.origins[i]
-            tile = slide.read_tile(
-                int(x), int(y), int(attrs["patch_size_level0"]), int(attrs["read_level"]), int(attrs["patch_size"])
-            )
-            if tile.shape[0] != patch_size:  # the backbone's input size differs from the tiling's
-                tile = cv2.resize(tile, (patch_size, patch_size), interpolation=cv2.INTER_AREA)
-            out[k] = tile
+    # resampled to the backbone's input size where it differs from the tiling's
+    with CoordsTileReader(geometry, group.origins[indices], size=patch_size) as reader:
+        for k in range(len(indices)):
+            out[k] = reader.read(k)
     return out
 
 
@@ -353,7 +388,7 @@ def draw_tiles(
             continue
         indices = [picks[r][1] for r in rows]
         if g.kind == "coords":
-            tiles[rows] = _read_coords_tiles(g, indices, attrs_of[g.source], Path(g.source), patch_size)
+            tiles[rows] = _read_coords_tiles(g, indices, attrs_of[g.source], patch_size)
         else:
             tiles[rows] = _read_image_tiles(g, indices, patch_size)
         if progress is not None:
@@ -419,7 +454,7 @@ def read_calibration_files(paths: Sequence[Path], *, n_tiles: int | None, seed: 
         raise ConfigError(f"calibration files {', '.join(map(str, paths))} have different tile sizes {sorted(sizes)}")
     fit, select, report = (np.concatenate(parts[code]) for code in range(len(SPLITS)))
     return CalibrationSet(
-        fit=fit, select=select, report=report, patch_size=sizes.pop(), sources=sources,
+        fit=fit, select=select, report=report, patch_size=sizes.pop(), sources=tuple(sources),
         provenance={"calibration_files": provenance},
         seed=seeds.pop() if len(seeds) == 1 else None,  # files drawn with different seeds: see provenance
     )
@@ -474,6 +509,6 @@ def load_calibration(
     drawn = draw_tiles(coords, images, n_tiles=n_tiles or 10_000, seed=seed, holdout=holdout, patch_size=patch_size)
     fit, select, report = (drawn.tiles[drawn.split == code] for code in range(len(SPLITS)))
     return CalibrationSet(
-        fit=fit, select=select, report=report, patch_size=drawn.patch_size, sources=drawn.sources, seed=seed,
+        fit=fit, select=select, report=report, patch_size=drawn.patch_size, sources=tuple(drawn.sources), seed=seed,
         provenance={"seed": seed, "holdout": holdout, "n_tiles": len(drawn.tiles), "sources": drawn.sources},
     )

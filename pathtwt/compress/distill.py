@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pathtwt.compress.defaults import BATCH_SIZE, LR
 from pathtwt.errors import NumericsError, PathtwtError
 from pathtwt.io.atomic import atomic_output
 from pathtwt.compress.intermediates import tiles_to_batch
@@ -52,9 +53,9 @@ CHECKPOINT_FORMAT = "pathtwt-distill-checkpoint/1"
 class DistillOptions:
     steps: int | None = None  # optimiser steps; None: derived from epochs
     epochs: float | None = None  # passes over the training tiles (used when steps is None)
-    batch_size: int = 32  # global micro-batch, split over the ranks
+    batch_size: int = BATCH_SIZE  # global micro-batch, split over the ranks
     accumulate: int = 1  # micro-batches per optimiser step (effective batch = batch_size x accumulate)
-    lr: float = 3e-4  # peak learning rate (the paper's)
+    lr: float = LR  # peak learning rate (the paper's)
     weight_decay: float = 0.05
     warmup_steps: int = 0
     grad_clip: float = 1.0

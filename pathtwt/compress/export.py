@@ -17,12 +17,15 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from pathtwt.errors import PathtwtError
 from pathtwt.io.atomic import atomic_output, sha256_file, write_json_atomic
+
+if TYPE_CHECKING:
+    from pathtwt.models.registry import Backbone
 
 def _versions() -> dict[str, str]:
     import timm
@@ -48,16 +51,20 @@ def export_backbone(
     out: str | os.PathLike,
     model: nn.Module,
     *,
-    teacher: Any,
+    teacher: "Backbone",
     method: str,
     extra: dict[str, Any] | None = None,
+    name: str | None = None,
+    params: int | None = None,
     layer_patches: dict[str, Any] | None = None,
     calibration_sources: list[str] | None = None,
     options: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``out/model.safetensors`` and ``out/model.json`` for ``model`` (a plain timm ViT
     of the teacher's family); ``teacher`` is the ``pathtwt.models.registry.Backbone`` compressed.
-    ``extra`` holds the method's own keys (plan, audition, fidelity, ...)."""
+    ``extra`` holds the method's own keys (plan, audition, fidelity, ...); ``name`` (default
+    ``<backbone>/<method>-<depth>``) and ``params`` (default: counted on ``model``) are for
+    variants whose depth or tensor count is not what names or sizes them."""
     from safetensors.torch import save_file
 
     from pathtwt.models.registry import build_timm_model, variant_metadata
@@ -81,15 +88,20 @@ def export_backbone(
     meta = variant_metadata(spec, depth)
     base = meta["base_backbone"]
     teacher_sha = getattr(teacher, "weights_sha256", None)
-    meta.update({
-        "name": f"{base}/{method}-{depth}",
+    own = {
+        "name": name or f"{base}/{method}-{depth}",
         "method": method,
         **cost(model, spec.input_size),
         "weights_sha256": sha256_file(out / "model.safetensors"),
         "teacher_weights_sha256": teacher_sha,
         "layer_patches": dict(layer_patches or {}),
-        **(extra or {}),
-    })
+    }
+    if params is not None:
+        own["params"] = int(params)
+    clash = sorted(set(extra or {}) & (set(meta) | set(own) | {"provenance"}))
+    if clash:
+        raise ValueError(f"{method}: extra keys {clash} would overwrite the variant's own model.json entries")
+    meta.update({**own, **(extra or {})})
     meta["provenance"] = {
         "teacher": spec.name,
         "teacher_source": str(getattr(teacher, "source", "")),
@@ -97,7 +109,6 @@ def export_backbone(
         "calibration_sha256": calibration_hashes(calibration_sources or []),
         "options": options or {},
         "versions": _versions(),
-        **meta.get("provenance", {}),
     }
     write_json_atomic(out / "model.json", meta)
     return out

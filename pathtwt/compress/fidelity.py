@@ -26,29 +26,23 @@ constant fit mean, and a randomly initialised network of the teacher's architect
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from pathtwt.compress.calibration import CalibrationSet, TeacherCentre
 from pathtwt.compress.distill import Transform
 from pathtwt.compress.intermediates import tiles_to_batch
 from pathtwt.compress.student import block_outputs
 
+if TYPE_CHECKING:
+    from pathtwt.models.registry import Backbone
+    from pathtwt.models.spec import BackboneSpec
+
 METRICS = ("r2", "centred_cosine", "cka", "cosine", "block_r2", "n_tiles")
 MAX_MEAN_TILES = 512  # fit tiles averaged for the centre: plenty for a mean, bounded cost
-
-
-@dataclass
-class TeacherCentre:
-    """The teacher's means over fit tiles: of the tile embedding (E,) and of every layer's
-    tokens, per position (L + 1, T, D), entry l being layer l's output (0: embedded tokens)."""
-
-    embedding: torch.Tensor
-    layers: torch.Tensor
-    n_tiles: int
 
 
 def _embed(model: nn.Module, outs: list[torch.Tensor], num_prefix_tokens: int) -> torch.Tensor:
@@ -195,7 +189,7 @@ def constant_fidelity(teacher: nn.Module, tiles: np.ndarray, *, centre: TeacherC
     return scores.result()
 
 
-def random_init_model(spec: Any, seed: int = 0) -> nn.Module:
+def random_init_model(spec: BackboneSpec, seed: int = 0) -> nn.Module:
     """The teacher's architecture with timm's random initialisation (the floor row)."""
     from pathtwt.models.registry import build_timm_model
 
@@ -204,17 +198,17 @@ def random_init_model(spec: Any, seed: int = 0) -> nn.Module:
         return build_timm_model(spec).eval()
 
 
-def fit_centre(teacher: Any, calib: Any, *, device: str = "cpu", batch_size: int = 32) -> TeacherCentre:
+def fit_centre(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu", batch_size: int = 32) -> TeacherCentre:
     """The teacher's fit means for this calibration set, computed once and kept with it."""
-    key = ("teacher_centre", id(teacher.model))
-    if key not in calib.cache:
-        calib.cache[key] = teacher_centre(teacher.model, calib.fit, transform=teacher.transform,
-                                          num_prefix_tokens=teacher.spec.num_prefix_tokens, device=device,
-                                          batch_size=batch_size)
-    return calib.cache[key]
+    store, key = calib.derived.teacher_centres, id(teacher.model)
+    if key not in store:
+        store[key] = teacher_centre(teacher.model, calib.fit, transform=teacher.transform,
+                                    num_prefix_tokens=teacher.spec.num_prefix_tokens, device=device,
+                                    batch_size=batch_size)
+    return store[key]
 
 
-def measure(student: nn.Module, teacher: Any, calib: Any, *, on: str = "report", boundaries: Sequence[int] | None = None,
+def measure(student: nn.Module, teacher: Backbone, calib: CalibrationSet, *, on: str = "report", boundaries: Sequence[int] | None = None,
             device: str = "cpu", batch_size: int = 32) -> dict[str, Any]:
     """``student``'s fidelity on one split of ``calib`` ("select" for choices, "report" for
     what is reported; either falls back to fit when the set holds nothing out)."""
@@ -223,33 +217,34 @@ def measure(student: nn.Module, teacher: Any, calib: Any, *, on: str = "report",
               batch_size=batch_size)
     cached = None
     if on == "select" and not boundaries:  # choices score many students on these tiles
-        key = ("teacher_select_embeddings", id(teacher.model))
-        if key not in calib.cache:
-            calib.cache[key] = tile_embeddings(teacher.model, tiles, **kw)
-        cached = calib.cache[key]
+        store = calib.derived.select_embeddings
+        if id(teacher.model) not in store:
+            store[id(teacher.model)] = tile_embeddings(teacher.model, tiles, **kw)
+        cached = store[id(teacher.model)]
     return evaluate_fidelity(student, teacher.model, tiles, centre=fit_centre(teacher, calib, device=device, batch_size=batch_size),
                              boundaries=boundaries, teacher_embeddings=cached, **kw)
 
 
-def references(teacher: Any, calib: Any, *, device: str = "cpu", batch_size: int = 32, seed: int = 0) -> dict[str, Any]:
+def references(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu", batch_size: int = 32,
+               seed: int = 0) -> dict[str, Any]:
     """Teacher, constant fit mean and random-init teacher architecture on the report tiles,
     block R^2 at every teacher layer; computed once per calibration set."""
-    key = ("references", id(teacher.model), seed)
-    if key not in calib.cache:
+    store, key = calib.derived.references, (id(teacher.model), int(seed))
+    if key not in store:
         layers = list(range(1, len(teacher.model.blocks) + 1))
         centre = fit_centre(teacher, calib, device=device, batch_size=batch_size)
         tiles = calib.reported_tiles()[0]
         kw = dict(centre=centre, transform=teacher.transform, num_prefix_tokens=teacher.spec.num_prefix_tokens,
                   boundaries=layers, device=device, batch_size=batch_size)
-        calib.cache[key] = {
+        store[key] = {
             "teacher": evaluate_fidelity(teacher.model, teacher.model, tiles, **kw),
             "constant": constant_fidelity(teacher.model, tiles, **kw),
             "random_init": evaluate_fidelity(random_init_model(teacher.spec, seed), teacher.model, tiles, **kw),
         }
-    return calib.cache[key]
+    return store[key]
 
 
-def fidelity_record(teacher: Any, calib: Any, *, initial: dict[str, Any], final: dict[str, Any], device: str = "cpu",
+def fidelity_record(teacher: Backbone, calib: CalibrationSet, *, initial: dict[str, Any], final: dict[str, Any], device: str = "cpu",
                     batch_size: int = 32, seed: int = 0) -> dict[str, Any]:
     """model.json's ``fidelity`` entry: where it was measured, the split, the student before
     and after training, and the reference rows on the same tiles."""

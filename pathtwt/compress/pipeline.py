@@ -1,5 +1,7 @@
 """What every compression method shares: its options, the distillation budget, the merge
-plan, and the distil -> fold -> measure -> export sequence."""
+plan, and the one build -> (distil) -> measure -> export route with one ``model.json``
+schema (:data:`SHARED_KEYS`). A method contributes only what differs: its student, its
+objective, its stages and its own keys (``extra``)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pathtwt.compress.defaults import BATCH_SIZE, LR
 from pathtwt.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pathtwt.compress.distill import DistillOptions
+    from torch import nn
+
+    from pathtwt.compress.calibration import CalibrationSet
+    from pathtwt.compress.distill import DistillOptions, DistillResult, Objective
+    from pathtwt.models.registry import Backbone
+    from pathtwt.models.spec import BackboneSpec
 
 
 @dataclass
@@ -23,11 +31,11 @@ class CompressOptions:
     tokens: str = "all"  # token mode of the similarity matrix when discovering here
     steps: int | None = None  # distillation budget in optimiser steps ...
     epochs: float | None = None  # ... or in passes over the training tiles (default 1 epoch)
-    batch_size: int = 32  # global micro-batch (split over the ranks)
+    batch_size: int = BATCH_SIZE  # global micro-batch (split over the ranks)
     accumulate: int = 1  # micro-batches per optimiser step
     precision: str = "fp32"  # distillation autocast: fp32 | bf16
     workers: int = 0  # DataLoader workers reading the training tiles
-    lr: float = 3e-4
+    lr: float = LR
     warmup_steps: int = 0
     audition_steps: int = 50
     schedule: bool | None = None  # None: the backbone's default (off for pathology models)
@@ -53,51 +61,43 @@ class CompressOptions:
 
 
 def distill_options(options: CompressOptions) -> "DistillOptions":
-    """The distillation settings every method uses for the same budget."""
+    """The distillation settings every method uses for the same budget: every field the two
+    option sets share, copied by name, and the checkpoint file resolved."""
+    from dataclasses import fields
+
     from pathtwt.compress.distill import DistillOptions
 
-    return DistillOptions(
-        steps=options.steps, epochs=options.epochs, batch_size=options.batch_size, accumulate=options.accumulate,
-        precision=options.precision, workers=options.workers, lr=options.lr, warmup_steps=options.warmup_steps, augment=options.augment, seed=options.seed, device=options.device,
-        checkpoint=options.checkpoint_path(), checkpoint_every=options.checkpoint_every,
-        stop_after=options.stop_after, progress=options.progress,
-    )
+    shared = {f.name: getattr(options, f.name) for f in fields(DistillOptions) if f.name in CompressOptions.__dataclass_fields__}
+    return DistillOptions(**{**shared, "checkpoint": options.checkpoint_path()})
 
 
-def budget_record(method: str, options: CompressOptions, n_fit: int, spec: Any, *, trains: bool = True) -> dict[str, Any]:
+def budget_record(method: str, options: CompressOptions, n_training: int, spec: "BackboneSpec", *,
+                  trains: bool = True) -> dict[str, Any]:
     """What ``model.json`` says about the training budget: the run's own (steps or epochs as
-    given, and the optimiser steps they came to) beside Appendix B's for the method."""
-    from pathtwt.compress.registry import PAPER_BUDGETS
+    given, and the optimiser steps they came to on ``n_training`` tiles) beside Appendix B's
+    for the method."""
+    from pathtwt.compress.budgets import PAPER_BUDGETS
 
     paper = PAPER_BUDGETS.get(method)
     if paper is not None and isinstance(paper.get("epochs"), dict):  # per backbone
         paper = {"epochs": paper["epochs"].get(spec.base_backbone or spec.name)}
     run: dict[str, Any] = {"steps": options.steps, "epochs": options.epochs}
     if trains:
-        run["resolved_steps"] = distill_options(options).resolved_steps(n_fit)
+        run["resolved_steps"] = distill_options(options).resolved_steps(n_training)
         run["unit"] = "steps" if options.steps is not None else "epochs"
     else:
+        run["resolved_steps"] = 0
         run["unit"] = None  # closed form or no training
     return {"run": run, "paper": paper}
 
 
-def training_tiles(calib: Any) -> Any:
-    """What distillation trains on: the streamed training cohort when one was attached to
-    the calibration set (``calib.training``, see pathtwt compress --train-coords), else the
-    in-memory fit tiles."""
-    streamed = getattr(calib, "training", None)
-    return calib.fit if streamed is None else streamed
+def total_steps(options: CompressOptions, calib: "CalibrationSet") -> int:
+    """The method's whole distillation budget in optimiser steps (``--steps``, or
+    ``--epochs`` over the tiles it trains on)."""
+    return distill_options(options).resolved_steps(len(calib.training_tiles()))
 
 
-def training_record(calib: Any) -> dict[str, Any]:
-    """model.json's account of the training tiles: source, count, the slides held out."""
-    streamed = getattr(calib, "training", None)
-    if streamed is None:
-        return {"source": "in-memory calibration fit tiles", "tiles": int(len(calib.fit))}
-    return streamed.describe()
-
-
-def backbone_default(option: bool | None, spec: Any) -> bool:
+def backbone_default(option: bool | None, spec: "BackboneSpec") -> bool:
     """The paper's per-backbone default for the schedule and the scalar: off for pathology
     backbones, on for natural-image ones; an explicit option wins."""
     return (not bool(getattr(spec, "pathology", False))) if option is None else bool(option)
@@ -121,7 +121,7 @@ def read_plan(path: Path, num_layers: int) -> dict[str, Any]:
     return plan
 
 
-def resolve_plan(teacher: Any, calib: Any, options: CompressOptions) -> dict[str, Any]:
+def resolve_plan(teacher: "Backbone", calib: "CalibrationSet", options: CompressOptions) -> dict[str, Any]:
     """The merge plan: ``options.plan`` if given, else discovery on the fit tiles for
     ``options.depth`` (exactly K blocks) or ``options.eps`` (fewest blocks)."""
     num_layers = len(teacher.model.blocks)
@@ -142,60 +142,123 @@ def resolve_plan(teacher: Any, calib: Any, options: CompressOptions) -> dict[str
             "tokens": options.tokens, "eps_sweep": [[float(e), int(n)] for e, n in zip(grid, eps_sweep(S, grid))]}
 
 
-def distill_and_export(
-    teacher: Any,
-    calib: Any,
+# the keys every model.json holds, whatever the method: the architecture (models.registry.
+# variant_metadata), the export's own, and the route's records; a method adds its own keys
+EXPORT_KEYS = ("name", "method", "params", "macs_per_tile", "weights_sha256", "teacher_weights_sha256",
+               "layer_patches", "provenance")
+ROUTE_KEYS = ("budget", "selection_split", "fidelity", "distillation")
+
+
+def report_fidelity(student: "nn.Module", teacher: "Backbone", calib: "CalibrationSet", options: CompressOptions,
+                    boundaries: list[int] | None = None) -> dict[str, Any]:
+    """The fidelity record on the report tiles (fit tiles if the set holds none out)."""
+    from pathtwt.compress.fidelity import measure
+
+    return measure(student, teacher, calib, on="report", boundaries=boundaries, device=options.device,
+                   batch_size=options.batch_size)
+
+
+def distill_student(student: "nn.Module", teacher: "Backbone", calib: "CalibrationSet", options: CompressOptions, *,
+                    objective: "Objective", description: str, steps: int | None = None) -> "DistillResult":
+    """A method's main distillation on the tiles it trains on (checkpointed and resumable);
+    ``steps`` overrides the budget (a later stage of a method that trains in stages). The
+    result's ``completed`` is False when ``--stop-after`` ended it early."""
+    import dataclasses
+
+    from pathtwt.compress.distill import distill
+
+    dopts = distill_options(options)
+    if steps is not None:
+        dopts = dataclasses.replace(dopts, steps=int(steps), epochs=None)
+    return distill(student, teacher.model, calib.training_tiles(), transform=teacher.transform, objective=objective,
+                   options=dopts, description=description)
+
+
+def distillation_record(run: "DistillResult | None", calib: "CalibrationSet", earlier_steps: int = 0) -> dict[str, Any]:
+    """model.json's ``distillation``: the optimiser steps the whole run took (``earlier_steps``:
+    those of stages before the main loop), where it resumed from, the last step's losses and
+    the tiles it trained on (a method that does not train: the fit tiles it was fitted on)."""
+    if run is None:
+        return {"steps": int(earlier_steps), "resumed_from": None, "last": {},
+                "training": {"source": "in-memory calibration fit tiles", "tiles": int(len(calib.fit))}}
+    return {"steps": int(earlier_steps) + int(run.total_steps), "resumed_from": run.resumed_from,
+            "last": run.history[-1] if run.history else {}, "training": calib.training_record()}
+
+
+def export_variant(
+    student: "nn.Module",
+    teacher: "Backbone",
+    calib: "CalibrationSet",
     options: CompressOptions,
     *,
     method: str,
-    student: Any,
-    objective: Any,
+    run: "DistillResult | None",
+    extra: dict[str, Any],
+    initial: dict[str, Any] | None = None,
+    boundaries: list[int] | None = None,
+    layer_patches: dict[str, Any] | None = None,
+    selection_split: str | None = None,
+    earlier_steps: int = 0,
+    name: str | None = None,
+    params: int | None = None,
+) -> Path:
+    """The one export of every method: fold any branch scalars, measure fidelity on the
+    report split (with ``boundaries``, the teacher layer each student block matches, for the
+    per-block R^2), and write the variant folder with the shared records.
+
+    ``run`` is the main distillation's result (None: the method does not train, and the
+    final numbers are also the initial ones unless ``initial`` is given); ``selection_split``
+    names the split the method chose anything on (None: nothing); ``name`` and ``params``
+    override the depth-derived name and the parameter count (shared layers counted once)."""
+    from pathtwt.compress.distill import options_dict
+    from pathtwt.compress.export import export_backbone
+    from pathtwt.compress.fidelity import fidelity_record
+    from pathtwt.compress.ranks import is_writer
+    from pathtwt.compress.student import fold_branch_scales
+
+    if not is_writer():
+        return Path(options.out)  # rank 0 measures and writes
+    clash = sorted(set(extra) & {*EXPORT_KEYS, *ROUTE_KEYS})
+    if clash:
+        raise ValueError(f"{method}: extra keys {clash} belong to the shared model.json schema")
+    fold_branch_scales(student).eval()
+    final = report_fidelity(student, teacher, calib, options, boundaries)
+    records = {
+        "budget": budget_record(method, options, len(calib.training_tiles()), teacher.spec, trains=run is not None),
+        "selection_split": selection_split,
+        "fidelity": fidelity_record(teacher, calib, initial=final if initial is None else initial, final=final,
+                                    device=options.device, batch_size=options.batch_size, seed=options.seed),
+        "distillation": distillation_record(run, calib, earlier_steps),
+    }
+    out = export_backbone(
+        options.out, student, teacher=teacher, method=method, layer_patches=layer_patches, name=name, params=params,
+        calibration_sources=list(calib.sources),
+        options={**options.to_dict(), "distill": options_dict(distill_options(options))},
+        extra={**extra, **records},
+    )
+    if not options.keep_checkpoint:
+        options.checkpoint_path().unlink(missing_ok=True)
+    return out
+
+
+def distill_and_export(
+    teacher: "Backbone",
+    calib: "CalibrationSet",
+    options: CompressOptions,
+    *,
+    method: str,
+    student: "nn.Module",
+    objective: "Objective",
     boundaries: list[int] | None,
     extra: dict[str, Any],
     layer_patches: dict[str, Any] | None = None,
     selection_split: str | None = None,
 ) -> Path | None:
-    """Distill ``student`` with the shared budget, fold any branch scalars, measure fidelity
-    on the report split before and after (with ``boundaries``: teacher layer matched by each
-    student block, for the per-block R^2), and export. None when ``--stop-after`` ended the
-    run early.
-    ``selection_split`` names the split the method chose anything on (None: nothing)."""
-    from pathtwt.compress.distill import distill, options_dict
-    from pathtwt.compress.export import export_backbone
-    from pathtwt.compress.fidelity import fidelity_record, measure
-    from pathtwt.compress.student import fold_branch_scales
-
-    def fidelity() -> dict[str, Any]:
-        return measure(student, teacher, calib, on="report", boundaries=boundaries, device=options.device,
-                       batch_size=options.batch_size)
-
-    initial = fidelity()
-    dopts = distill_options(options)
-    result = distill(student, teacher.model, training_tiles(calib), transform=teacher.transform, objective=objective, options=dopts,
-                     description=f"{method}-{len(student.blocks)}")
-    if not result.completed:
+    """Measure ``student`` before, distil it with the shared budget, export it
+    (:func:`export_variant`). None when ``--stop-after`` ended the run early."""
+    initial = report_fidelity(student, teacher, calib, options, boundaries)
+    run = distill_student(student, teacher, calib, options, objective=objective, description=f"{method}-{len(student.blocks)}")
+    if not run.completed:
         return None
-    from pathtwt.compress.ranks import is_writer
-
-    if not is_writer():
-        return Path(options.out)  # rank 0 measures and writes
-    fold_branch_scales(student)
-    final = fidelity()
-    last = result.history[-1] if result.history else {}
-    out = export_backbone(
-        options.out, student, teacher=teacher, method=method, layer_patches=layer_patches,
-        calibration_sources=list(getattr(calib, "sources", [])),
-        options={**options.to_dict(), "distill": options_dict(dopts)},
-        extra={
-            **extra,
-            "budget": budget_record(method, options, len(training_tiles(calib)), teacher.spec),
-            "selection_split": selection_split,
-            "fidelity": fidelity_record(teacher, calib, initial=initial, final=final, device=options.device,
-                                        batch_size=options.batch_size, seed=options.seed),
-            "distillation": {"steps": result.total_steps, "resumed_from": result.resumed_from, "last": last,
-                             "training": training_record(calib)},
-        },
-    )
-    if not options.keep_checkpoint:
-        options.checkpoint_path().unlink(missing_ok=True)
-    return out
+    return export_variant(student, teacher, calib, options, method=method, run=run, extra=extra, initial=initial,
+                          boundaries=boundaries, layer_patches=layer_patches, selection_split=selection_split)

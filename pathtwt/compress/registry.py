@@ -12,33 +12,18 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from pathtwt.errors import ConfigError
 
 METHODS: dict[str, str] = {
-    "twt": "pathtwt.compress.twt:compress_twt",
-    "truncation": "pathtwt.compress.methods.truncation:compress_truncation",
+    "twt": "pathtwt.compress.methods.twt:compress",
+    "truncation": "pathtwt.compress.methods.truncation:compress",
     "raptor": "pathtwt.compress.methods.raptor:compress",
     "wdpruning": "pathtwt.compress.methods.wdpruning:compress",
     "nose": "pathtwt.compress.methods.nose:compress",
     "linear": "pathtwt.compress.methods.linear:compress",
     "subset": "pathtwt.compress.methods.subset:compress",
-}
-
-
-# Appendix B's training budgets, as data: what the paper trained each method for on the
-# calibration tiles (epochs = passes over the fit split). A run's own budget is whatever
-# --steps / --epochs (or the config) gave; model.json records both. Methods that do not
-# train have none.
-PAPER_BUDGETS: dict[str, dict[str, Any] | None] = {
-    "twt": {"epochs": {"h0-mini": 1.5, "hibou-b": 2.0}},
-    "nose": {"epochs": 2.0},
-    "wdpruning": {"epochs": 2.0},
-    "raptor": {"stage1_epochs": 1.0, "stage2_epochs": 2.0},
-    "truncation": None,
-    "linear": None,
-    "subset": None,
 }
 
 

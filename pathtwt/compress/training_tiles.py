@@ -25,13 +25,17 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from pathtwt.compress.augment import TileAugmenter, step_seed
 from pathtwt.errors import ConfigError, PathtwtError, SlideError
+from pathtwt.wsi.slides import Slide
+
+if TYPE_CHECKING:
+    from pathtwt.compress.calibration import CalibrationSet
 
 log = logging.getLogger(__name__)
 
@@ -54,28 +58,6 @@ class ArrayTiles:
         return {"source": "in-memory calibration tiles", "tiles": len(self)}
 
 
-@dataclass(frozen=True)
-class _SlideEntry:
-    coords_file: str
-    slide_path: str
-    open_options: dict[str, Any]
-    patch_size_level0: int
-    read_level: int
-    patch_size: int
-
-
-def _slide_path(coords_file: Path, attrs: dict[str, Any]) -> Path:
-    # as the calibration draw resolves it: absolute, relative to the working directory,
-    # or relative to the coords file
-    named = str(attrs.get("slide_path", ""))
-    path = Path(named)
-    if named and not path.is_absolute() and not path.exists():
-        path = coords_file.parent / path
-    if not named or not path.exists():
-        raise SlideError(f"{coords_file}: slide_path {named!r} not found; run from the workflow folder or re-tile the slide")
-    return path
-
-
 class SlideTiles:
     """Every tile of the given coords files (status ok), read from its slide on demand.
 
@@ -84,9 +66,9 @@ class SlideTiles:
 
     def __init__(self, coords_files: Sequence[Path], *, excluded: dict[str, str] | None = None) -> None:
         from pathtwt.io.h5 import read_coords
-        from pathtwt.wsi.slides import open_options_from_attrs
+        from pathtwt.wsi.coords_tiles import TileGeometry
 
-        self.entries: list[_SlideEntry] = []
+        self.entries: list[TileGeometry] = []
         self.excluded = dict(excluded or {})
         parts, counts = [], []
         for path in sorted(Path(p) for p in coords_files):
@@ -95,21 +77,14 @@ class SlideTiles:
             xy, _tissue, attrs = read_coords(path)
             if attrs.get("status", "ok") != "ok" or len(xy) == 0:
                 continue
-            missing = [k for k in ("patch_size", "patch_size_level0", "read_level") if k not in attrs]
-            if missing:
-                raise PathtwtError(f"{path}: coords file lacks attrs {missing}; re-run `pathtwt tile` for this slide")
-            self.entries.append(_SlideEntry(
-                coords_file=str(path), slide_path=str(_slide_path(path, attrs)), open_options=open_options_from_attrs(attrs),
-                patch_size_level0=int(attrs["patch_size_level0"]), read_level=int(attrs["read_level"]),
-                patch_size=int(attrs["patch_size"]),
-            ))
+            self.entries.append(TileGeometry.from_attrs(path, attrs))
             parts.append(np.asarray(xy, dtype=np.int64))
             counts.append(len(xy))
         if not self.entries:
             raise ConfigError("the training coords files hold no tiles (none with status ok outside the held-out slides)")
         self.coords = np.concatenate(parts)
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self._open: OrderedDict[int, Any] = OrderedDict()
+        self._open: OrderedDict[int, Slide] = OrderedDict()
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -125,14 +100,11 @@ class SlideTiles:
         x, y = self.coords[index]
         return s, int(x), int(y)
 
-    def _slide(self, s: int) -> Any:
-        from pathtwt.wsi.slides import open_slide
-
+    def _slide(self, s: int) -> Slide:
         if s in self._open:
             self._open.move_to_end(s)
             return self._open[s]
-        entry = self.entries[s]
-        slide = open_slide(entry.slide_path, **entry.open_options)
+        slide = self.entries[s].open()
         self._open[s] = slide
         if len(self._open) > OPEN_SLIDES_PER_WORKER:
             _, old = self._open.popitem(last=False)
@@ -141,8 +113,7 @@ class SlideTiles:
 
     def read(self, index: int) -> np.ndarray:
         s, x, y = self.locate(index)
-        e = self.entries[s]
-        return self._slide(s).read_tile(x, y, e.patch_size_level0, e.read_level, e.patch_size)
+        return self.entries[s].read(self._slide(s), x, y)
 
     def describe(self) -> dict[str, Any]:
         return {"source": "coords files, streamed from the slides", "tiles": len(self), "slides": len(self.entries),
@@ -307,12 +278,14 @@ def loader(items: TrainingItems, sampler: MicroBatches, *, workers: int, pin_mem
     )
 
 
-def attach_streamed_training(calib: Any, calibration_sources: Sequence[str | os.PathLike],
-                             train_coords: Sequence[str | os.PathLike]) -> SlideTiles:
-    """Make ``calib.training`` the streamed training cohort: every tile of ``train_coords``
-    except those of the slides whose tiles the calibration files hold out (the held-out
-    parts, whatever they are called, are every split other than fit). The one place that
-    ties the in-memory calibration set to the streamed training set."""
+def with_streamed_training(calib: CalibrationSet, calibration_sources: Sequence[str | os.PathLike],
+                           train_coords: Sequence[str | os.PathLike]) -> CalibrationSet:
+    """``calib`` with the streamed training cohort as its ``training`` source: every tile of
+    ``train_coords`` except those of the slides whose tiles the calibration files hold out
+    (the held-out parts, whatever they are called, are every split other than fit). The one
+    place that ties the in-memory calibration set to the streamed training set."""
+    import dataclasses
+
     from pathtwt.compress.calibration import expand_sources
 
     calib_files, coords, images = expand_sources(calibration_sources)
@@ -322,5 +295,4 @@ def attach_streamed_training(calib: Any, calibration_sources: Sequence[str | os.
     held = held_out_slides(calib_files)
     streamed = SlideTiles(coords_files_of(train_coords), excluded=held)
     log.info("training on %d tiles of %d slides, %d held-out slides left out", len(streamed), len(streamed.entries), len(held))
-    calib.training = streamed
-    return streamed
+    return dataclasses.replace(calib, training=streamed)

@@ -22,7 +22,7 @@ from pathtwt.models.registry import Backbone
 from pathtwt.models.embedding import DEFAULT_RECIPE, check_recipe, embed_tiles, embedding_dim
 from pathtwt.errors import NumericsError, PathtwtError, SlideError
 from pathtwt.io.h5 import GEOMETRY_ATTRS, FeaturesWriter, read_coords, write_features
-from pathtwt.wsi.slides import open_options_from_attrs
+from pathtwt.wsi.coords_tiles import CoordsTileReader, TileGeometry, check_geometry
 
 
 @dataclass(frozen=True)
@@ -41,37 +41,19 @@ class TileDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, slide_path: Path, coords: np.ndarray, geometry: dict[str, Any], transform: Any):
+        # the coords file's own reader: the slide reopened exactly as it was tiled (same
+        # reader, so read_level indexes its levels; same channel map; level-0 mpp fallback)
+        self.reader = CoordsTileReader(TileGeometry.from_attrs(slide_path, geometry, slide_path=slide_path), coords)
         self.slide_path = Path(slide_path)
-        self.coords = np.asarray(coords, dtype=np.int64)
-        self.patch_size_level0 = int(geometry["patch_size_level0"])
-        self.read_level = int(geometry["read_level"])
-        self.patch_size = int(geometry["patch_size"])
-        # reopen the slide exactly as it was tiled: same reader (read_level indexes its
-        # levels), same channel map, the level-0 mpp as fallback
-        self.open_options = open_options_from_attrs(geometry)
+        self.coords = self.reader.coords
         self.transform = transform
-        self._slide = None  # opened lazily, so each worker process has its own handle
 
     def __len__(self) -> int:
         return len(self.coords)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_slide"] = None
-        return state
-
-    def _open(self):
-        if self._slide is None:
-            from pathtwt.wsi.slides import open_slide
-
-            self._slide = open_slide(self.slide_path, **self.open_options)
-        return self._slide
-
     def __getitem__(self, index: int):
-        x, y = (int(v) for v in self.coords[index])
         try:
-            tile = self._open().read_tile(x, y, self.patch_size_level0, self.read_level, self.patch_size)
-            return index, self.transform(tile), ""
+            return index, self.transform(self.reader.read(index)), ""
         except Exception as exc:  # noqa: BLE001 - carried to the main process and raised there
             size = self.transform.input_size
             reason = " ".join(f"{type(exc).__name__}: {exc}".split())
@@ -206,9 +188,7 @@ def extract_slide(
     made from (its fingerprint, :mod:`pathtwt.wsi.fingerprint`) unless ``force``."""
     slide, coords, out = Path(slide), Path(coords), Path(out)
     xy, _tissue, coords_attrs = read_coords(coords)
-    missing = [k for k in ("patch_size", "patch_size_level0", "read_level") if k not in coords_attrs]
-    if missing:
-        raise PathtwtError(f"{coords}: coords file lacks attrs {missing}; re-run `pathtwt tile` for this slide")
+    check_geometry(coords, coords_attrs)
     if slide.is_dir():
         raise SlideError(f"{slide}: is a folder, not a slide file (paired with {coords}); give the slide file itself")
     if not slide.is_file():
@@ -232,9 +212,8 @@ def extract_slide(
 
 def _check_slide(slide: Path, coords: Path, coords_attrs: dict[str, Any]) -> str:
     from pathtwt.wsi.fingerprint import check_coords_belong_to_slide
-    from pathtwt.wsi.slides import open_slide
 
-    with open_slide(slide, **open_options_from_attrs(coords_attrs)) as opened:
+    with TileGeometry.from_attrs(coords, coords_attrs, slide_path=slide).open() as opened:
         return check_coords_belong_to_slide(opened, coords, coords_attrs)
 
 

@@ -29,7 +29,7 @@ fold and the folded one after; both fidelities are recorded and agree to float r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -37,8 +37,12 @@ import torch
 from pathtwt.errors import NumericsError
 from pathtwt.compress.intermediates import iter_layer_outputs
 from pathtwt.compress.student import non_block_state
-from pathtwt.compress.methods.common import export_with_fidelity
+from pathtwt.compress.pipeline import CompressOptions, export_variant, report_fidelity, resolve_plan
 from pathtwt.models.variant_layers import apply_baseline_patches
+
+if TYPE_CHECKING:
+    from pathtwt.compress.calibration import CalibrationSet
+    from pathtwt.models.registry import Backbone
 
 
 class GramAccumulator:
@@ -157,7 +161,7 @@ def foldable(blocks: Sequence[tuple[int, int]], replaced: Sequence[bool]) -> lis
             for j, (s, e) in enumerate(blocks)]
 
 
-def build_linear_student(teacher: Any, blocks: Sequence[tuple[int, int]],
+def build_linear_student(teacher: Backbone, blocks: Sequence[tuple[int, int]],
                          maps: Sequence[tuple[np.ndarray, np.ndarray] | None]) -> tuple[torch.nn.Module, dict]:
     """The exported module (one layer per block: a linear block where ``maps[j]`` is set,
     else the teacher's layer s_j) and its ``layer_patches``."""
@@ -178,7 +182,7 @@ def build_linear_student(teacher: Any, blocks: Sequence[tuple[int, int]],
     return student.eval(), patches
 
 
-def build_folded_student(teacher: Any, blocks: Sequence[tuple[int, int]], maps: Sequence[tuple[np.ndarray, np.ndarray] | None],
+def build_folded_student(teacher: Backbone, blocks: Sequence[tuple[int, int]], maps: Sequence[tuple[np.ndarray, np.ndarray] | None],
                          folded_maps: Sequence[tuple[np.ndarray, np.ndarray] | None], *, fold: bool = True) -> tuple[torch.nn.Module, dict]:
     """The student without a layer for each folded block: its map (``folded_maps[j]``) goes
     into the preceding kept layer, merged (``fold``) or as a :class:`MappedMlpBlock`."""
@@ -195,12 +199,9 @@ def build_folded_student(teacher: Any, blocks: Sequence[tuple[int, int]], maps: 
     return student, patches
 
 
-def compress(teacher: Any, calib: Any, options: Any) -> Path:
+def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions) -> Path:
     """Registry entry (``--method linear``): fit one map per multi-layer block (folded into
     the preceding MLP with ``fold``), export."""
-    from pathtwt.compress.methods.common import report_fidelity
-    from pathtwt.compress.pipeline import resolve_plan
-
     plan = resolve_plan(teacher, calib, options)
     blocks = [(int(s), int(e)) for s, e in plan["blocks"]]
     ridge = float(options.extra.get("ridge", 1e-6))
@@ -224,8 +225,8 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path:
         student, patches = build_folded_student(teacher, blocks, maps, folded_maps, fold=True)
     else:
         student, patches = build_linear_student(teacher, blocks, maps)
-    return export_with_fidelity(
-        student, teacher=teacher, calib=calib, options=options, method="linear", layer_patches=patches, trains=False,
+    return export_variant(
+        student, teacher, calib, options, method="linear", run=None, layer_patches=patches,
         boundaries=None if any(folds) else [e for _s, e in blocks],  # a folded block leaves no layer of its own
         extra={"plan": plan, "linear": record},
     )

@@ -42,15 +42,19 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from pathtwt.errors import ConfigError
-from pathtwt.compress.methods.common import (distill_main, drop_checkpoint, embedding_r2, export_with_fidelity, fit_steps, report_fidelity,
-                                             n_training, selection_tiles)
+from pathtwt.compress.methods.common import embedding_r2, selection_tiles
 from pathtwt.compress.fidelity import tile_embeddings
+from pathtwt.compress.pipeline import CompressOptions, distill_student, export_variant, report_fidelity, total_steps
 from pathtwt.models.variant_layers import DilutedAttentionBlock
+
+if TYPE_CHECKING:
+    from pathtwt.compress.calibration import CalibrationSet
+    from pathtwt.models.registry import Backbone
 
 
 def gaussian_information(per_channel_r2: torch.Tensor) -> float:
@@ -58,7 +62,7 @@ def gaussian_information(per_channel_r2: torch.Tensor) -> float:
     return float(-0.5 * torch.log((1 - per_channel_r2).clamp_min(1e-12)).sum())
 
 
-def greedy_attention_removal(teacher: Any, calib: Any, options: Any, n_remove: int) -> tuple[list[int], str, list[dict[str, Any]]]:
+def greedy_attention_removal(teacher: Backbone, calib: CalibrationSet, options: CompressOptions, n_remove: int) -> tuple[list[int], str, list[dict[str, Any]]]:
     """NOSE's greedy search over combinations: ``n_remove`` layers (0-based, sorted), the
     split they were chosen on, and one trace entry per step."""
     split, tiles = selection_tiles(calib)
@@ -127,7 +131,7 @@ def finish_attention_free(student: torch.nn.Module, chosen: Sequence[int]) -> to
     return student
 
 
-def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
+def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions) -> Path | None:
     """Registry entry (``--method nose``): select (K > 0), dilute, distill, export."""
     from pathtwt.compress.methods.truncation import truncated_student
 
@@ -155,21 +159,17 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     initial = report_fidelity(student, teacher, calib, options, every_layer)
     for b in diluted:
         b.alpha.fill_(0.0)
-    dilute_steps = int(float(options.extra.get("dilute_fraction", 0.3)) * fit_steps(options, n_training(calib)))
-    result = distill_main(student, teacher=teacher, calib=calib, options=options, description="nose",
+    dilute_steps = int(float(options.extra.get("dilute_fraction", 0.3)) * total_steps(options, calib))
+    run = distill_student(student, teacher, calib, options, description="nose",
                           objective=DilutedDeepSupervision(diluted, dilute_steps, num_layers))
-    if not result.completed:
+    if not run.completed:
         return None
     finish_attention_free(student, chosen)
     base = teacher.spec.base_backbone or teacher.spec.name
-    out = export_with_fidelity(
-        student, teacher=teacher, calib=calib, options=options, method="nose", initial=initial, layer_patches={"attention_free": chosen},
-        selection_split=split,
-        extra={"name": f"{base}/nose" if keep == 0 else f"{base}/nose-keep{keep}", "attention_layers": keep,
-               "attention_free_layers": [i + 1 for i in chosen],
+    return export_variant(
+        student, teacher, calib, options, method="nose", run=run, initial=initial, layer_patches={"attention_free": chosen},
+        selection_split=split, name=f"{base}/nose" if keep == 0 else f"{base}/nose-keep{keep}",
+        extra={"attention_layers": keep, "attention_free_layers": [i + 1 for i in chosen],
                "criterion": None if keep == 0 else "greedy over combinations: max -1/2 sum_d log(1 - R^2_d) of the tile embedding",
-               "selection_trace": trace, "dilute_steps": dilute_steps,
-               "distillation": {"steps": result.total_steps, "resumed_from": result.resumed_from}},
+               "selection_trace": trace, "dilute_steps": dilute_steps},
     )
-    drop_checkpoint(options)
-    return out

@@ -34,14 +34,18 @@ layer-dependent scales; with ``time_scale=false`` the file is a plain timm ViT
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from torch import nn
 
-from pathtwt.compress.methods.common import (distill_main, n_training, drop_checkpoint, export_with_fidelity, fit_steps, report_fidelity, side_run_options,
-                     untied_copy, variant_name)
+from pathtwt.compress.methods.common import side_run_options, untied_copy, variant_name
+from pathtwt.compress.pipeline import CompressOptions, distill_student, export_variant, report_fidelity, total_steps
 from pathtwt.models.variant_layers import add_layer_time_scale, tie_blocks
+
+if TYPE_CHECKING:
+    from pathtwt.compress.calibration import CalibrationSet
+    from pathtwt.models.registry import Backbone
 
 Blocks = Sequence[Sequence[int]]
 
@@ -80,7 +84,7 @@ class BlockwiseRollout:
         return total, {"forced": forced_sum, "rollout": rolled_sum, "rollout_weight": p}
 
 
-def build_recurrent_student(teacher: Any, blocks: Blocks, time_scale: bool = True) -> nn.Module:
+def build_recurrent_student(teacher: Backbone, blocks: Blocks, time_scale: bool = True) -> nn.Module:
     """The teacher's depth, layers s..e of each block one shared module (initialised as the
     teacher's layer s), conditioned on the layer number unless ``time_scale`` is False."""
     from pathtwt.compress.methods.truncation import truncated_student
@@ -93,11 +97,11 @@ def build_recurrent_student(teacher: Any, blocks: Blocks, time_scale: bool = Tru
     return tie_blocks(student, blocks)
 
 
-def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
+def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions) -> Path | None:
     """Registry entry (``--method raptor``): plan, stage 1, stage 2, export."""
     from pathtwt.compress.distill import DeepSupervision, distill
     from pathtwt.models.flops import count_params
-    from pathtwt.compress.pipeline import resolve_plan, training_tiles
+    from pathtwt.compress.pipeline import resolve_plan
 
     plan = resolve_plan(teacher, calib, options)
     blocks = [[int(s), int(e)] for s, e in plan["blocks"]]
@@ -106,29 +110,26 @@ def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
     student = build_recurrent_student(teacher, blocks, time_scale)
     every_layer = list(range(1, num_layers + 1))
     initial = report_fidelity(student, teacher, calib, options, every_layer)  # each block's first layer, recurrent
-    total = fit_steps(options, n_training(calib))
+    total = total_steps(options, calib)
     stage1 = int(round(float(options.extra.get("stage1_fraction", 0.3)) * total))
     ramp = int(float(options.extra.get("rollout_ramp", 0.25)) * stage1)
     # a stage-2 checkpoint already holds what stage 1 produced, so a resumed run skips it
     if stage1 > 0 and not options.checkpoint_path().exists():
-        distill(student, teacher.model, training_tiles(calib), transform=teacher.transform, objective=BlockwiseRollout(blocks, ramp),
+        distill(student, teacher.model, calib.training_tiles(), transform=teacher.transform, objective=BlockwiseRollout(blocks, ramp),
                 options=side_run_options(options, steps=stage1), description="raptor stage 1")
-    result = distill_main(student, teacher=teacher, calib=calib, options=options, steps=total - stage1,
-                          description="raptor stage 2", objective=DeepSupervision(boundaries=list(range(1, num_layers + 1))))
-    if not result.completed:
+    run = distill_student(student, teacher, calib, options, steps=total - stage1, description="raptor stage 2",
+                          objective=DeepSupervision(boundaries=list(range(1, num_layers + 1))))
+    if not run.completed:
         return None
     params = count_params(student)  # tied: each shared layer once
     multi = [b for b in blocks if b[1] > b[0]]
     patches: dict[str, Any] = {"layer_time_scale": True} if time_scale else {}
     if multi:
         patches["tied_blocks"] = multi
-    out = export_with_fidelity(
-        untied_copy(student), teacher=teacher, calib=calib, options=options, method="raptor", initial=initial,
+    return export_variant(
+        untied_copy(student), teacher, calib, options, method="raptor", run=run, initial=initial, earlier_steps=stage1,
         layer_patches=patches or None, selection_split=None, boundaries=every_layer,
-        extra={"name": variant_name(teacher, "raptor", len(blocks)), "params": int(params), "plan": plan,
-               "shared_blocks": blocks, "recurrence": [e - s + 1 for s, e in blocks], "layer_time_scale": time_scale,
-               "stages": {"stage1_steps": stage1, "rollout_ramp_steps": ramp, "stage2_steps": total - stage1},
-               "distillation": {"steps": result.total_steps, "resumed_from": result.resumed_from}},
+        name=variant_name(teacher, "raptor", len(blocks)), params=int(params),
+        extra={"plan": plan, "shared_blocks": blocks, "recurrence": [e - s + 1 for s, e in blocks], "layer_time_scale": time_scale,
+               "stages": {"stage1_steps": stage1, "rollout_ramp_steps": ramp, "stage2_steps": total - stage1}},
     )
-    drop_checkpoint(options)
-    return out

@@ -23,11 +23,19 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from pathtwt.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from pathtwt.compress.calibration import CalibrationSet
+    from pathtwt.compress.distill import DeepSupervision
+    from pathtwt.compress.pipeline import CompressOptions
+    from pathtwt.models.registry import Backbone
 
 Subset = tuple[int, ...]
 Scorer = Callable[[Subset], float]
@@ -166,14 +174,14 @@ def subset_boundaries(subset: Subset, num_layers: int) -> list[int]:
     return [subset[j + 1] for j in range(len(subset) - 1)] + [num_layers]
 
 
-def subset_student(teacher: Any, subset: Subset) -> Any:
+def subset_student(teacher: Backbone, subset: Subset) -> nn.Module:
     """A plain timm ViT made of copies of the teacher's layers ``subset`` (0-based), in order."""
     from pathtwt.compress.student import clone_layers, stitch_student
 
     return stitch_student(teacher.model, clone_layers(teacher.model, subset), spec=teacher.spec)
 
 
-def candidate_student(teacher: Any, subset: Subset) -> Any:
+def candidate_student(teacher: Backbone, subset: Subset) -> nn.Module:
     """The same network as :func:`subset_student` for scoring: a trainable copy of the
     teacher with only the kept blocks. Skips building and initialising a fresh model,
     which dominates a candidate's cost on small budgets."""
@@ -186,7 +194,7 @@ def candidate_student(teacher: Any, subset: Subset) -> Any:
     return student.requires_grad_(True)
 
 
-def subset_objective(teacher: Any, subset: Subset, options: Any, steps: int) -> Any:
+def subset_objective(teacher: Backbone, subset: Subset, options: CompressOptions, steps: int) -> DeepSupervision:
     """TWT's deep supervision at the subset's boundaries, ramp schedule per the backbone's default."""
     from pathtwt.compress.distill import DeepSupervision
     from pathtwt.compress.pipeline import backbone_default
@@ -197,7 +205,7 @@ def subset_objective(teacher: Any, subset: Subset, options: Any, steps: int) -> 
     return DeepSupervision(boundaries=boundaries, alphas=alphas)
 
 
-def distillation_scorer(teacher: Any, calib: Any, options: Any, *, steps: int) -> Scorer:
+def distillation_scorer(teacher: Backbone, calib: CalibrationSet, options: CompressOptions, *, steps: int) -> Scorer:
     """Embedding R^2 on the select tiles after a short distillation of the candidate subset
     (no augmentation, on the first ``steps * batch_size`` fit tiles only: the teacher's
     targets are then computed once per candidate for just the tiles the short run sees)."""
@@ -217,7 +225,7 @@ def distillation_scorer(teacher: Any, calib: Any, options: Any, *, steps: int) -
     return score
 
 
-def search_settings(teacher: Any, calib: Any, options: Any, total_steps: int) -> dict[str, Any]:
+def search_settings(teacher: Backbone, calib: CalibrationSet, options: CompressOptions, total_steps: int) -> dict[str, Any]:
     """Everything a search record depends on (a stored record is reused only if all match)."""
     extra, num_layers = options.extra, len(teacher.model.blocks)
     return {"depth": int(options.depth), "budget": int(extra.get("search_budget", 2 * num_layers + 12)),
@@ -241,7 +249,7 @@ def _memoised(scorer: Scorer, memo: dict[Subset, float]) -> Scorer:
     return score
 
 
-def run_search(teacher: Any, calib: Any, options: Any, settings: dict[str, Any]) -> dict[str, Any]:
+def run_search(teacher: Backbone, calib: CalibrationSet, options: CompressOptions, settings: dict[str, Any]) -> dict[str, Any]:
     """Local search (and the random-search control if asked), as a JSON-ready record; the
     single-deletion ranking control is the local search's start (``local.start_layers``).
     The record is kept in ``OUT/subset_search.json`` so a resumed run does not search again."""
@@ -257,7 +265,7 @@ def run_search(teacher: Any, calib: Any, options: Any, settings: dict[str, Any])
     memo_key = ("subset_scores", id(teacher.model), settings["search_steps"], settings["batch_size"], settings["lr"],
                 settings["seed"], options.schedule)
     scorer = _memoised(distillation_scorer(teacher, calib, options, steps=settings["search_steps"]),
-                       calib.cache.setdefault(memo_key, {}))
+                       calib.derived.subset_scores.setdefault(memo_key, {}))
     record: dict[str, Any] = {"settings": settings, "search": "local search (swap one kept layer for one dropped), ranking start",
                               "local": local_search(num_layers, keep, scorer, budget=settings["budget"], seed=settings["seed"]).to_dict()}
     if settings["random_control"]:
@@ -266,15 +274,15 @@ def run_search(teacher: Any, calib: Any, options: Any, settings: dict[str, Any])
     return record
 
 
-def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
+def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions) -> Path | None:
     """Registry entry (``--method subset``): search K layers, distill them fully, export."""
-    from pathtwt.compress.methods.common import fit_steps, n_training
+    from pathtwt.compress.pipeline import total_steps
 
     num_layers = len(teacher.model.blocks)
     if options.depth is None:
         raise ConfigError("--method subset needs --depth K (the number of layers to keep)")
     _check(num_layers, int(options.depth))
-    total = fit_steps(options, n_training(calib))
+    total = total_steps(options, calib)
     record = run_search(teacher, calib, options, search_settings(teacher, calib, options, total))
     best = tuple(i - 1 for i in record["local"]["best_layers"])
     return distill_subset(teacher, calib, options, best, {"subset_search": record})
@@ -291,14 +299,13 @@ def control_subsets(record: dict[str, Any]) -> dict[str, Subset]:
     return out
 
 
-def distill_subset(teacher: Any, calib: Any, options: Any, subset: Subset, extra: dict[str, Any]) -> Path | None:
+def distill_subset(teacher: Backbone, calib: CalibrationSet, options: CompressOptions, subset: Subset, extra: dict[str, Any]) -> Path | None:
     """Distill the K-layer student of ``subset`` (0-based) with the full budget and export it
     with its report-split fidelity (the search's choice, or a control's)."""
-    from pathtwt.compress.methods.common import fit_steps, n_training
-    from pathtwt.compress.pipeline import distill_and_export
+    from pathtwt.compress.pipeline import distill_and_export, total_steps
 
     num_layers = len(teacher.model.blocks)
-    total = fit_steps(options, n_training(calib))
+    total = total_steps(options, calib)
     return distill_and_export(
         teacher, calib, options, method="subset", student=subset_student(teacher, subset),
         objective=subset_objective(teacher, subset, options, total), boundaries=subset_boundaries(subset, num_layers),

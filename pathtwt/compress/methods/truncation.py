@@ -6,18 +6,25 @@ no block boundary for the kept layers to hit: layer j already reproduces teacher
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pathtwt.compress.pipeline import CompressOptions, distill_and_export
 
+if TYPE_CHECKING:
+    from torch import nn
 
-def truncated_student(teacher: Any, depth: int) -> Any:
+    from pathtwt.compress.calibration import CalibrationSet
+    from pathtwt.models.registry import Backbone
+
+
+def truncated_student(teacher: Backbone, depth: int) -> nn.Module:
     from pathtwt.compress.student import clone_layers, stitch_student
 
     return stitch_student(teacher.model, clone_layers(teacher.model, range(depth)), spec=teacher.spec)
 
 
-def compress_truncation(teacher: Any, calib: Any, options: CompressOptions) -> Path | None:
+def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions) -> Path | None:
+    """Registry entry (``--method truncation``): the first K layers, distilled, exported."""
     from pathtwt.errors import ConfigError
     from pathtwt.compress.distill import DeepSupervision
     from pathtwt.compress.pipeline import read_plan

@@ -20,13 +20,18 @@ truncated backbone's tokens, to which a user applies ``e + fc2(gelu(fc1(e)))`` a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from pathtwt.errors import ConfigError
 from pathtwt.models.variant_layers import EmbeddingProbe
+
+if TYPE_CHECKING:
+    from pathtwt.compress.calibration import CalibrationSet
+    from pathtwt.compress.pipeline import CompressOptions
+    from pathtwt.models.registry import Backbone
 
 DEFAULT_PROBE_HIDDEN = 2048  # gives the paper's 6.29 M-parameter probe on ViT-B
 
@@ -38,7 +43,7 @@ def add_embedding_probe(student: nn.Module, hidden: int) -> nn.Module:
     return student
 
 
-def build_wdpruning_student(teacher: Any, depth: int, hidden: int = DEFAULT_PROBE_HIDDEN) -> nn.Module:
+def build_wdpruning_student(teacher: Backbone, depth: int, hidden: int = DEFAULT_PROBE_HIDDEN) -> nn.Module:
     from pathtwt.compress.methods.truncation import truncated_student
 
     return add_embedding_probe(truncated_student(teacher, depth), hidden)
@@ -65,7 +70,7 @@ class FinalEmbeddingLoss:
         return loss, {"final": float(loss.detach())}
 
 
-def compress(teacher: Any, calib: Any, options: Any) -> Path | None:
+def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions) -> Path | None:
     """Registry entry (``--method wdpruning``): first K layers + probe, distilled on the
     final embedding, exported."""
     from pathtwt.compress.pipeline import distill_and_export

@@ -7,12 +7,19 @@ plan (discovery or ``plan.json``) -> auditioned surrogate per block -> K-layer s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pathtwt.compress.pipeline import CompressOptions, backbone_default, distill_and_export, distill_options, resolve_plan, training_tiles
+from pathtwt.compress.pipeline import CompressOptions, backbone_default, distill_and_export, resolve_plan, total_steps
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from pathtwt.compress.calibration import CalibrationSet
+    from pathtwt.models.registry import Backbone
 
 
-def build_twt_student(teacher: Any, calib: Any, plan: dict[str, Any], options: CompressOptions) -> tuple[Any, list[dict]]:
+def build_twt_student(teacher: Backbone, calib: CalibrationSet, plan: dict[str, Any],
+                      options: CompressOptions) -> tuple[nn.Module, list[dict]]:
     """The stitched K-layer student and the audition report (empty for ``init="random"``)."""
     import torch
 
@@ -36,7 +43,8 @@ def build_twt_student(teacher: Any, calib: Any, plan: dict[str, Any], options: C
     return stitch_student(teacher.model, layers, spec=spec), report
 
 
-def compress_twt(teacher: Any, calib: Any, options: CompressOptions) -> Path | None:
+def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions) -> Path | None:
+    """Registry entry (``--method twt``): plan, audition, stitch, distil, export."""
     from pathtwt.compress.distill import DeepSupervision
     from pathtwt.compress.schedule import default_alphas
     from pathtwt.compress.student import add_branch_scales
@@ -48,8 +56,7 @@ def compress_twt(teacher: Any, calib: Any, options: CompressOptions) -> Path | N
     if use_scalar:
         add_branch_scales(student)
     boundaries = [e for _, e in plan["blocks"]]
-    total = distill_options(options).resolved_steps(len(training_tiles(calib)))
-    alphas = default_alphas(len(boundaries) + 1, total) if use_schedule else None
+    alphas = default_alphas(len(boundaries) + 1, total_steps(options, calib)) if use_schedule else None
     return distill_and_export(
         teacher, calib, options, method="twt", student=student, objective=DeepSupervision(boundaries, alphas),
         boundaries=boundaries,
