@@ -50,6 +50,25 @@ def test_valid_config_gets_schema_defaults(tmp_path):
     assert tables["c1"].ids_in_split("train") == ["s1", "s2"]
 
 
+def test_tiling_defaults_are_one_table_for_the_config_the_cli_and_the_function():
+    import argparse
+    import inspect
+    from dataclasses import asdict
+
+    from pathtwt.cli import tile
+    from pathtwt.wsi.tiling import TILING_DEFAULTS, tile_slide
+
+    config = validate_schema({"cohorts": {"a": {"slides": "x", "labels": "y"}}}, source="t")
+    assert config["cohorts"]["a"]["tiling"] == asdict(TILING_DEFAULTS)
+    parser = argparse.ArgumentParser()
+    tile.add_arguments(parser)
+    flags = vars(parser.parse_args(["slide.svs", "--out", "x.h5"]))
+    cli = {"target_mpp": flags["mpp"], "tile_size": flags["tile_size"], "tissue": flags["tissue"],
+           "min_tissue": flags["min_tissue"], "allow_upsample": flags["allow_upsample"]}
+    signature = {k: p.default for k, p in inspect.signature(tile_slide).parameters.items() if k in cli}
+    assert cli == signature == asdict(TILING_DEFAULTS)
+
+
 def test_defaults_are_not_shared_between_cohorts():
     config = validate_schema({"cohorts": {"a": {"slides": "x", "labels": "y"}, "b": {"slides": "x", "labels": "y"}}}, source="t")
     config["cohorts"]["a"]["tiling"]["tile_size"] = 512

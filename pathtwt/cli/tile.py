@@ -10,20 +10,24 @@ HELP = "find tissue on one slide (Otsu on a low-resolution level) and write its 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pathtwt.wsi.tiling import TILING_DEFAULTS as D
     from pathtwt.wsi.tissue import TissueParams
 
     parser.add_argument("slide", help="whole-slide image (any format OpenSlide or tiffslide reads)")
     parser.add_argument("--out", required=True, help="coords HDF5 to write")
-    parser.add_argument("--mpp", type=float, default=0.5, help="target microns per pixel of the tiles (default 0.5 = 20x)")
-    parser.add_argument("--tile-size", type=int, default=256, help="tile side in pixels at the target mpp (default 256)")
+    parser.add_argument("--mpp", type=float, default=D.target_mpp,
+                        help=f"target microns per pixel of the tiles (default {D.target_mpp:g}; 0.5 = 20x)")
+    parser.add_argument("--tile-size", type=int, default=D.tile_size,
+                        help=f"tile side in pixels at the target mpp (default {D.tile_size})")
     parser.add_argument(
         "--tissue",
         choices=("fraction", "otsu"),
-        default="fraction",
+        default=D.tissue,
         help="fraction: keep tiles with tissue fraction >= --min-tissue; otsu: keep tiles touching tissue "
-        "(default: fraction)",
+        f"(default: {D.tissue})",
     )
-    parser.add_argument("--min-tissue", type=float, default=0.6, help="minimum tissue fraction for --tissue fraction")
+    parser.add_argument("--min-tissue", type=float, default=D.min_tissue,
+                        help=f"minimum tissue fraction for --tissue fraction (default {D.min_tissue:g})")
     parser.add_argument(
         "--slide-mpp", type=float, default=None,
         help="level-0 um/px to use when the slide metadata has none (default: none; such a slide is an error)",

@@ -49,7 +49,21 @@ def load_schema() -> dict:
     from importlib.resources import files
 
     package, name = SCHEMA_RESOURCE
-    return yaml.safe_load(files(package).joinpath(name).read_text(encoding="utf-8"))
+    return with_tiling_defaults(yaml.safe_load(files(package).joinpath(name).read_text(encoding="utf-8")))
+
+
+def with_tiling_defaults(schema: dict) -> dict:
+    """``schema`` with the defaults of every cohort's ``tiling`` keys filled in from
+    :data:`pathtwt.wsi.tiling.TILING_DEFAULTS`, the one place they are written (``pathtwt
+    tile``'s flags read the same)."""
+    from dataclasses import asdict
+
+    from pathtwt.wsi.tiling import TILING_DEFAULTS
+
+    tiling = schema["properties"]["cohorts"]["additionalProperties"]["properties"]["tiling"]["properties"]
+    for key, value in asdict(TILING_DEFAULTS).items():
+        tiling[key].setdefault("default", value)
+    return schema
 
 
 def validate_schema(config: dict, *, source: str, schema_path: str | os.PathLike | None = None) -> dict:

@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from pathtwt.errors import WeightsError
+from pathtwt.models.variant_layers import BASELINE_PATCHES, apply_baseline_patches
 
-# the comparison methods' own patches (linear_blocks, embedding_probe, layer_time_scale,
-# tied_blocks) are defined and documented in pathtwt.models.variant_layers
-BASELINE_PATCHES = ("linear_blocks", "embedding_probe", "layer_time_scale", "tied_blocks")
+# the comparison methods' own patches (BASELINE_PATCHES: linear_blocks, embedding_probe,
+# layer_time_scale, tied_blocks) are defined and documented in pathtwt.models.variant_layers
 KNOWN_PATCHES = ("attention_free",) + BASELINE_PATCHES
 
 
@@ -47,7 +47,5 @@ def apply_layer_patches(model: nn.Module, patches: Mapping[str, Any]) -> nn.Modu
             raise WeightsError(f"layer_patches attention_free index {index} outside 0..{depth - 1}")
         make_attention_free(model.blocks[int(index)])
     if any(k in patches for k in BASELINE_PATCHES):
-        from pathtwt.models.variant_layers import apply_baseline_patches
-
         apply_baseline_patches(model, patches)
     return model

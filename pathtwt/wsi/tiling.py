@@ -112,16 +112,32 @@ def grid_tissue_fraction(
     return coords, fraction.ravel().astype(np.float32)
 
 
+@dataclass(frozen=True)
+class TilingDefaults:
+    """The tiling defaults, written once: ``tile_slide``'s signature, ``pathtwt tile``'s flags
+    and the workflow config schema (``cohorts.*.tiling``, filled in by
+    :func:`pathtwt.config.check.load_schema`) all read them from here."""
+
+    target_mpp: float = 0.5  # 20x
+    tile_size: int = 256
+    tissue: str = "fraction"
+    min_tissue: float = 0.6
+    allow_upsample: bool = False
+
+
+TILING_DEFAULTS = TilingDefaults()
+
+
 def tile_slide(
     slide: Slide,
     *,
-    target_mpp: float = 0.5,
-    tile_size: int = 256,
-    tissue: str = "fraction",
-    min_tissue: float = 0.6,
+    target_mpp: float = TILING_DEFAULTS.target_mpp,
+    tile_size: int = TILING_DEFAULTS.tile_size,
+    tissue: str = TILING_DEFAULTS.tissue,
+    min_tissue: float = TILING_DEFAULTS.min_tissue,
     params: TissueParams = TissueParams(),
     modality: str | None = None,
-    allow_upsample: bool = False,
+    allow_upsample: bool = TILING_DEFAULTS.allow_upsample,
 ) -> Tiling:
     """Detect tissue and return the kept tiles with the coords-file attributes.
     ``modality``: "brightfield" or "fluorescence" (default: fluorescence when the slide
