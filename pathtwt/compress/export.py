@@ -87,7 +87,7 @@ def export_backbone(
         save_file(state, str(tmp), metadata={"format": "pt"})
     meta = variant_metadata(spec, depth)
     base = meta["base_backbone"]
-    teacher_sha = getattr(teacher, "weights_sha256", None)
+    teacher_sha = teacher.weights_sha256
     own = {
         "name": name or f"{base}/{method}-{depth}",
         "method": method,
@@ -104,7 +104,7 @@ def export_backbone(
     meta.update({**own, **(extra or {})})
     meta["provenance"] = {
         "teacher": spec.name,
-        "teacher_source": str(getattr(teacher, "source", "")),
+        "teacher_source": str(teacher.source),
         "teacher_weights_sha256": teacher_sha,
         "calibration_sha256": calibration_hashes(calibration_sources or []),
         "options": options or {},

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pathtwt.compress.budgets import PAPER_BUDGETS
 from pathtwt.compress.defaults import BATCH_SIZE, LR
 from pathtwt.errors import ConfigError
 
@@ -71,19 +72,17 @@ def distill_options(options: CompressOptions) -> "DistillOptions":
     return DistillOptions(**{**shared, "checkpoint": options.checkpoint_path()})
 
 
-def budget_record(method: str, options: CompressOptions, n_training: int, spec: "BackboneSpec", *,
+def budget_record(method: str, options: CompressOptions, calib: "CalibrationSet", spec: "BackboneSpec", *,
                   trains: bool = True) -> dict[str, Any]:
     """What ``model.json`` says about the training budget: the run's own (steps or epochs as
-    given, and the optimiser steps they came to on ``n_training`` tiles) beside Appendix B's
-    for the method."""
-    from pathtwt.compress.budgets import PAPER_BUDGETS
-
+    given, and the optimiser steps they came to on the tiles it trains on) beside Appendix
+    B's for the method."""
     paper = PAPER_BUDGETS.get(method)
     if paper is not None and isinstance(paper.get("epochs"), dict):  # per backbone
         paper = {"epochs": paper["epochs"].get(spec.base_backbone or spec.name)}
     run: dict[str, Any] = {"steps": options.steps, "epochs": options.epochs}
     if trains:
-        run["resolved_steps"] = distill_options(options).resolved_steps(n_training)
+        run["resolved_steps"] = total_steps(options, calib)
         run["unit"] = "steps" if options.steps is not None else "epochs"
     else:
         run["resolved_steps"] = 0
@@ -224,7 +223,7 @@ def export_variant(
     fold_branch_scales(student).eval()
     final = report_fidelity(student, teacher, calib, options, boundaries)
     records = {
-        "budget": budget_record(method, options, len(calib.training_tiles()), teacher.spec, trains=run is not None),
+        "budget": budget_record(method, options, calib, teacher.spec, trains=run is not None),
         "selection_split": selection_split,
         "fidelity": fidelity_record(teacher, calib, initial=final if initial is None else initial, final=final,
                                     device=options.device, batch_size=options.batch_size, seed=options.seed),

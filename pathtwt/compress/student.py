@@ -14,12 +14,15 @@ if the block has one, else the last linear layer of the branch), so no wrapper s
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
 from torch import nn
 
 from pathtwt.compress.intermediates import block_input
+
+if TYPE_CHECKING:
+    from pathtwt.models.spec import BackboneSpec
 
 
 def non_block_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -27,7 +30,7 @@ def non_block_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if not k.startswith("blocks.")}
 
 
-def stitch_student(teacher: nn.Module, layers: Sequence[nn.Module], *, spec: Any) -> nn.Module:
+def stitch_student(teacher: nn.Module, layers: Sequence[nn.Module], *, spec: BackboneSpec) -> nn.Module:
     """A ``len(layers)``-layer timm ViT of the teacher's ``spec`` (a ``BackboneSpec``) with the
     teacher's embeddings and final norm and copies of ``layers`` (timm ``Block`` modules,
     possibly :class:`ScaledBlock`-wrapped: their scalars are folded first) as its blocks."""

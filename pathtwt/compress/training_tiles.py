@@ -19,7 +19,6 @@ by (seed, p), so it too does not depend on which rank draws the tile.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections import OrderedDict
@@ -32,6 +31,7 @@ import torch
 
 from pathtwt.compress.augment import TileAugmenter, step_seed
 from pathtwt.errors import ConfigError, PathtwtError, SlideError
+from pathtwt.wsi.coords_tiles import cv2_pool_stopped, reader_worker_init  # noqa: F401 - cv2_pool_stopped: used with loader()
 from pathtwt.wsi.slides import Slide
 
 if TYPE_CHECKING:
@@ -243,37 +243,11 @@ class TrainingItems(torch.utils.data.Dataset):
         return PathtwtError(f"training tile {index}: {reason}")
 
 
-def _worker_init(_worker_id: int) -> None:
-    # workers only read, decode and augment: one thread each, the compute keeps the rest
-    import cv2
-
-    torch.set_num_threads(1)
-    cv2.setNumThreads(1)
-
-
-@contextlib.contextmanager
-def cv2_pool_stopped(active: bool = True) -> Iterator[None]:
-    """OpenCV's thread pool does not survive fork: once this process has used cv2 (tiling,
-    resizing), a forked worker touching the pool waits forever for the parent's pool
-    threads, which it does not have. Stop the pool while workers are forked; restore it."""
-    if not active:
-        yield
-        return
-    import cv2
-
-    threads = cv2.getNumThreads()
-    cv2.setNumThreads(1)
-    try:
-        yield
-    finally:
-        cv2.setNumThreads(threads)
-
-
 def loader(items: TrainingItems, sampler: MicroBatches, *, workers: int, pin_memory: bool) -> torch.utils.data.DataLoader:
     """Batches of this rank's tiles; iterate it inside :func:`cv2_pool_stopped` when
     ``workers`` > 0."""
     return torch.utils.data.DataLoader(
-        items, batch_sampler=sampler, num_workers=workers, worker_init_fn=_worker_init if workers else None,
+        items, batch_sampler=sampler, num_workers=workers, worker_init_fn=reader_worker_init if workers else None,
         prefetch_factor=4 if workers else None, pin_memory=pin_memory, persistent_workers=False,
     )
 

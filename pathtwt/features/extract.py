@@ -22,7 +22,7 @@ from pathtwt.models.registry import Backbone
 from pathtwt.models.embedding import DEFAULT_RECIPE, check_recipe, embed_tiles, embedding_dim
 from pathtwt.errors import NumericsError, PathtwtError, SlideError
 from pathtwt.io.h5 import GEOMETRY_ATTRS, FeaturesWriter, read_coords, write_features
-from pathtwt.wsi.coords_tiles import CoordsTileReader, TileGeometry, check_geometry
+from pathtwt.wsi.coords_tiles import CoordsTileReader, TileGeometry, check_geometry, cv2_pool_stopped, reader_worker_init
 
 
 @dataclass(frozen=True)
@@ -58,15 +58,6 @@ class TileDataset(torch.utils.data.Dataset):
             size = self.transform.input_size
             reason = " ".join(f"{type(exc).__name__}: {exc}".split())
             return index, torch.zeros(3, size, size), reason
-
-
-def _worker_init(_worker_id: int) -> None:
-    # Workers only read and decode: one thread each, so they do not steal the compute
-    # threads of the forward pass.
-    import cv2
-
-    torch.set_num_threads(1)
-    cv2.setNumThreads(1)
 
 
 def default_workers() -> int:
@@ -224,29 +215,20 @@ def _embed_stream(
     from tqdm import tqdm
 
     workers = default_workers() if workers is None else int(workers)
-    if workers:
-        # OpenCV's thread pool does not survive fork: once this process has used cv2
-        # (e.g. tiling in the same process), a worker touching the pool (the
-        # cv2.setNumThreads in _worker_init) waits forever for the parent's idle pool
-        # threads, which it does not have. Stop the pool before forking; restore after.
-        import cv2
-
-        cv2_threads = cv2.getNumThreads()
-        cv2.setNumThreads(1)
     on_cuda = str(backbone.device).startswith("cuda")
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=int(batch_size),
         shuffle=False,  # in order: batch b holds tiles [b * batch_size, ...)
         num_workers=workers,
-        worker_init_fn=_worker_init if workers else None,
+        worker_init_fn=reader_worker_init if workers else None,
         prefetch_factor=4 if workers else None,
         pin_memory=on_cuda,
     )
     model, prefix = backbone.model, backbone.spec.num_prefix_tokens
     bar = tqdm(total=len(dataset), unit="tile", desc=slide.name, disable=not progress, dynamic_ncols=True)
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), cv2_pool_stopped(workers > 0):
             for index, images, errors in loader:
                 bad = next((i for i, e in enumerate(errors) if e), None)
                 if bad is not None:
@@ -265,8 +247,6 @@ def _embed_stream(
                 yield index.tolist(), feats.cpu().numpy()
     finally:
         bar.close()
-        if workers:
-            cv2.setNumThreads(cv2_threads)
 
 
 def extract_many(

@@ -10,10 +10,11 @@ resample a tile the same way, and therefore see the same pixels.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -116,3 +117,32 @@ class CoordsTileReader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def reader_worker_init(_worker_id: int) -> None:
+    """A DataLoader worker that reads tiles only reads, decodes (and augments): one thread
+    each, so the workers do not steal the compute threads of the main process."""
+    import cv2
+    import torch
+
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+
+
+@contextlib.contextmanager
+def cv2_pool_stopped(active: bool = True) -> Iterator[None]:
+    """OpenCV's thread pool does not survive fork: once this process has used cv2 (tiling,
+    resizing), a forked worker touching the pool (:func:`reader_worker_init`) waits forever
+    for the parent's pool threads, which it does not have. Stop the pool while workers are
+    forked; restore it."""
+    if not active:
+        yield
+        return
+    import cv2
+
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(threads)
