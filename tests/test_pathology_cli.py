@@ -63,3 +63,23 @@ def test_discover_compress_extract_on_a_pathology_encoder(backbone, shared_tiles
         with h5py.File(feats, "r") as h5:
             assert h5["features"].shape == (6, width) and np.isfinite(h5["features"][:]).all()
             assert h5.attrs["base_backbone"] == backbone and h5.attrs["embedding_recipe"] == recipe
+
+
+@pytest.mark.parametrize("method", ["truncation", "raptor", "wdpruning", "nose", "linear", "subset"])
+def test_every_comparison_method_runs_on_virchow2_tiny(method, shared_tiles, tmp_path):
+    """Virchow2's family: packed SwiGLU, 4 registers that do carry position embeddings."""
+    out = tmp_path / method
+    goal = [] if method == "nose" else ["--depth", "6"]
+    if method == "subset":
+        goal += ["--option", "search_budget=13", "--option", "search_steps=1"]  # the smallest search
+    assert main(["compress", "--backbone", "virchow2-tiny", "--random-init", "--calibration", str(shared_tiles),
+                 "--n-tiles", "8", "--batch-size", "4", "--device", "cpu", "--steps", "1", "--no-progress",
+                 "--method", method, *goal, "--out", str(out)]) == 0
+    meta = json.loads((out / "model.json").read_text())
+    assert meta["base_backbone"] == "virchow2-tiny" and meta["num_prefix_tokens"] == 5
+    variant = create_backbone(str(out))
+    x = torch.randn(1, 3, 56, 56)
+    with torch.no_grad():
+        assert variant.embed_tiles(x).shape == (1, 128)
+    assert (out / "README.md").is_file()
+    assert (out / "config.json").is_file() == (not meta["layer_patches"])
