@@ -459,4 +459,14 @@ def test_exported_variant_loads_with_timm_alone_through_local_dir(name, tmp_path
     assert rows["depth"].startswith(f"{meta['depth']} of ") and rows["method"] == "truncation"
     assert float(rows["fidelity R2"]) == pytest.approx(0.91234, abs=1e-4)
     assert float(rows["fidelity cosine"]) == pytest.approx(0.98765, abs=1e-4)
-    assert f"license: {BACKBONES[name].licence}" in card and "local-dir:" in card
+    assert f"license: {BACKBONES[name].licence.split()[0]}" in card and "local-dir:" in card
+    assert f"{BACKBONES[name].licence} (inherited from the base model)" in card
+
+
+@pytest.mark.parametrize("name", ["virchow2", "prov-gigapath"])
+def test_report_cost_column_of_an_uncompressed_encoder(name, tmp_path):
+    from pathtwt.report.tables import UNCOMPRESSED, variant_cost
+
+    cost = variant_cost(tmp_path, name, UNCOMPRESSED)
+    assert (cost.params, cost.depth) == (EXACT_PARAMS[name], get_spec(name).depth)
+    assert cost.macs == count_macs(meta_model(name))

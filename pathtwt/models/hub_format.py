@@ -87,7 +87,8 @@ def model_card(meta: Mapping[str, Any], folder_name: str) -> str:
     prov = meta.get("provenance") or {}
     calib = prov.get("calibration_sha256") or {}
     plain = not meta.get("layer_patches")
-    front = ["---", "library_name: timm" if plain else "library_name: pathtwt", f"license: {licence}",
+    # the hub's front matter takes a licence id ("other" for a custom one; the table spells it out)
+    front = ["---", "library_name: timm" if plain else "library_name: pathtwt", f"license: {licence.split()[0]}",
              "tags: [image-feature-extraction, pathology, pathtwt]"]
     if base_hub:
         front.append(f"base_model: {base_hub}")

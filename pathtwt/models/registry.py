@@ -214,7 +214,7 @@ H_OPTIMUS_0 = BackboneSpec(
 # the same timm_kwargs); hub bioptimus/H-optimus-1.
 H_OPTIMUS_1 = dataclasses.replace(
     H_OPTIMUS_0, name="h-optimus-1", hub_id="hf-hub:bioptimus/H-optimus-1",
-    default_weights="h-optimus-1/pytorch_model.bin", licence="cc-by-nc-nd-4.0",
+    default_weights="h-optimus-1/pytorch_model.bin", licence="other (academic research only; see the model card)",
     card="https://huggingface.co/bioptimus/H-optimus-1",
 )
 # Prov-GigaPath tile encoder: ViT-g with 16 px patches (1536 wide, 40 deep, 24 heads), packed
@@ -247,7 +247,7 @@ PHIKON_V2 = BackboneSpec(
     input_size=224, mean=IMAGENET_MEAN, std=IMAGENET_STD,
     num_prefix_tokens=1, num_register_tokens=0, embed_dim=1024, depth=24,
     hub_id="hf-hub:owkin/phikon-v2", weights_layout="hf-dinov2", default_weights="phikon-v2/model.safetensors",
-    embedding_recipe="cls", licence="owkin-non-commercial", card="https://huggingface.co/owkin/phikon-v2",
+    embedding_recipe="cls", licence="other (see the model card)", card="https://huggingface.co/owkin/phikon-v2",
 )
 # Hibou-L: Hibou-B's design at ViT-L/14 (1024 wide, 24 deep, 16 heads), 4 registers, packed
 # SwiGLU whose hidden width follows Hibou's rule (2/3 of 4 x 1024, rounded up to a multiple
