@@ -470,3 +470,14 @@ def test_report_cost_column_of_an_uncompressed_encoder(name, tmp_path):
     cost = variant_cost(tmp_path, name, UNCOMPRESSED)
     assert (cost.params, cost.depth) == (EXACT_PARAMS[name], get_spec(name).depth)
     assert cost.macs == count_macs(meta_model(name))
+
+
+def test_weights_of_another_model_name_both_models(tmp_path):
+    from safetensors.torch import save_file
+
+    state = create_backbone("virchow2-tiny", pretrained=False).model.state_dict()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
+    with pytest.raises(WeightsError) as err:
+        create_backbone("h-optimus-0-tiny", weights=tmp_path / "w.safetensors")
+    msg = str(err.value)
+    assert "\n" not in msg and "of h-optimus-0-tiny" in msg and "they fit virchow2-tiny" in msg and "pos_embed" in msg

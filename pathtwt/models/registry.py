@@ -494,7 +494,7 @@ def create_backbone(
     if path is not None:
         state = load_state_dict_file(path)
         state = state_dict_to_timm(state, model)
-        load_exact(model, state, source=str(path))
+        load_exact(model, state, source=str(path), backbone=spec.name)
         from pathtwt.io.atomic import sha256_file
 
         sha = sha256_file(path) if path.is_file() else _folder_weights_sha(path)
@@ -528,8 +528,34 @@ def resolve_precision(precision: str, spec: BackboneSpec, device: str) -> str:
     return choice
 
 
-def load_exact(model, state: Mapping[str, Any], source: str) -> None:
-    """``load_state_dict(strict=True)`` with an error naming the first mismatching keys."""
+def fitting_backbones(state: Mapping[str, Any]) -> list[str]:
+    """Registry names whose architecture has exactly these keys and shapes (counted on the
+    meta device), to name the model a mismatching weights file belongs to."""
+    import torch
+
+    shapes = {k: tuple(getattr(v, "shape", ())) for k, v in state.items()}
+    width = shapes.get("cls_token", (0,))[-1]
+    depth = len({k.split(".")[1] for k in shapes if k.startswith("blocks.")})
+    patch = shapes.get("patch_embed.proj.weight", (0,))[-1]
+    registers = shapes.get("reg_token", (0, 0))[1]
+    names = []
+    for name, spec in BACKBONES.items():
+        key = (spec.embed_dim, int(spec.timm_kwargs.get("depth", spec.depth)), int(spec.timm_kwargs.get("patch_size", 14)),
+               spec.num_register_tokens)
+        if key != (width, depth, patch, registers):
+            continue  # only the few of the same width, depth, patch and registers are built
+        try:
+            candidate = build_timm_model(spec, device=torch.device("meta")).state_dict()
+        except Exception:  # noqa: BLE001 - a spec that cannot be built fits nothing
+            continue
+        if candidate.keys() == shapes.keys() and all(tuple(v.shape) == shapes[k] for k, v in candidate.items()):
+            names.append(name)
+    return names
+
+
+def load_exact(model, state: Mapping[str, Any], source: str, backbone: str | None = None) -> None:
+    """``load_state_dict(strict=True)`` with an error naming the first mismatching keys, the
+    backbone asked for and the registry backbones the weights do fit."""
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
@@ -546,8 +572,11 @@ def load_exact(model, state: Mapping[str, Any], source: str) -> None:
     if wrong_shape:
         problems.append(f"shape {wrong_shape[:3]}")
     if problems:
+        fits = fitting_backbones(state)
+        them = f"; they fit {', '.join(fits)}" if fits else ""
+        asked = f" of {backbone}" if backbone else ""
         raise WeightsError(
-            f"{source}: weights do not fit the architecture ({'; '.join(problems)}); "
+            f"{source}: weights do not fit the architecture{asked} ({'; '.join(problems)}){them}; "
             "check that --backbone matches the weights file"
         )
     model.load_state_dict(state, strict=True)
