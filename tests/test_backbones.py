@@ -50,9 +50,12 @@ def test_tiny_variants_keep_the_structure():
         )
 
 
-def test_unknown_backbone_lists_known_ones(tmp_path):
+def test_unknown_backbone_lists_close_matches_or_all(tmp_path):
     with pytest.raises(WeightsError) as err:
         get_spec("h0-maxi")
+    assert "close matches: h0-mini" in str(err.value) and "virchow2" not in str(err.value)
+    with pytest.raises(WeightsError) as err:
+        get_spec("zzzz")
     for name in BACKBONES:
         assert name in str(err.value)
     with pytest.raises(WeightsError, match="no model.json"):

@@ -79,7 +79,8 @@ def test_cli_manifest_extracts_several_slides_with_one_backbone(tmp_path, shared
     assert capsys.readouterr().out.count('"skipped": true') == 2
     assert main(["extract", str(slide), "--coords", str(tmp_path / "a.h5"), "--backbone", "nope",
                  "--out", str(tmp_path / "x.h5")]) == 1
-    assert "known backbones: h0-mini" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "known backbones: " in err and "h0-mini," in err
 
 
 def test_unreadable_tile_names_slide_and_coords_and_leaves_nothing(tmp_path, shared_slides, tiny):

@@ -128,3 +128,35 @@ def test_hibou_b_nose_and_teacher():
     assert params_m(variant("hibou-b", "nose", 12)) == 57.36
     assert paper_macs(variant("hibou-b", "nose", 12), attention=False) == 14.91
     assert params_m(variant("hibou-b", "teacher", 12)) == 85.74
+
+
+# The paper's cost table extended to the encoders pathologists run: the teacher and a TWT
+# student at about half its depth, computed on the meta device (no weights), in pathtwt's
+# counting and in the paper's (norms counted, no attention matmuls, as for the paper's
+# students). (depth, params M, pathtwt MACs G, paper-counting MACs G); README "Cost".
+PATHOLOGY_COSTS = {
+    "uni": [(24, 303.35, 61.55, 59.70), (12, 152.17, 30.85, 29.93)],
+    "uni2-h": [(24, 681.39, 185.47, 180.39), (12, 341.35, 92.85, 90.31)],
+    "virchow2": [(32, 631.24, 170.07, 164.59), (16, 316.17, 85.13, 82.39)],
+    "h-optimus-0": [(40, 1134.77, 304.17, 295.97), (20, 568.04, 152.20, 148.10)],
+    "h-optimus-1": [(40, 1134.77, 304.17, 295.97), (20, 568.04, 152.20, 148.10)],
+    "prov-gigapath": [(40, 1134.95, 228.10, 223.45), (20, 568.22, 114.16, 111.84)],
+    "phikon-v2": [(24, 303.35, 61.55, 59.70), (12, 152.17, 30.85, 29.93)],
+    "hibou-l": [(24, 303.66, 82.42, 79.14), (12, 152.26, 41.29, 39.65)],
+    "kaiko-vitb8": [(12, 85.81, 78.15, 66.86), (6, 43.28, 39.13, 33.49)],
+}
+
+
+@pytest.mark.parametrize("backbone", sorted(PATHOLOGY_COSTS))
+def test_pathology_encoder_cost_rows(backbone):
+    spec = get_spec(backbone)
+    (depth, params, own, paper), (half, half_params, half_own, half_paper) = PATHOLOGY_COSTS[backbone]
+    assert depth == spec.depth and half == spec.depth // 2
+    for layers, p, macs, paper_counting in ((depth, params, own, paper), (half, half_params, half_own, half_paper)):
+        model = build_timm_model(spec, depth=layers, device="meta")
+        assert params_m(model) == p
+        assert round(count_macs(model) / 1e9, 2) == macs
+        assert paper_macs(model, attention=False) == paper_counting
+    # a TWT student keeps the patch embedding, tokens and final norm: the saving is the
+    # dropped blocks, about half of everything for these deep models
+    assert 0.49 < half_own / own < 0.51

@@ -142,8 +142,10 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--batch-size {args.batch_size} is not divisible by the {world_size()} ranks; choose a multiple")
     precision = resolve_training_precision(args.precision, device)
     # float32 teacher whatever the backbone's inference precision: its outputs are the targets
+    from pathtwt.cli.options import normalisation
+
     teacher = create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init,
-                              device=device, precision="fp32")
+                              device=device, precision="fp32", **normalisation(args))
     calib = load_calibration(args.calibration, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout,
                              patch_size=teacher.spec.input_size)
     workers = args.workers

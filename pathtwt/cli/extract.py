@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from pathtwt.cli.options import add_device_argument, add_progress_argument, add_threads_argument, add_workers_argument, show_progress
+from pathtwt.cli.options import (
+    add_device_argument, add_normalisation_arguments, add_progress_argument, add_threads_argument, add_workers_argument,
+    backbone_help, normalisation, show_progress,
+)
 
 HELP = "embed every tile of a slide (or of each slide in a manifest) with a backbone into HDF5"
 
@@ -18,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--manifest", metavar="TSV",
         help="tab-separated slide, coords, out per line, instead of SLIDE/--coords/--out (default: none)",
     )
-    parser.add_argument("--backbone", required=True, help="registry name (h0-mini, hibou-b, ...) or variant folder")
+    parser.add_argument("--backbone", required=True, help=backbone_help())
+    add_normalisation_arguments(parser)
     parser.add_argument(
         "--weights",
         help="local weights file or Hugging Face snapshot folder (default: the registry's: a local weights "
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     autocast = args.precision == "auto" and native_bf16(device)
     backbone = create_backbone(
         args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,
-        precision="fp32" if autocast else args.precision
+        precision="fp32" if autocast else args.precision, **normalisation(args)
     )
     summaries = extract_many(
         jobs, backbone, batch_size=args.batch_size, workers=args.workers,

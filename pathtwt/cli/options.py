@@ -123,9 +123,43 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def backbone_help() -> str:
+    """--backbone's help: the registry's names (test doubles ``*-tiny`` left out)."""
+    from pathtwt.models.registry import BACKBONES
+
+    names = ", ".join(sorted(n for n in BACKBONES if not n.endswith("-tiny")))
+    return (f"registry name ({names}; each has a NAME-tiny test double), a backbone variant folder, "
+            "or timm:NAME for another timm ViT (with --weights)")
+
+
+def _triple(text: str) -> tuple[float, float, float]:
+    try:
+        values = tuple(float(v) for v in text.replace(",", " ").split())
+    except ValueError:
+        values = ()
+    if len(values) != 3:
+        raise argparse.ArgumentTypeError(f"expected three numbers R,G B (e.g. 0.485,0.456,0.406), got {text!r}")
+    return values  # type: ignore[return-value]
+
+
+def add_normalisation_arguments(parser: argparse.ArgumentParser) -> None:
+    for name in ("mean", "std"):
+        parser.add_argument(
+            f"--{name}", type=_triple, default=None, metavar="R,G,B",
+            help=f"per-channel {name} of [0, 1] RGB the backbone was trained with (default: the registry's, or "
+            "the timm model's pretrained config for timm:NAME)",
+        )
+
+
+def normalisation(args: argparse.Namespace) -> dict[str, Any]:
+    """``mean``/``std`` keyword arguments of ``create_backbone`` from --mean/--std."""
+    return {"mean": getattr(args, "mean", None), "std": getattr(args, "std", None)}
+
+
 def add_backbone_arguments(parser: argparse.ArgumentParser, n_tiles: int = 10_000) -> None:
     """Teacher and calibration options shared with `pathtwt analyze`."""
-    parser.add_argument("--backbone", required=True, help="registry name (e.g. h0-mini) or a backbone variant folder")
+    parser.add_argument("--backbone", required=True, help=backbone_help())
+    add_normalisation_arguments(parser)
     parser.add_argument(
         "--weights", default=None,
         help="local weights file or Hugging Face snapshot folder (default: the registry's: a local weights "
@@ -151,7 +185,8 @@ def load_teacher(args: argparse.Namespace) -> Any:
     from pathtwt.devices import resolve_device
 
     device = resolve_device(args.device)
-    return create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init, device=device)
+    return create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,
+                           **normalisation(args))
 
 
 def teacher_provenance(backbone: Any, n_tiles: int, args: argparse.Namespace) -> dict[str, Any]:

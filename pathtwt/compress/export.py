@@ -68,6 +68,7 @@ def export_backbone(
     from safetensors.torch import save_file
 
     from pathtwt.models.registry import build_timm_model, variant_metadata
+    from pathtwt.models.hub_format import write_hub_format
     from pathtwt.models.layer_patches import apply_layer_patches
 
     spec = teacher.spec
@@ -110,5 +111,6 @@ def export_backbone(
         "options": options or {},
         "versions": _versions(),
     }
+    write_hub_format(out, meta)  # timm's config.json + README.md model card, before the model.json that completes the folder
     write_json_atomic(out / "model.json", meta)
     return out

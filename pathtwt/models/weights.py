@@ -68,7 +68,7 @@ def _download_hint(spec: "BackboneSpec") -> str:
     where = f"put it at weights/{spec.default_weights} (or $PATHTWT_WEIGHTS_DIR)" if spec.default_weights else ""
     if spec.hub_id:
         repo = spec.hub_id.removeprefix("hf-hub:")
-        what = f"download model.safetensors from https://huggingface.co/{repo}"
+        what = f"download {spec.hub_file} from https://huggingface.co/{repo} (accept its terms there if it is gated)"
         return f"{what} and pass --weights PATH" + (f" or {where}" if where else "")
     if spec.default_weights:
         return f"pass --weights PATH to {spec.default_weights} or {where}"
@@ -80,7 +80,7 @@ def _download_from_hub(spec: "BackboneSpec") -> Path:
     try:
         from huggingface_hub import hf_hub_download
 
-        return Path(hf_hub_download(repo_id=repo, filename="model.safetensors"))
+        return Path(hf_hub_download(repo_id=repo, filename=spec.hub_file))
     except Exception as exc:  # noqa: BLE001 - any hub/network failure becomes one actionable line
         raise WeightsError(
             f"cannot fetch {spec.hub_id} ({type(exc).__name__}); {_download_hint(spec)}"
