@@ -12,7 +12,7 @@ HELP = "find tissue on one slide (Otsu on a low-resolution level) and write its 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pathtwt.wsi.tissue import TissueParams
 
-    parser.add_argument("slide", help="whole-slide image (any format OpenSlide or tiffslide reads)")
+    parser.add_argument("slide", help="whole-slide image (any format OpenSlide or tiffslide reads) or a JPEG/PNG image")
     parser.add_argument("--out", required=True, help="coords HDF5 to write")
     parser.add_argument("--mpp", type=float, default=0.5, help="target microns per pixel of the tiles (default 0.5 = 20x)")
     parser.add_argument("--tile-size", type=int, default=256, help="tile side in pixels at the target mpp (default 256)")
@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"resolution of the tissue mask in um/px (default {TissueParams.mask_mpp})",
     )
     parser.add_argument(
-        "--reader", choices=("auto", "openslide", "tiffslide"), default="auto",
-        help="slide reader (default auto: OpenSlide, then tiffslide); recorded so extraction reopens it the same way",
+        "--reader", choices=("auto", "openslide", "tiffslide", "image"), default="auto",
+        help="slide reader (default auto: JPEG/PNG images by the image reader, other files OpenSlide, then tiffslide); recorded so extraction reopens it the same way",
     )
     parser.add_argument(
         "--channels", default=None, metavar="I,J,K",

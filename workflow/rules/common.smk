@@ -118,6 +118,26 @@ def get_all_tiles():
     ]
 
 
+def get_labels_command(wildcards, input, output):
+    """The `pathtwt` command that writes results/labels/{cohort}.csv: a seeded split drawn
+    per class (`draw_split`, or every slide in test for an external cohort without a split
+    column), else the cohort's own split column checked and normalised."""
+    cohort = config["cohorts"][wildcards.cohort]
+    draw = config_check.split_draw(config, wildcards.cohort)
+    if draw:
+        fractions = " ".join(str(f) for f in draw["fractions"])
+        return (
+            f"pathtwt labels split {input.table} --label-column {cohort['label_column']}"
+            f" --fractions {fractions} --seed {draw['seed']} --out {output}"
+        )
+    rename = get_split_renames(wildcards)
+    return (
+        f"pathtwt check-config --label-table {input.table} --label-column {cohort['label_column']}"
+        f" --split-column {cohort['split_column']} --splits {' '.join(cohort['splits'])} {rename}"
+        f" --write-labels {output}"
+    )
+
+
 def get_split_renames(wildcards):
     """`pathtwt train-mil` knows the splits as train/val/test: rename the cohort's own
     split names as the (first) task training on this cohort defines them."""
@@ -181,8 +201,12 @@ def get_variants(backbone):
     return [v for v in names if v in config["variants"]]
 
 
+# Methods with no compress job: the teacher itself, and its architecture with random weights.
+NOT_COMPRESSED = ("none", "random-init")
+
+
 def get_compressed_variants(backbone):
-    return [v for v in get_variants(backbone) if config["variants"][v]["method"] != "none"]
+    return [v for v in get_variants(backbone) if config["variants"][v]["method"] not in NOT_COMPRESSED]
 
 
 def get_variant(wildcards):
@@ -195,8 +219,11 @@ def get_model_dir(backbone, variant):
 
 def get_model_args(wildcards):
     """`pathtwt extract` arguments for a backbone variant."""
-    if config["variants"][wildcards.variant]["method"] == "none":
+    method = config["variants"][wildcards.variant]["method"]
+    if method == "none":
         return get_backbone_args(wildcards.backbone)
+    if method == "random-init":
+        return f"--backbone {BACKBONES[wildcards.backbone]['teacher']} --random-init"
     return f"--backbone {get_model_dir(wildcards.backbone, wildcards.variant)}"
 
 
@@ -238,7 +265,10 @@ def get_workers(wildcards, threads):
 
 
 def get_model_inputs(wildcards):
-    if config["variants"][wildcards.variant]["method"] == "none":
+    method = config["variants"][wildcards.variant]["method"]
+    if method == "random-init":
+        return []
+    if method == "none":
         return get_teacher_inputs(wildcards)
     return [f"{get_model_dir(wildcards.backbone, wildcards.variant)}/model.json"]
 
@@ -441,7 +471,7 @@ def get_probe_variants(backbone):
     variants = get_variants(backbone)
     if not any(config["variants"][v]["method"] == "none" for v in variants):
         variants.append("uncompressed")
-    return variants + [RANDOM_INIT]
+    return [v for v in variants if v != RANDOM_INIT] + [RANDOM_INIT]
 
 
 def _is_teacher(variant):
