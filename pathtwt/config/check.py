@@ -385,8 +385,9 @@ def check_pixel_sizes(config: Mapping[str, Any], cohort: str, paths: Mapping[str
     """Plain images (JPEG, PNG) of a cohort: each must get a pixel size (its file's, or
     the cohort's `mpp_fallback`). Images whose files state sizes that differ from each
     other while others take the cohort's value would be tiled at a scale nobody stated,
-    so the cohort is refused naming which images have which size. Reads only headers."""
-    from pathtwt.wsi.images import SUFFIXES, stated_mpp
+    so the cohort is refused naming which images have which size. A truncated JPEG is
+    refused by name. Reads only headers and the last bytes of each file."""
+    from pathtwt.wsi.images import SUFFIXES, image_format, jpeg_is_complete, stated_mpp
     from pathtwt.wsi.slides import MPP_MAX, MPP_MIN
 
     images = {s: p for s, p in paths.items() if p.suffix.lower() in SUFFIXES}
@@ -396,6 +397,12 @@ def check_pixel_sizes(config: Mapping[str, Any], cohort: str, paths: Mapping[str
     sizes: dict[str, list[str]] = {}  # "0.42 um/px" -> slide ids
     from_cohort = False
     for slide_id, path in images.items():
+        # a cut-short copy is refused here, by name, rather than by its tile job mid-run
+        if image_format(path) == "JPEG" and not jpeg_is_complete(path):
+            raise ConfigError(
+                f"{path}: the JPEG of cohorts.{cohort} is truncated (no end-of-image marker); copy it again "
+                "from the source, or remove it and its label row"
+            )
         mpp = stated_mpp(path)
         if mpp is None or not MPP_MIN <= mpp <= MPP_MAX:
             if fallback is None:

@@ -57,7 +57,7 @@ def stated_mpp(path: str | Path) -> float | None:
     return 25400.0 / x if x > 0 else None
 
 
-def _jpeg_is_complete(path: Path) -> bool:
+def jpeg_is_complete(path: str | Path) -> bool:
     # A JPEG ends with the end-of-image marker FF D9 (a few padding bytes may follow).
     with open(path, "rb") as fh:
         fh.seek(0, 2)
@@ -78,7 +78,7 @@ class ImageHandle:
         fmt = image_format(path)
         if fmt is None:
             raise SlideError(f"{path}: not a JPEG or PNG file (its first bytes say otherwise); convert or exclude it")
-        if fmt == "JPEG" and not _jpeg_is_complete(path):
+        if fmt == "JPEG" and not jpeg_is_complete(path):
             raise SlideError(
                 f"{path}: the JPEG is truncated (no end-of-image marker); copy it again from the source or exclude it"
             )
