@@ -213,3 +213,29 @@ def test_a_corrupt_jpeg_is_refused_by_name_before_any_job(bach, tmp_path):
     with pytest.raises(ConfigError) as err:
         check_cohort(_cohort_config(root))
     assert str(victim) in _one_line(err) and "truncated" in str(err.value)
+
+
+def test_a_corrupt_jpeg_can_be_recorded_and_left_out_instead(bach, tmp_path):
+    import h5py
+
+    from pathtwt.cli import main
+    from pathtwt.io.failures import read_failures
+
+    root = small_cohort(tmp_path / "corrupt", bach)
+    victim = sorted((root / "images").iterdir())[3]
+    victim.write_bytes(victim.read_bytes()[:20000])
+    cfg = _cohort_config(root, tiling={"on_failure": "record"})
+    assert len(check_cohort(cfg)["c"].slide_ids) == 8  # the config check lets it through to its tile job
+    coords, thumb = tmp_path / "tiles" / f"{victim.stem}.h5", tmp_path / "thumbs" / f"{victim.stem}.png"
+    coords.parent.mkdir(), thumb.parent.mkdir()
+    assert main(["tile", str(victim), "--out", str(coords), "--thumbnail", str(thumb), "--slide-mpp", "0.42",
+                 "--on-failure", "record"]) == 0
+    with h5py.File(coords, "r") as f:
+        assert f.attrs["status"] == "failed" and str(victim) in f.attrs["failure_reason"] and len(f["coords"]) == 0
+    failures, features = tmp_path / "failures.tsv", tmp_path / "features" / f"{victim.stem}.h5"
+    assert main(["extract", str(victim), "--coords", str(coords), "--out", str(features), "--backbone",
+                 "vit-s14-tiny", "--random-init", "--device", "cpu", "--failures", str(failures), "--no-progress"]) == 0
+    [failure] = read_failures(failures)
+    assert failure.slide == victim.stem and "truncated" in failure.reason
+    with h5py.File(features, "r") as f:
+        assert f.attrs["status"] == "failed"  # the MIL heads exclude it (mil.failed_slides: exclude)

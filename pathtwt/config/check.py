@@ -399,9 +399,12 @@ def check_pixel_sizes(config: Mapping[str, Any], cohort: str, paths: Mapping[str
     for slide_id, path in images.items():
         # a cut-short copy is refused here, by name, rather than by its tile job mid-run
         if image_format(path) == "JPEG" and not jpeg_is_complete(path):
+            if config["cohorts"][cohort]["tiling"].get("on_failure") == "record":
+                continue  # its tile job records it as failed
             raise ConfigError(
                 f"{path}: the JPEG of cohorts.{cohort} is truncated (no end-of-image marker); copy it again "
-                "from the source, or remove it and its label row"
+                f"from the source, remove it and its label row, or set cohorts.{cohort}.tiling.on_failure: record "
+                "to leave it out and record it"
             )
         mpp = stated_mpp(path)
         if mpp is None or not MPP_MIN <= mpp <= MPP_MAX:

@@ -96,7 +96,7 @@ def get_mpp_fallback_arg(wildcards):
 
 
 def get_modality_args(wildcards):
-    """--modality/--channels/--allow-upsample of a cohort for `pathtwt tile` ("" for the defaults)."""
+    """--modality/--channels/--allow-upsample/--on-failure of a cohort for `pathtwt tile` ("" for the defaults)."""
     cohort = config["cohorts"][wildcards.cohort]
     args = []
     if cohort.get("modality", "brightfield") != "brightfield":
@@ -105,6 +105,8 @@ def get_modality_args(wildcards):
         args.append("--channels " + ",".join(str(int(c)) for c in cohort["channels"]))
     if get_tiling(wildcards.cohort).get("allow_upsample"):
         args.append("--allow-upsample")
+    if get_tiling(wildcards.cohort).get("on_failure", "stop") != "stop":
+        args.append(f"--on-failure {get_tiling(wildcards.cohort)['on_failure']}")
     return " ".join(args)
 
 
