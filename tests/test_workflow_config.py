@@ -44,7 +44,7 @@ GOOD = [("s1", "0", "train"), ("s2", "1", "train"), ("s3", "0", "val"), ("s4", "
 def test_valid_config_gets_schema_defaults(tmp_path):
     config, tables = load_and_check([_config(tmp_path, GOOD)])
     assert config["cohorts"]["c1"]["tiling"] == {"target_mpp": 0.5, "tile_size": 256, "tissue": "fraction", "min_tissue": 0.6,
-                                                 "allow_upsample": False}
+                                                 "allow_upsample": False, "on_failure": "stop"}
     assert config["cohorts"]["c1"]["modality"] == "brightfield" and config["cohorts"]["c1"]["channels"] is None
     assert config["mil"]["seeds"] == [0, 1, 2, 3, 4]
     assert tables["c1"].ids_in_split("train") == ["s1", "s2"]

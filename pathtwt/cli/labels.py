@@ -7,7 +7,7 @@ import json
 
 HELP = (
     "build a label table (slide_id,label,split) from a cohort's published metadata: PANDA train.csv, "
-    "TCGA-PRAD clinical Gleason patterns, CAMELYON17 stage_labels.csv, CAMELYON16 reference.csv "
+    "TCGA-PRAD clinical Gleason patterns, CAMELYON17 stage_labels.csv, CAMELYON16 reference.csv, or a seeded class-stratified split of any table "
     "(expected columns: config/README.md)"
 )
 
@@ -52,7 +52,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     c16.add_argument("--split", default="test", help="split of every slide (default: %(default)s, external test)")
 
-    for p in (panda, tcga, c17, c16):
+    drawn = sub.add_parser(
+        "split", help="any slide_id,label[,...] table without a split (e.g. BACH): a seeded split drawn per class"
+    )
+    drawn.add_argument("table", metavar="LABELS_CSV", help="label table with slide_id and the label column")
+    drawn.add_argument("--label-column", default="label", help="column of class indices 0..C-1 (default: %(default)s)")
+    drawn.add_argument(
+        "--fractions", type=float, nargs=3, default=[0.6, 0.2, 0.2], metavar=("TRAIN", "VAL", "TEST"),
+        help="fractions of each class's slides (default: %(default)s)",
+    )
+    drawn.add_argument("--seed", type=int, default=0, help="seed of the drawn split (default: %(default)s)")
+
+    for p in (panda, tcga, c17, c16, drawn):
         p.add_argument("--out", required=True, metavar="CSV", help="label table to write (slide_id,label,split,...)")
 
 
@@ -65,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         table = lb.build_tcga_prad(args.clinical, args.slides, args.split)
     elif args.cohort == "camelyon17":
         table = lb.build_camelyon17(args.stage_labels, args.corrected, args.splits, args.fractions, args.seed)
+    elif args.cohort == "split":
+        table = lb.build_drawn_split(args.table, args.fractions, args.seed, args.label_column)
     else:
         table = lb.build_camelyon16(args.reference, args.training_slides, args.split)
     lb.write_label_table(table, args.out)

@@ -13,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pathtwt.wsi.tiling import TILING_DEFAULTS as D
     from pathtwt.wsi.tissue import TissueParams
 
-    parser.add_argument("slide", help="whole-slide image (any format OpenSlide or tiffslide reads)")
+    parser.add_argument("slide", help="whole-slide image (any format OpenSlide or tiffslide reads) or a JPEG/PNG image")
     parser.add_argument("--out", required=True, help="coords HDF5 to write")
     parser.add_argument("--mpp", type=float, default=D.target_mpp,
                         help=f"target microns per pixel of the tiles (default {D.target_mpp:g}; 0.5 = 20x)")
@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"resolution of the tissue mask in um/px (default {TissueParams.mask_mpp})",
     )
     parser.add_argument(
-        "--reader", choices=("auto", "openslide", "tiffslide"), default="auto",
-        help="slide reader (default auto: OpenSlide, then tiffslide); recorded so extraction reopens it the same way",
+        "--reader", choices=("auto", "openslide", "tiffslide", "image"), default="auto",
+        help="slide reader (default auto: JPEG/PNG images by the image reader, other files OpenSlide, then tiffslide); recorded so extraction reopens it the same way",
     )
     parser.add_argument(
         "--channels", default=None, metavar="I,J,K",
@@ -57,13 +57,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="accept a --mpp finer than the slide's level 0 (tiles are stretched; recorded in the coords file)",
     )
     parser.add_argument(
+        "--on-failure", choices=("stop", "record"), default="stop",
+        help="a slide that cannot be opened or decoded: stop with its error (default), or record it: a coords "
+        "file with no tiles, status 'failed' and failure_reason (extraction then lists it in its failures "
+        "table and the MIL heads leave it out)",
+    )
+    parser.add_argument(
         "--thumbnail", default=None,
         help="also write a PNG with the tissue outline and kept tiles (default: no thumbnail)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathtwt.errors import PathtwtError
+    from pathtwt.errors import PathtwtError, SlideError
     from pathtwt.io.h5 import write_coords
     from pathtwt.wsi.slides import open_slide
     from pathtwt.wsi.thumbnail import write_thumbnail
@@ -78,7 +84,13 @@ def run(args: argparse.Namespace) -> int:
     channels = args.channels
     if args.modality == "fluorescence" and not channels:
         channels = "0,1,2"
-    with open_slide(args.slide, mpp_fallback=args.slide_mpp, reader=args.reader, channel_map=channels) as slide:
+    try:
+        slide = open_slide(args.slide, mpp_fallback=args.slide_mpp, reader=args.reader, channel_map=channels)
+    except SlideError as exc:
+        if args.on_failure == "stop":
+            raise
+        return _record_failed(args, str(exc))
+    with slide:
         tiling = tile_slide(
             slide,
             target_mpp=args.mpp,
@@ -105,4 +117,27 @@ def run(args: argparse.Namespace) -> int:
         f"(level-0 side {tiling.attrs['patch_size_level0']}, read level {tiling.attrs['read_level']}, "
         f"status {tiling.attrs['status']}) -> {args.out}"
     )
+    return 0
+
+
+def _record_failed(args: argparse.Namespace, reason: str) -> int:
+    """The coords file of a slide that cannot be read: no tiles, status "failed" and the
+    reason, so the workflow goes on (the failures convention of `pathtwt extract`)."""
+    import numpy as np
+
+    from pathtwt.io.atomic import atomic_output
+    from pathtwt.io.h5 import write_coords
+
+    attrs = {
+        "patch_size": int(args.tile_size), "patch_size_level0": 0, "target_mpp": float(args.mpp),
+        "level0_mpp": float("nan"), "read_level": 0, "level0_width": 0, "level0_height": 0,
+        "target_magnification": 0.0, "status": "failed", "slide_path": str(args.slide), "failure_reason": reason,
+    }
+    if args.thumbnail:  # a blank grey square: the workflow expects a thumbnail per slide
+        from PIL import Image
+
+        with atomic_output(args.thumbnail) as tmp:
+            Image.new("RGB", (64, 64), (128, 128, 128)).save(tmp, format="PNG")
+    write_coords(args.out, np.zeros((0, 2), np.int64), np.zeros(0, np.float32), attrs)
+    print(f"pathtwt tile: warning: {args.slide}: recorded as failed ({reason}) -> {args.out}", file=sys.stderr)
     return 0

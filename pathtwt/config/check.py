@@ -216,8 +216,53 @@ def read_label_table(
     )
 
 
+def drawn_label_table(path: Path, *, label_column: str, draw: Mapping[str, Any], where: str) -> LabelTable:
+    """A label table without a split column, with the seeded class-stratified split the
+    `labels` rule writes (`pathtwt labels split`: the same function, so the workflow's
+    plan and the written table agree)."""
+    from pathtwt.mil.label_builders import build_drawn_split
+
+    if not path.is_file():
+        raise ConfigError(f"{path}: label table ({where}) not found")
+    table = build_drawn_split(path, draw["fractions"], draw["seed"], label_column)
+    return LabelTable(
+        path=path,
+        slide_ids=tuple(table["slide_id"]),
+        labels=tuple(str(v) for v in table["label"]),
+        splits=tuple(table["split"]),
+    )
+
+
+# The "split" of a cohort only tested externally, whose label table has no split column.
+ALL_TEST = {"fractions": [0.0, 0.0, 1.0], "seed": 0}
+
+
+def split_draw(config: Mapping[str, Any], cohort: str) -> Mapping[str, Any] | None:
+    """How a cohort's split is drawn: its `draw_split`; for a cohort that no task trains
+    on (external test only) whose label table has no split column, every slide in test;
+    else None (the table's split column is read)."""
+    cfg = config["cohorts"][cohort]
+    if cfg.get("draw_split"):
+        return cfg["draw_split"]
+    if any(t["cohort"] == cohort for t in config["tasks"].values()):
+        return None
+    path = resolve(config, cfg["labels"])
+    try:
+        with open(path, encoding="utf-8") as fh:
+            header = [c.strip() for c in fh.readline().strip().split(",")]
+    except (OSError, UnicodeDecodeError):
+        return None  # read_label_table says what is wrong with the file
+    return None if cfg["split_column"] in header else ALL_TEST
+
+
 def cohort_label_table(config: Mapping[str, Any], cohort: str) -> LabelTable:
     cfg = config["cohorts"][cohort]
+    draw = split_draw(config, cohort)
+    if draw:
+        return drawn_label_table(
+            resolve(config, cfg["labels"]), label_column=cfg["label_column"], draw=draw,
+            where=f"cohorts.{cohort}.labels",
+        )
     return read_label_table(
         resolve(config, cfg["labels"]),
         label_column=cfg["label_column"],
@@ -266,6 +311,13 @@ def check_references(config: Mapping[str, Any], *, source: str) -> None:
             if variant not in variants:
                 raise ConfigError(f"{source}: key backbones.{name}.variants: unknown variant {variant!r}")
     for name, var in variants.items():
+        if var["method"] == RANDOM_INIT_VARIANT:
+            if name != RANDOM_INIT_VARIANT or var["depth"] is not None or var["eps"] is not None:
+                raise ConfigError(
+                    f"{source}: key variants.{name}: method random-init is the variant named random-init "
+                    "(the teacher's full architecture with random weights); give no depth or eps"
+                )
+            continue
         if var["method"] == "nose":  # NOSE keeps every layer and removes attention from all of them
             if var["depth"] is not None or var["eps"] is not None:
                 raise ConfigError(f"{source}: key variants.{name}: the nose method keeps every layer; give no depth or eps")
@@ -274,10 +326,10 @@ def check_references(config: Mapping[str, Any], *, source: str) -> None:
             raise ConfigError(f"{source}: key variants.{name}: give exactly one of depth and eps")
         if var["eps"] is not None and var["method"] != "twt":
             raise ConfigError(f"{source}: key variants.{name}.eps: only the twt method takes eps; give a depth")
-    if RANDOM_INIT_VARIANT in variants:
+    if RANDOM_INIT_VARIANT in variants and variants[RANDOM_INIT_VARIANT]["method"] != RANDOM_INIT_VARIANT:
         raise ConfigError(
-            f"{source}: key variants.{RANDOM_INIT_VARIANT}: the name is reserved for the random-init probe reference; "
-            "rename the variant"
+            f"{source}: key variants.{RANDOM_INIT_VARIANT}: the name is reserved for the random-init reference "
+            "(method: random-init); rename the variant"
         )
     if any(c.get("demo") for c in cohorts.values()) and not config["demo"]["enabled"]:
         raise ConfigError(f"{source}: key demo.enabled: cohorts marked demo: true need demo.enabled: true")
@@ -317,8 +369,75 @@ def check_config(config: Mapping[str, Any], *, source: str, require_slides: bool
             continue
         tables[cohort] = cohort_label_table(config, cohort)
         if require_slides:
-            check_slides_on_disk(config, cohort, tables[cohort])
+            paths = check_slides_on_disk(config, cohort, tables[cohort])
+            check_pixel_sizes(config, cohort, paths)
+    check_training_classes(config, tables, source=source)
     return tables
+
+
+def check_training_classes(config: Mapping[str, Any], tables: Mapping[str, LabelTable], *, source: str) -> None:
+    """Every class of a task has at least one slide in its training split (a head
+    cannot learn a class it never sees, and the metrics would still count it)."""
+    for name, task in config["tasks"].items():
+        table = tables.get(task["cohort"])
+        if table is None:
+            continue
+        train = {lab for lab, sp in zip(table.labels, table.splits) if sp == task["train_split"]}
+        absent = [str(c) for c in range(task["classes"]) if str(c) not in train]
+        if absent:
+            cohort = config["cohorts"][task["cohort"]]
+            how = "the drawn split (cohorts.{}.draw_split)".format(task["cohort"]) if cohort.get("draw_split") else \
+                f"its {cohort['split_column']} column"
+            raise ConfigError(
+                f"{table.path}: task {name} ({source}, tasks.{name}.classes: {task['classes']}): class(es) "
+                f"{', '.join(absent)} have no slide in split {task['train_split']!r} after {how}; add slides of "
+                "those classes, change the split, or lower the task's classes"
+            )
+
+
+def check_pixel_sizes(config: Mapping[str, Any], cohort: str, paths: Mapping[str, Path]) -> None:
+    """Plain images (JPEG, PNG) of a cohort: each must get a pixel size (its file's, or
+    the cohort's `mpp_fallback`). Images whose files state sizes that differ from each
+    other while others take the cohort's value would be tiled at a scale nobody stated,
+    so the cohort is refused naming which images have which size. A truncated JPEG is
+    refused by name. Reads only headers and the last bytes of each file."""
+    from pathtwt.wsi.images import SUFFIXES, image_format, jpeg_is_complete, stated_mpp
+    from pathtwt.wsi.slides import MPP_MAX, MPP_MIN
+
+    images = {s: p for s, p in paths.items() if p.suffix.lower() in SUFFIXES}
+    if not images:
+        return
+    fallback = config["cohorts"][cohort].get("mpp_fallback")
+    sizes: dict[str, list[str]] = {}  # "0.42 um/px" -> slide ids
+    from_cohort = False
+    for slide_id, path in images.items():
+        # a cut-short copy is refused here, by name, rather than by its tile job mid-run
+        if image_format(path) == "JPEG" and not jpeg_is_complete(path):
+            if config["cohorts"][cohort]["tiling"].get("on_failure") == "record":
+                continue  # its tile job records it as failed
+            raise ConfigError(
+                f"{path}: the JPEG of cohorts.{cohort} is truncated (no end-of-image marker); copy it again "
+                f"from the source, remove it and its label row, or set cohorts.{cohort}.tiling.on_failure: record "
+                "to leave it out and record it"
+            )
+        mpp = stated_mpp(path)
+        if mpp is None or not MPP_MIN <= mpp <= MPP_MAX:
+            if fallback is None:
+                raise ConfigError(
+                    f"{path}: the image file states no pixel size; set cohorts.{cohort}.mpp_fallback "
+                    "to the scan resolution in um/px"
+                )
+            mpp, from_cohort = float(fallback), True
+        sizes.setdefault(f"{mpp:.3g} um/px", []).append(slide_id)
+    # images that all state their own sizes are each tiled at their own scale; the cohort's
+    # value beside other stated sizes is the ambiguous case
+    if len(sizes) > 1 and from_cohort:
+        groups = "; ".join(f"{k}: {len(v)} image(s), e.g. {_listing(sorted(v)[:3])}" for k, v in sizes.items())
+        raise ConfigError(
+            f"{resolve(config, config['cohorts'][cohort]['slides'])}: cohorts.{cohort} mixes images of different "
+            f"pixel sizes while not every image states its own (the others take mpp_fallback {fallback}): "
+            f"{groups}; split it into one cohort per pixel size, or write each image's size into its file (dpi)"
+        )
 
 
 def load_and_check(paths: Iterable[str | os.PathLike], *, require_slides: bool = True) -> tuple[dict, dict[str, LabelTable]]:

@@ -191,14 +191,23 @@ def extract_slide(
     if auto_precision is not None:
         attrs.update(auto_precision.attrs())
     start = time.perf_counter()
+    timing = {"embed_seconds": 0.0}
     with FeaturesWriter(out, n_tiles=n, dim=attrs["embedding_dim"], attrs=attrs) as writer:
         writer.coords[...] = xy
         if n:
             dataset = TileDataset(slide, xy, coords_attrs, backbone.transform)
-            for index, feats in _embed_stream(dataset, backbone, batch_size, workers, progress, slide, embedding, auto_precision):
+            for index, feats in _embed_stream(
+                dataset, backbone, batch_size, workers, progress, slide, embedding, auto_precision, timing
+            ):
                 writer.features[index[0] : index[-1] + 1] = feats
-    seconds = time.perf_counter() - start
-    return {"slide": str(slide), "out": str(out), "tiles": n, "seconds": seconds, "tiles_per_s": n / max(seconds, 1e-9)}
+        seconds = time.perf_counter() - start
+        # measured throughput, summed per variant by pathtwt.features.throughput for the report
+        writer.h5.attrs["extract_seconds"] = seconds
+        writer.h5.attrs["embed_seconds"] = timing["embed_seconds"]
+    return {
+        "slide": str(slide), "out": str(out), "tiles": n, "seconds": seconds, "tiles_per_s": n / max(seconds, 1e-9),
+        "embed_seconds": timing["embed_seconds"],
+    }
 
 
 def _check_slide(slide: Path, coords: Path, coords_attrs: dict[str, Any]) -> str:
@@ -211,8 +220,14 @@ def _check_slide(slide: Path, coords: Path, coords_attrs: dict[str, Any]) -> str
 def _embed_stream(
     dataset: TileDataset, backbone: Backbone, batch_size: int, workers: int | None, progress: bool, slide: Path,
     embedding: str = DEFAULT_RECIPE, auto_precision: AutoPrecision | None = None,
+    timing: dict[str, float] | None = None,
 ):
+    """(tile indices, features) per batch; ``timing["embed_seconds"]`` accumulates the
+    backbone's own time (forward pass to features on the host), without tile reading."""
     from tqdm import tqdm
+
+    timing = {} if timing is None else timing
+    timing.setdefault("embed_seconds", 0.0)
 
     workers = default_workers() if workers is None else int(workers)
     on_cuda = str(backbone.device).startswith("cuda")
@@ -234,6 +249,7 @@ def _embed_stream(
                 if bad is not None:
                     x, y = dataset.coords[int(index[bad])]
                     raise SlideError(f"{slide}: cannot read tile at level-0 (x={x}, y={y}): {errors[bad]}")
+                began = time.perf_counter()
                 with (auto_precision or AutoPrecision()).context(backbone.device):
                     feats = embed_tiles(model, images.to(backbone.device, non_blocking=on_cuda), prefix, embedding)
                 finite = torch.isfinite(feats).all(dim=1)
@@ -243,8 +259,10 @@ def _embed_stream(
                         f"{slide}: NaN/inf features (first at tile x={x}, y={y}) with precision "
                         f"{backbone.precision}; retry with --precision fp32 or check the weights"
                     )
+                host = feats.cpu().numpy()  # waits for the device, so the time is the forward's
+                timing["embed_seconds"] += time.perf_counter() - began
                 bar.update(len(index))
-                yield index.tolist(), feats.cpu().numpy()
+                yield index.tolist(), host
     finally:
         bar.close()
 

@@ -8,7 +8,10 @@ cohorts are published with (the expected columns are in config/README.md):
 * CAMELYON17: ``stage_labels.csv`` (``patient,stage``; the per-slide rows), optionally
   overridden by a corrected table in the same format; patients split train/val/test;
 * CAMELYON16: the test set's ``reference.csv`` (``name,class,...``) and optionally the
-  training slides, labelled by their file names ``normal_*`` / ``tumor_*``.
+  training slides, labelled by their file names ``normal_*`` / ``tumor_*``;
+* any table of ``slide_id,label[,...]`` without a split (e.g. BACH's ``labels.csv``): a
+  seeded split drawn per class (:func:`build_drawn_split`), by slide, since such cohorts
+  name no patients.
 
 Every row that cannot be read is reported with its file, line number and value, all at
 once, so a table is fixed in one pass. Extra columns (``isup_grade``, ``stage``,
@@ -285,6 +288,55 @@ def split_patients(
         for k, patient in enumerate(group):
             out[patient] = "train" if k < n_train else "val" if k < n_train + n_val else "test"
     return out
+
+
+def stratified_split(ids: Sequence[str], labels: Sequence[int], fractions: Sequence[float], seed: int) -> list[str]:
+    """train/val/test per id, drawn with ``seed`` separately within each label so every
+    split keeps the class balance. Per class of n ids: round(f_val n) val, round(f_test n)
+    test, the rest train, so a class of one or two ids is trained on rather than only
+    tested. The draw depends on the ids and labels, not on the row order."""
+    if len(fractions) != 3 or min(fractions) < 0 or not np.isclose(sum(fractions), 1.0):
+        raise ConfigError(f"split fractions {list(fractions)}: give three non-negative numbers (train val test) summing to 1")
+    rng = np.random.default_rng(seed)
+    out: dict[str, str] = {}
+    for label in sorted(set(labels)):
+        group = sorted(i for i, y in zip(ids, labels) if y == label)
+        group = [group[k] for k in rng.permutation(len(group))]
+        n_val = int(round(fractions[1] * len(group)))
+        n_test = int(round(fractions[2] * len(group)))
+        n_train = max(0, len(group) - n_val - n_test)
+        for k, sid in enumerate(group):
+            out[sid] = "train" if k < n_train else "val" if k < n_train + n_val else "test"
+    return [out[i] for i in ids]
+
+
+def build_drawn_split(
+    table_path: str | os.PathLike, fractions: Sequence[float] = (0.6, 0.2, 0.2), seed: int = 0,
+    label_column: str = "label",
+) -> pd.DataFrame:
+    """``slide_id,label,split`` (+ the table's other columns) for a label table without a
+    split: the split is drawn by :func:`stratified_split`. An existing ``split`` column
+    is replaced (and said so by the caller's summary)."""
+    path = Path(table_path)
+    table = read_table(path, "label table")
+    for column in ("slide_id", label_column):
+        if column not in table.columns:
+            raise ConfigError(f"{path}: label table lacks column {column!r}; it has {', '.join(table.columns)}")
+    table["slide_id"] = table["slide_id"].str.strip()
+    empty = [f"line {line(i)}" for i, v in enumerate(table["slide_id"]) if not v]
+    fail_rows(path, "empty slide_id", empty, "give every row a slide id")
+    bad = [f"line {line(i)} ({label_column}={v!r})" for i, v in enumerate(table[label_column]) if not v.strip().lstrip("-").isdigit()]
+    fail_rows(path, f"{label_column} not a class index", bad, "labels are class indices 0..C-1")
+    dupes = sorted(table.loc[table["slide_id"].duplicated(), "slide_id"].unique())
+    if dupes:
+        raise ConfigError(f"{path}: slide(s) listed more than once: {slide_listing(dupes)}; keep one row per slide")
+    labels = [int(v) for v in table[label_column]]
+    rows = table.drop(columns=[c for c in ("split",) if c in table.columns]).copy()
+    rows["label"] = labels
+    if label_column != "label":
+        rows = rows.drop(columns=[label_column])
+    rows["split"] = stratified_split(list(rows["slide_id"]), labels, fractions, seed)
+    return finish(rows, str(path))
 
 
 def build_camelyon17(

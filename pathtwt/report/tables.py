@@ -108,7 +108,7 @@ def variant_cost(results: Path, backbone: str, variant: str) -> Cost:
             weights_sha256=meta.get("teacher_weights_sha256"), source=str(prov.get("teacher_source", "")),
         )
     cost = Cost(params=None, macs=None, depth=None, method="none" if variant == UNCOMPRESSED else variant, teacher=backbone)
-    if variant == UNCOMPRESSED:
+    if variant in (UNCOMPRESSED, "random-init"):  # the random-init floor has the teacher's architecture
         try:
             from pathtwt.models.flops import describe_cost, meta_model
 

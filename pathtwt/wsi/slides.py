@@ -2,7 +2,8 @@
 
 ``open_slide(path)`` tries OpenSlide first (Aperio, Hamamatsu, MIRAX, DICOM, generic
 tiled TIFF, ...) and falls back to tiffslide for TIFF variants OpenSlide refuses
-(``reader=`` forces one of them). Either way the result is a :class:`Slide` context
+(single-level stripped TIFFs included); plain JPEG and PNG images are read as one-level
+slides (:mod:`pathtwt.wsi.images`). ``reader=`` forces one of them. Either way the result is a :class:`Slide` context
 manager with one API: level geometry, microns per pixel (mpp) and RGB ``read_region`` /
 ``read_tile`` returning numpy arrays.
 
@@ -38,7 +39,7 @@ MPP_MIN, MPP_MAX = 0.05, 100.0
 # Size of the regions read at open time to prove the pixel data decodes.
 _PROBE = 32
 
-READERS = ("openslide", "tiffslide")
+READERS = ("openslide", "tiffslide", "image")
 
 
 def _as_float(value: Any) -> float | None:
@@ -96,7 +97,8 @@ def _mpp_from_ome(props: Mapping[str, Any]) -> float | None:
 def mpp_from_properties(props: Mapping[str, Any]) -> tuple[float | None, str | None]:
     """Level-0 microns per pixel from slide metadata, in order of trust:
     ``openslide.mpp-x``, ``aperio.MPP``, ``tiff.XResolution`` with its unit,
-    ``tiffslide.mpp-x``, DICOM pixel spacing, OME-XML ``PhysicalSizeX``. Returns (mpp, key) or (None, None);
+    ``tiffslide.mpp-x``, DICOM pixel spacing, OME-XML ``PhysicalSizeX``, a plain image's
+    dpi (JFIF, PNG pHYs). Returns (mpp, key) or (None, None);
     implausible values (outside [MPP_MIN, MPP_MAX]) are skipped."""
     candidates = (
         ("openslide.mpp-x", lambda p: _as_float(p.get("openslide.mpp-x"))),
@@ -105,6 +107,7 @@ def mpp_from_properties(props: Mapping[str, Any]) -> tuple[float | None, str | N
         ("tiffslide.mpp-x", lambda p: _as_float(p.get("tiffslide.mpp-x"))),
         ("dicom.PixelSpacing", _mpp_from_dicom),
         ("ome.PhysicalSizeX", _mpp_from_ome),
+        ("image.dpi", lambda p: 25400.0 / p["image.dpi"] if _as_float(p.get("image.dpi")) else None),
     )
     for key, getter in candidates:
         mpp = getter(props)
@@ -129,7 +132,7 @@ class Slide:
         channel_map: tuple[int, int, int] | None = None,
     ):
         self.path = path
-        self.reader = reader  # "openslide" | "tiffslide"
+        self.reader = reader  # "openslide" | "tiffslide" | "image" (JPEG, PNG: pathtwt.wsi.images)
         self.channel_map = channel_map  # source channels shown as R, G, B; None for RGB slides
         self.mpp = float(mpp)  # level-0 microns per pixel
         self.mpp_source = mpp_source  # metadata key, or "fallback"
@@ -265,6 +268,12 @@ def _open_handle(path: Path, reader: str | None, notes: list[str]) -> tuple[Any,
     """(handle, reader name, why OpenSlide refused the file or "")."""
     import openslide
 
+    from pathtwt.wsi.images import ImageHandle, image_format
+
+    # JPEG and PNG (told by their bytes, not the suffix): neither slide library reads them
+    if reader == "image" or (reader is None and image_format(path) is not None):
+        return ImageHandle(path), "image", ""
+
     first: BaseException | None = None
     if reader in (None, "openslide"):
         try:
@@ -399,7 +408,8 @@ def open_slide(
     missing, unreadable, corrupt, not RGB (and no ``channel_map``), or has no usable mpp
     and no ``mpp_fallback``.
 
-    ``reader``: None (OpenSlide, then tiffslide), "openslide" or "tiffslide" to force one;
+    ``reader``: None (JPEG/PNG: the image reader; else OpenSlide, then tiffslide),
+    "openslide", "tiffslide" or "image" to force one;
     the level list (and so a coords file's ``read_level``) belongs to the reader.
     ``channel_map``: three channel indices (or "i,j,k") shown as R, G, B, for
     fluorescence or multiplexed slides stored with interleaved channels.
@@ -408,7 +418,7 @@ def open_slide(
     if reader in ("", "auto"):
         reader = None
     if reader is not None and reader not in READERS:
-        raise SlideError(f"{path}: reader {reader!r} is unknown; use auto, openslide or tiffslide")
+        raise SlideError(f"{path}: reader {reader!r} is unknown; use auto, openslide, tiffslide or image")
     if not path.exists():
         raise SlideError(f"{path}: slide file not found")
     refuse_unsupported(path)
@@ -450,9 +460,11 @@ def _resolve_mpp(slide: Slide, mpp_fallback: float | None) -> Slide:
         mpp, source = mpp_from_properties(slide.properties)
         if mpp is None:
             if mpp_fallback is None:
+                what = "the image file states no pixel size" if slide.reader == "image" else \
+                    "no plausible microns-per-pixel in the slide metadata"
                 raise SlideError(
-                    f"{path}: no plausible microns-per-pixel in the slide metadata; set the cohort's "
-                    "`mpp_fallback` config key (or pass --slide-mpp) to the scan resolution"
+                    f"{path}: {what}; set the cohort's `mpp_fallback` config key (or pass --slide-mpp) "
+                    "to the scan resolution in um/px"
                 )
             fallback = _as_float(mpp_fallback)
             if fallback is None or not MPP_MIN <= fallback <= MPP_MAX:

@@ -96,7 +96,7 @@ def get_mpp_fallback_arg(wildcards):
 
 
 def get_modality_args(wildcards):
-    """--modality/--channels/--allow-upsample of a cohort for `pathtwt tile` ("" for the defaults)."""
+    """--modality/--channels/--allow-upsample/--on-failure of a cohort for `pathtwt tile` ("" for the defaults)."""
     cohort = config["cohorts"][wildcards.cohort]
     args = []
     if cohort.get("modality", "brightfield") != "brightfield":
@@ -105,6 +105,8 @@ def get_modality_args(wildcards):
         args.append("--channels " + ",".join(str(int(c)) for c in cohort["channels"]))
     if get_tiling(wildcards.cohort).get("allow_upsample"):
         args.append("--allow-upsample")
+    if get_tiling(wildcards.cohort).get("on_failure", "stop") != "stop":
+        args.append(f"--on-failure {get_tiling(wildcards.cohort)['on_failure']}")
     return " ".join(args)
 
 
@@ -116,6 +118,26 @@ def get_all_tiles():
         for slide in get_slide_ids(cohort)
         for kind, ext in (("tiles", "h5"), ("thumbnails", "png"))
     ]
+
+
+def get_labels_command(wildcards, input, output):
+    """The `pathtwt` command that writes results/labels/{cohort}.csv: a seeded split drawn
+    per class (`draw_split`, or every slide in test for an external cohort without a split
+    column), else the cohort's own split column checked and normalised."""
+    cohort = config["cohorts"][wildcards.cohort]
+    draw = config_check.split_draw(config, wildcards.cohort)
+    if draw:
+        fractions = " ".join(str(f) for f in draw["fractions"])
+        return (
+            f"pathtwt labels split {input.table} --label-column {cohort['label_column']}"
+            f" --fractions {fractions} --seed {draw['seed']} --out {output}"
+        )
+    rename = get_split_renames(wildcards)
+    return (
+        f"pathtwt check-config --label-table {input.table} --label-column {cohort['label_column']}"
+        f" --split-column {cohort['split_column']} --splits {' '.join(cohort['splits'])} {rename}"
+        f" --write-labels {output}"
+    )
 
 
 def get_split_renames(wildcards):
@@ -181,8 +203,12 @@ def get_variants(backbone):
     return [v for v in names if v in config["variants"]]
 
 
+# Methods with no compress job: the teacher itself, and its architecture with random weights.
+NOT_COMPRESSED = ("none", "random-init")
+
+
 def get_compressed_variants(backbone):
-    return [v for v in get_variants(backbone) if config["variants"][v]["method"] != "none"]
+    return [v for v in get_variants(backbone) if config["variants"][v]["method"] not in NOT_COMPRESSED]
 
 
 def get_variant(wildcards):
@@ -195,8 +221,11 @@ def get_model_dir(backbone, variant):
 
 def get_model_args(wildcards):
     """`pathtwt extract` arguments for a backbone variant."""
-    if config["variants"][wildcards.variant]["method"] == "none":
+    method = config["variants"][wildcards.variant]["method"]
+    if method == "none":
         return get_backbone_args(wildcards.backbone)
+    if method == "random-init":
+        return f"--backbone {BACKBONES[wildcards.backbone]['teacher']} --random-init"
     return f"--backbone {get_model_dir(wildcards.backbone, wildcards.variant)}"
 
 
@@ -238,7 +267,10 @@ def get_workers(wildcards, threads):
 
 
 def get_model_inputs(wildcards):
-    if config["variants"][wildcards.variant]["method"] == "none":
+    method = config["variants"][wildcards.variant]["method"]
+    if method == "random-init":
+        return []
+    if method == "none":
         return get_teacher_inputs(wildcards)
     return [f"{get_model_dir(wildcards.backbone, wildcards.variant)}/model.json"]
 
@@ -441,7 +473,7 @@ def get_probe_variants(backbone):
     variants = get_variants(backbone)
     if not any(config["variants"][v]["method"] == "none" for v in variants):
         variants.append("uncompressed")
-    return variants + [RANDOM_INIT]
+    return [v for v in variants if v != RANDOM_INIT] + [RANDOM_INIT]
 
 
 def _is_teacher(variant):

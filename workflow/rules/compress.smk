@@ -29,6 +29,9 @@ rule calibrate:
         holdout=config["calibration"]["holdout"],
         holdout_by=config["calibration"]["holdout_by"],
         seed=config["calibration"]["seed"],
+    # the longest chain of the study (calibrate -> discover -> compress -> extract -> MIL):
+    # started before the teacher's own extraction jobs, which nothing waits on as long
+    priority: 10
     log:
         "logs/calibrate/{backbone}.log",
     threads: 2
@@ -63,6 +66,9 @@ rule discover:
         seed=config["calibration"]["seed"],
         batch_size=config["discovery"]["batch_size"],
         device=config["compress"]["device"],
+    # the longest chain of the study (calibrate -> discover -> compress -> extract -> MIL):
+    # started before the teacher's own extraction jobs, which nothing waits on as long
+    priority: 10
     log:
         "logs/discover/{backbone}.log",
     threads: 2
@@ -103,6 +109,9 @@ rule compress:
         device=config["compress"]["device"],
         cpu_ranks=config["compress"]["cpu_ranks"],
         extra=get_compress_extra_args,
+    # the longest chain of the study (calibrate -> discover -> compress -> extract -> MIL):
+    # started before the teacher's own extraction jobs, which nothing waits on as long
+    priority: 10
     log:
         "logs/compress/{backbone}/{variant}.log",
     threads: 2

@@ -1,5 +1,6 @@
 # Tissue detection and tile coordinates, one job per slide; label tables normalised
-# to the slide_id,label,split layout the MIL step reads.
+# to the slide_id,label,split layout the MIL step reads (with the drawn split recorded
+# there when the cohort's table has none).
 #
 # A slide takes seconds to tile, so on a cluster tile jobs are submitted in groups
 # (`group-components: tile=N` in the profiles): one SLURM job tiles N slides one after
@@ -50,10 +51,7 @@ rule labels:
     output:
         "results/labels/{cohort}.csv",
     params:
-        label_column=lambda wc: config["cohorts"][wc.cohort]["label_column"],
-        split_column=lambda wc: config["cohorts"][wc.cohort]["split_column"],
-        splits=lambda wc: " ".join(config["cohorts"][wc.cohort]["splits"]),
-        rename=get_split_renames,
+        command=get_labels_command,
     log:
         "logs/labels/{cohort}.log",
     localrule: True
@@ -64,9 +62,7 @@ rule labels:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt check-config --label-table {input.table} --label-column {params.label_column}"
-        " --split-column {params.split_column} --splits {params.splits} {params.rename}"
-        " --write-labels {output} > {log} 2>&1"
+        "{params.command} > {log} 2>&1"
 
 
 rule all_tiles:

@@ -1,0 +1,241 @@
+"""config/bach.yaml, the real study on the BACH images: it checks and plans; its split is
+drawn by image, seeded and stratified by class, and recorded; an external cohort of
+BACH-like images drops in by YAML alone; bad cohorts stop before any job with one line
+naming the file or key."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from PIL import Image
+
+from conftest import SHARED, _need
+from pathtwt.config import check
+from pathtwt.errors import ConfigError
+from test_workflow_dag import job_counts, snakemake
+
+REPO = Path(__file__).resolve().parents[1]
+BACH = SHARED / "data" / "bach"
+PATHTWT = Path(sys.executable).parent / "pathtwt"
+VARIANTS = ["uncompressed", "random-init", "twt-6", "twt-4", "truncation-6", "linear-6"]
+
+
+@pytest.fixture(scope="module")
+def bach() -> Path:
+    return _need(BACH / "labels.csv").parent
+
+
+def bach_config(bach: Path) -> dict:
+    """config/bach.yaml with its ../shared paths made absolute (tests run elsewhere)."""
+    cfg = yaml.safe_load((REPO / "config" / "bach.yaml").read_text())
+    cfg["cohorts"]["bach"].update(slides=str(bach / "images"), labels=str(bach / "labels.csv"))
+    cfg["backbones"]["vit-s14-imgfocus"]["weights"] = str(SHARED / "weights" / "vit_s14_imgfocus.safetensors")
+    return cfg
+
+
+def small_cohort(root: Path, bach: Path, per_class: int = 2, rows: list[str] | None = None) -> Path:
+    """A folder of a few BACH images (copied) and a label table in BACH's format."""
+    table = pd.read_csv(bach / "labels.csv", dtype=str)
+    picked = table.groupby("label").head(per_class)
+    (root / "images").mkdir(parents=True)
+    for sid in picked["slide_id"]:
+        shutil.copy(bach / "images" / f"{sid}.jpeg", root / "images" / f"{sid}.jpeg")
+    lines = ["slide_id,label,class_name"] + (rows if rows is not None else [",".join(r) for r in picked.values])
+    (root / "labels.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def check_cohort(config: dict) -> dict:
+    cfg = check.validate_schema(config, source="test")
+    return check.check_config(cfg, source="test")
+
+
+def test_bach_yaml_checks_and_plans_the_study(bach, tmp_path):
+    if not (REPO.parent / "shared").exists():
+        pytest.skip("config/bach.yaml names ../shared, which is not beside this checkout")
+    res = subprocess.run([str(PATHTWT), "check-config", "config/bach.yaml"], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "'train': 120" in res.stdout and "'val': 40" in res.stdout and "'test': 40" in res.stdout
+    cfg_path = tmp_path / "bach.yaml"
+    cfg_path.write_text(yaml.safe_dump(bach_config(bach)))
+    plan = snakemake(tmp_path / "work", "-n", "-p", "--configfile", str(cfg_path))
+    counts = job_counts(plan.stdout)
+    # 200 images tiled; 4 distilled variants (uncompressed and random-init need none);
+    # 6 variants extracted; ABMIL + TransMIL x 3 seeds per variant
+    assert counts["tile"] == 200 and counts["compress"] == 4 and counts["extract"] == 6
+    assert counts["train_mil"] == 6 * 2 * 3 and counts["labels"] == 1
+    text = plan.stdout + plan.stderr
+    assert "pathtwt labels split" in text and "--fractions 0.6 0.2 0.2 --seed 0" in text
+    assert "--backbone vit-s14-imgfocus --random-init" in text  # the floor is extracted like a variant
+    assert "--slide-mpp 0.42" in text and "--train-coords" in text and "--precision auto" in text
+
+
+def test_the_drawn_split_is_stratified_seeded_and_what_the_workflow_records(bach, tmp_path):
+    cfg = check.validate_schema(bach_config(bach), source="test")
+    table = check.cohort_label_table(cfg, "bach")
+    out = tmp_path / "labels.csv"
+    assert subprocess.run([str(PATHTWT), "labels", "split", str(bach / "labels.csv"), "--fractions", "0.6", "0.2",
+                           "0.2", "--seed", "0", "--out", str(out)], capture_output=True).returncode == 0
+    written = pd.read_csv(out, dtype={"slide_id": str})
+    assert list(written.columns[:3]) == ["slide_id", "label", "split"] and "class_name" in written.columns
+    assert dict(zip(written.slide_id, written.split)) == dict(zip(table.slide_ids, table.splits))
+    counts = written.groupby(["split", "label"]).size().unstack()
+    assert (counts.loc["train"] == 30).all() and (counts.loc["val"] == 10).all() and (counts.loc["test"] == 10).all()
+    other = tmp_path / "other.csv"
+    subprocess.run([str(PATHTWT), "labels", "split", str(bach / "labels.csv"), "--seed", "1", "--out", str(other)],
+                   check=True, capture_output=True)
+    assert (pd.read_csv(other).split != written.split).any()  # the seed moves images
+
+
+def test_an_external_cohort_drops_in_by_yaml_alone(bach, tmp_path):
+    ext = small_cohort(tmp_path / "ext", bach)
+    base = bach_config(bach)
+    base_path = tmp_path / "base.yaml"
+    base_path.write_text(yaml.safe_dump(base))
+    before = job_counts(snakemake(tmp_path / "w1", "-n", "--configfile", str(base_path)).stdout)
+    grown = bach_config(bach)
+    grown["cohorts"]["bach-external"] = {
+        "slides": str(ext / "images"), "labels": str(ext / "labels.csv"), "extensions": [".jpeg"],
+        "mpp_fallback": 0.42, "tiling": grown["cohorts"]["bach"]["tiling"],
+    }
+    grown["tasks"]["bach"]["external"] = ["bach-external"]
+    grown_path = tmp_path / "grown.yaml"
+    grown_path.write_text(yaml.safe_dump(grown))
+    plan = snakemake(tmp_path / "w2", "-n", "-p", "--configfile", str(grown_path))
+    after = job_counts(plan.stdout)
+    diff = {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
+    n = len(VARIANTS)
+    assert {k: v for k, v in diff.items() if v} == {
+        "tile": 8, "labels": 1, "extract": n, "extract_manifest": n, "merge_failures": n, "total": 9 + 3 * n
+    }
+    mil = [line for line in plan.stdout.splitlines() if "pathtwt train-mil" in line]
+    assert len(mil) == n * 2 * 3
+    assert all("--external bach-external=results/features/vit-s14-imgfocus/" in line for line in mil)
+    # its label table has no split column: every image is tested
+    table = check.check_config(check.validate_schema(grown, source="t"), source="t")["bach-external"]
+    assert set(table.splits) == {"test"} and len(table.slide_ids) == 8
+
+    # the affected stages on the real files: the external cohort's labels and tiles
+    work = tmp_path / "w2"
+    targets = ["results/labels/bach-external.csv"] + [
+        f"results/tiles/bach-external/{p.stem}.h5" for p in sorted((ext / "images").iterdir())[:2]
+    ]
+    snakemake(work, *targets, "--cores", "1", "--configfile", str(grown_path))  # --configfile takes several
+    labels = pd.read_csv(work / "results/labels/bach-external.csv")
+    assert set(labels.split) == {"test"} and len(labels) == 8
+    import h5py
+
+    with h5py.File(work / targets[1], "r") as f:
+        assert f.attrs["reader"] == "image" and len(f["coords"]) > 10
+
+
+# ---- bad input: one line naming the file or key, before any job ----------------------
+
+
+def _one_line(exc: pytest.ExceptionInfo) -> str:
+    message = str(exc.value)
+    assert "\n" not in message
+    return message
+
+
+def _cohort_config(root: Path, **cohort) -> dict:
+    entry = {"slides": str(root / "images"), "labels": str(root / "labels.csv"), "extensions": [".jpeg", ".png"],
+             "mpp_fallback": 0.42, "draw_split": {"fractions": [0.5, 0.0, 0.5], "seed": 0}}
+    entry.update(cohort)
+    return {"cohorts": {"c": entry}, "tasks": {"t": {"cohort": "c", "classes": 4, "metric": "qwk"}}}
+
+
+def test_bad_cohorts_are_refused_naming_file_and_key(bach, tmp_path):
+    root = small_cohort(tmp_path / "ok", bach)
+    assert len(check_cohort(_cohort_config(root))["c"].slide_ids) == 8
+
+    # an image with no pixel size
+    with pytest.raises(ConfigError) as err:
+        check_cohort(_cohort_config(root, mpp_fallback=None))
+    assert "cohorts.c.mpp_fallback" in _one_line(err) and ".jpeg" in str(err.value)
+
+    # a label table naming an image that is absent
+    (root / "labels.csv").write_text((root / "labels.csv").read_text() + "n999,0,normal\n")
+    with pytest.raises(ConfigError) as err:
+        check_cohort(_cohort_config(root))
+    assert "n999" in _one_line(err) and "missing on disk" in str(err.value) and str(root / "labels.csv") in str(err.value)
+
+    # an image listed twice
+    lines = (root / "labels.csv").read_text().splitlines()[:-1]
+    (root / "labels.csv").write_text("\n".join(lines + [lines[1]]) + "\n")
+    with pytest.raises(ConfigError) as err:
+        check_cohort(_cohort_config(root))
+    assert lines[1].split(",")[0] in _one_line(err) and "more than once" in str(err.value)
+
+    # a class with no training images after the split (no invasive image at all)
+    kept = [line for line in lines[1:] if not line.split(",")[1] == "3"]
+    (root / "labels.csv").write_text("\n".join(lines[:1] + kept) + "\n")
+    with pytest.raises(ConfigError) as err:
+        check_cohort(_cohort_config(root))
+    assert "class(es) 3" in _one_line(err) and "'train'" in str(err.value) and "tasks.t.classes" in str(err.value)
+    # ... or a split that puts every image of the class outside train
+    (root / "labels.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as err:
+        check_cohort(_cohort_config(root, draw_split={"fractions": [0.0, 0.5, 0.5], "seed": 0}))
+    assert "cohorts.c.draw_split" in _one_line(err)
+
+
+def test_mixed_pixel_sizes_without_per_image_sizes_are_refused_saying_which(bach, tmp_path):
+    root = small_cohort(tmp_path / "mixed", bach)
+    stated = sorted((root / "images").iterdir())[:2]
+    for path in stated:  # these two state 0.25 um/px in their files; the rest take the cohort's 0.42
+        with Image.open(path) as im:
+            im.save(path.with_suffix(".png"), dpi=(25400 / 0.25, 25400 / 0.25))
+        path.unlink()
+    with pytest.raises(ConfigError) as err:
+        check_cohort(_cohort_config(root))
+    message = _one_line(err)
+    assert "0.25 um/px: 2 image(s)" in message and "0.42 um/px: 6 image(s)" in message
+    assert all(p.stem in message for p in stated) and "cohorts.c" in message
+    # every image stating its own size is fine: each is tiled at its own scale
+    for path in sorted((root / "images").glob("*.jpeg")):
+        with Image.open(path) as im:
+            im.save(path.with_suffix(".png"), dpi=(25400 / 0.5, 25400 / 0.5))
+        path.unlink()
+    assert len(check_cohort(_cohort_config(root))["c"].slide_ids) == 8
+
+
+def test_a_corrupt_jpeg_is_refused_by_name_before_any_job(bach, tmp_path):
+    root = small_cohort(tmp_path / "corrupt", bach)
+    victim = sorted((root / "images").iterdir())[3]
+    victim.write_bytes(victim.read_bytes()[:20000])
+    with pytest.raises(ConfigError) as err:
+        check_cohort(_cohort_config(root))
+    assert str(victim) in _one_line(err) and "truncated" in str(err.value)
+
+
+def test_a_corrupt_jpeg_can_be_recorded_and_left_out_instead(bach, tmp_path):
+    import h5py
+
+    from pathtwt.cli import main
+    from pathtwt.io.failures import read_failures
+
+    root = small_cohort(tmp_path / "corrupt", bach)
+    victim = sorted((root / "images").iterdir())[3]
+    victim.write_bytes(victim.read_bytes()[:20000])
+    cfg = _cohort_config(root, tiling={"on_failure": "record"})
+    assert len(check_cohort(cfg)["c"].slide_ids) == 8  # the config check lets it through to its tile job
+    coords, thumb = tmp_path / "tiles" / f"{victim.stem}.h5", tmp_path / "thumbs" / f"{victim.stem}.png"
+    coords.parent.mkdir(), thumb.parent.mkdir()
+    assert main(["tile", str(victim), "--out", str(coords), "--thumbnail", str(thumb), "--slide-mpp", "0.42",
+                 "--on-failure", "record"]) == 0
+    with h5py.File(coords, "r") as f:
+        assert f.attrs["status"] == "failed" and str(victim) in f.attrs["failure_reason"] and len(f["coords"]) == 0
+    failures, features = tmp_path / "failures.tsv", tmp_path / "features" / f"{victim.stem}.h5"
+    assert main(["extract", str(victim), "--coords", str(coords), "--out", str(features), "--backbone",
+                 "vit-s14-tiny", "--random-init", "--device", "cpu", "--failures", str(failures), "--no-progress"]) == 0
+    [failure] = read_failures(failures)
+    assert failure.slide == victim.stem and "truncated" in failure.reason
+    with h5py.File(features, "r") as f:
+        assert f.attrs["status"] == "failed"  # the MIL heads exclude it (mil.failed_slides: exclude)
