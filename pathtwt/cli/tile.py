@@ -6,10 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-HELP = "find tissue on one slide (Otsu on a low-resolution level) and write its tile coordinates to HDF5"
+HELP = "find tissue on one slide (Otsu on a low-resolution level) and write the coordinates of the tiles with enough tissue to HDF5"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pathtwt.wsi.tiling import DEFAULT_MIN_TISSUE
     from pathtwt.wsi.tissue import TissueParams
 
     parser.add_argument("slide", help="whole-slide image (any format OpenSlide or tiffslide reads)")
@@ -20,10 +21,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tissue",
         choices=("fraction", "otsu"),
         default="fraction",
-        help="fraction: keep tiles with tissue fraction >= --min-tissue; otsu: keep tiles touching tissue "
-        "(default: fraction)",
+        help="which tiles of the Otsu tissue mask are kept: those with a tissue fraction >= --min-tissue, whose "
+        f"default is {DEFAULT_MIN_TISSUE['fraction']} for fraction (PANDA-style) and {DEFAULT_MIN_TISSUE['otsu']} "
+        "for otsu (CAMELYON-style) (default: fraction)",
     )
-    parser.add_argument("--min-tissue", type=float, default=0.6, help="minimum tissue fraction for --tissue fraction")
+    parser.add_argument(
+        "--min-tissue", type=float, default=None,
+        help=f"minimum tissue fraction of a kept tile (default {DEFAULT_MIN_TISSUE['fraction']} with --tissue "
+        f"fraction, {DEFAULT_MIN_TISSUE['otsu']} with --tissue otsu); recorded in the coords file",
+    )
     parser.add_argument(
         "--slide-mpp", type=float, default=None,
         help="level-0 um/px to use when the slide metadata has none (default: none; such a slide is an error)",

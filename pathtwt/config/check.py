@@ -77,7 +77,19 @@ def validate_schema(config: dict, *, source: str, schema_path: str | os.PathLike
         err = errors[0]
         more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
         raise ConfigError(f"{source}: key {_key_path(err.absolute_path)}: {err.message}{more}")
+    fill_min_tissue(config)
     return config
+
+
+def fill_min_tissue(config: dict) -> None:
+    """A cohort's tiling.min_tissue left null becomes its filter's default, so the jobs get
+    (and the coords files record) the value used."""
+    from pathtwt.wsi.tiling import DEFAULT_MIN_TISSUE
+
+    for cohort in (config.get("cohorts") or {}).values():
+        tiling = cohort.get("tiling") if isinstance(cohort, dict) else None
+        if isinstance(tiling, dict) and tiling.get("min_tissue") is None:
+            tiling["min_tissue"] = DEFAULT_MIN_TISSUE.get(tiling.get("tissue", "fraction"), DEFAULT_MIN_TISSUE["fraction"])
 
 
 def resolve(config: Mapping[str, Any], path: str) -> Path:

@@ -75,3 +75,49 @@ def summary_rows(result: dict) -> list[dict]:
                 }
             )
     return rows
+
+
+def read_predictions(run_dir: str | os.PathLike) -> dict[str, dict[str, np.ndarray]]:
+    """cohort -> {"slide_id", "label", "prediction"} arrays of a finished run's
+    ``predictions.csv`` ({} when the run has none, e.g. one written before it existed)."""
+    import csv
+
+    path = Path(run_dir) / "predictions.csv"
+    if not path.is_file():
+        return {}
+    cohorts: dict[str, dict[str, list]] = {}
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            for row in csv.DictReader(fh):
+                c = cohorts.setdefault(row["cohort"], {"slide_id": [], "label": [], "prediction": []})
+                c["slide_id"].append(row["slide_id"])
+                c["label"].append(int(row["label"]))
+                c["prediction"].append(int(row["prediction"]))
+    except (KeyError, ValueError, csv.Error) as exc:
+        raise PathtwtError(f"{path}: not a predictions table of `pathtwt train-mil` ({exc}); re-run that training") from None
+    return {name: {"slide_id": np.array(c["slide_id"]), "label": np.array(c["label"], dtype=np.int64),
+                   "prediction": np.array(c["prediction"], dtype=np.int64)} for name, c in cohorts.items()}
+
+
+def pooled_interval(per_seed: list[dict[str, np.ndarray]], metric: str, n_classes: int, *, n_boot: int = 1000,
+                    seed: int = 0) -> tuple[float, float]:
+    """Bootstrap 95 % interval over slides of the seed-mean ``metric`` of one cohort, from
+    each seed's predictions (``read_predictions(...)[cohort]``), aligned on slide id; slides
+    missing from some seed are left out."""
+    from pathtwt.mil.metrics import bootstrap_interval
+
+    if not per_seed:
+        return float("nan"), float("nan")
+    common = set(per_seed[0]["slide_id"])
+    for p in per_seed[1:]:
+        common &= set(p["slide_id"])
+    order = sorted(common)
+    if not order:
+        return float("nan"), float("nan")
+    aligned = []
+    for p in per_seed:
+        pos = {s: i for i, s in enumerate(p["slide_id"])}
+        aligned.append(np.array([pos[s] for s in order]))
+    y_true = per_seed[0]["label"][aligned[0]]
+    preds = [p["prediction"][a] for p, a in zip(per_seed, aligned)]
+    return bootstrap_interval(y_true, preds, metric, n_classes, n_boot=n_boot, seed=seed)
