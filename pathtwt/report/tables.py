@@ -426,8 +426,8 @@ PROBE_NOTE = (
     "Balanced accuracy on each probe set's test split of a logistic-regression probe "
     "(standardised features, C = 1) and a cosine kNN (k = 20) fitted on its train split "
     "(pathtwt probe); in brackets the 95 % bootstrap interval over test tiles. The "
-    "uncompressed teacher and the same architecture with random weights (the floor) are "
-    "reference rows."
+    "uncompressed teacher, the same architecture with random weights (the floor) and chance "
+    "(balanced accuracy 1/C) are reference rows."
 )
 FIDELITY_NOTE = (
     "Student against teacher tile embeddings on held-out calibration tiles: R² of the "
@@ -447,7 +447,7 @@ def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost]
     """The tile-probe and fidelity tables (``probes.*``, ``fidelity.*``), those that have rows."""
     from pathtwt.io.atomic import write_text_atomic
     from pathtwt.report.fidelity import fidelity_table
-    from pathtwt.report.probes import probe_sets_note, probe_table
+    from pathtwt.report.probes import below_floor_notes, probe_sets_note, probe_table
 
     def cost_of(backbone: str, variant: str) -> Cost:
         if (backbone, variant) not in costs:
@@ -459,7 +459,7 @@ def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost]
     if body:
         note = f"{PROBE_NOTE} {probe_sets_note(results)}"
         tables.append({"name": "probes", "title": "Tile probe", "header": header, "body": body,
-                       "records": records, "notes": [note], "references": reference_rows(body)})
+                       "records": records, "notes": [note, *below_floor_notes(results)], "references": reference_rows(body)})
     header, body, records, notes = fidelity_table(results, cost_of)
     if body:
         tables.append({"name": "fidelity", "title": "Fidelity", "header": header, "body": body,
