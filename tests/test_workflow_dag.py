@@ -187,7 +187,7 @@ def test_bad_label_table_stops_before_any_job(paper):
                     check=False)
     assert res.returncode != 0
     out = res.stdout + res.stderr  # Snakemake prints parse errors on stdout
-    assert "camelyon16_slides.csv: duplicate slide_id" in out and "row 2 ('n2'), row 4 ('n2')" in out
+    assert "camelyon16_slides.csv: duplicate slide_id" in out and "line 3 ('n2'), line 5 ('n2')" in out
     assert "Job stats" not in res.stdout
 
 

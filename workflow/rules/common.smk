@@ -18,7 +18,10 @@ os.environ.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.env
 # written once under a temporary name and renamed, so the lock adds nothing.
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 
-CONFIG_SOURCE = "workflow config (config/config.yaml and --configfile/--config overrides)"
+# Errors name the config file(s) actually read: --configfile FILE replaces the demo config.
+CONFIG_SOURCE = " + ".join(str(f) for f in (workflow.overwrite_configfiles or ["config/config.yaml"])) + (
+    " (with --config overrides)" if workflow.config_settings.overwrite_config else ""
+)
 
 # The one validation of the config: the package's schema with its defaults filled in
 # (deep copies, so no two cohorts share a default dict), then the checks the schema
