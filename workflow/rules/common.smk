@@ -32,6 +32,33 @@ try:
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 
+# The rules that declare a GPU and the config section whose `device` they run on.
+GPU_RULE_DEVICES = {
+    "discover": "compress", "compress": "compress", "analyze_norms": "compress", "analyze_intrinsic_dim": "compress",
+    "analyze_stability": "compress", "extract": "extract", "probe": "extract", "train_mil": "mil",
+}
+
+
+def _keep_cpu_stages_off_gpus():
+    """A cluster profile sends the GPU rules to its GPU partition (`set-resources`). A
+    stage configured with `device: cpu` needs no GPU: its rules keep the default
+    partition and ask for no GPU, so they neither wait for nor hold a GPU node. Applied
+    to the profile's per-rule settings before the rules are defined (they pick them up
+    there) and handed on to the submitted jobs the same way."""
+    settings = workflow.resource_settings
+    overwrite = settings._parsed_overwrite_resources
+    default = settings._parsed_default_resources
+    cpu_partition = default["slurm_partition"].raw if "slurm_partition" in default else None
+    for rule, section in GPU_RULE_DEVICES.items():
+        if str(config[section].get("device", "")).lower() != "cpu" or rule not in overwrite:
+            continue
+        if "slurm_partition" in overwrite[rule] and cpu_partition is not None:
+            overwrite[rule]["slurm_partition"] = cpu_partition
+            overwrite[rule]["gpu"] = 0
+
+
+_keep_cpu_stages_off_gpus()
+
 # The jobs' environment under --use-conda (relative to workflow/rules/, where the rules are).
 CONDA_ENV = f"../envs/{config['conda_env']}.yaml"
 
