@@ -270,7 +270,7 @@ def test_markdown_prints_the_readme_tables_with_commit_and_machine(report, capsy
 
 
 def test_layout_from_a_config_matches_what_the_command_writes(report):
-    from pathtwt.report.markdown import readme_layout
+    from pathtwt.report.tables import readme_layout
 
     config = {"variants": {"uncompressed": {"method": "none"}, "twt-6": {"method": "twt", "depth": 6},
                            "random-init": {"method": "random-init"}},

@@ -1,8 +1,9 @@
 """The README's result tables, exactly as `pathtwt report --markdown` prints them (and
 ``report/tables.md`` holds them): one table per task, then the tile-probe and fidelity
 tables, between two marker lines, headed by the commit and the machine they came from.
-``readme_layout`` gives the header and row keys those tables have for a config, without
-any results, so a test can check that the README's pasted tables still have that shape."""
+``pathtwt.report.tables.readme_layout`` gives the header and row keys those tables have for
+a config, without any results, so a test can check that the README's pasted tables still
+have that shape."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import platform
 import subprocess
 from datetime import date
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 BEGIN = "<!-- pathtwt report --markdown: begin -->"
 END = "<!-- pathtwt report --markdown: end -->"
@@ -51,10 +52,21 @@ def machine() -> str:
     return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} CPU cores, {gpu}"
 
 
+def markdown_table(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(lines) + "\n"
+
+
+def task_markdown(section: dict[str, Any], level: str = "##") -> str:
+    title = f"{level} {section['task']} ({section.get('label', section['metric'])})\n\n"
+    if not section["rows"]:
+        return title + "No finished runs yet.\n"
+    return title + markdown_table(section["header"], section["body"]) + "".join(f"\n{n}\n" for n in section["notes"])
+
+
 def readme_markdown(sections: list[dict[str, Any]], tables: list[dict[str, Any]], *, results: Path,
                     commit: str | None = None, where: str | None = None) -> str:
-    from pathtwt.report.tables import markdown_table, task_markdown
-
     commit = commit_of(Path.cwd()) if commit is None else commit
     where = machine() if where is None else where
     parts = [BEGIN, "",
@@ -67,33 +79,6 @@ def readme_markdown(sections: list[dict[str, Any]], tables: list[dict[str, Any]]
                      + "".join(f"\n{n}\n" for n in t["notes"]))
     parts.append(END)
     return "\n".join(parts) + "\n"
-
-
-def readme_layout(config: Mapping[str, Any]) -> dict[str, tuple[list[str], list[tuple[str, str]]]]:
-    """task -> (header, [(variant cell, head)]) of the MIL tables `pathtwt report --markdown`
-    writes for a finished run of ``config`` (the chance row last)."""
-    from pathtwt.report.tables import (Cost, Row, row_label, role_of, shown_metrics, sort_cohorts, table_header,
-                                       variant_sort_key)
-
-    variants = []
-    for name, spec in (config.get("variants") or {}).items():
-        spec = spec or {}
-        cost = Cost(params=None, macs=None, depth=spec.get("depth"), method=spec.get("method", name), teacher="")
-        variants.append((name, cost))
-    heads = list((config.get("mil") or {}).get("heads") or [])
-    layout = {}
-    for task, spec in (config.get("tasks") or {}).items():
-        metric = spec.get("metric", "accuracy")
-        cohorts = sort_cohorts(["test", *(spec.get("external") or [])])
-        keys = []
-        for backbone in sorted(config.get("backbones") or {}):
-            for head in sorted(heads):
-                for name, cost in sorted(variants, key=lambda vc: variant_sort_key(*vc)):
-                    row = Row(backbone=backbone, variant=name, head=head, seeds=[], cost=cost, role=role_of(name, cost))
-                    keys.append((row_label(row), head))
-        keys.append(("chance (reference)", "-"))
-        layout[task] = (table_header(cohorts, shown_metrics(metric), metric), keys)
-    return layout
 
 
 def parse_tables(text: str) -> dict[str, tuple[list[str], list[list[str]]]]:

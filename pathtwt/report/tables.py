@@ -15,11 +15,12 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from pathtwt.errors import PathtwtError
+from pathtwt.report.markdown import markdown_table
 
 UNCOMPRESSED = "uncompressed"
 # The teacher's architecture with random weights (a reference row wherever it was run).
@@ -388,12 +389,6 @@ def task_notes(rows: list[Row], cohorts: list[str], metric: str) -> list[str]:
     return notes
 
 
-def markdown_table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in body]
-    return "\n".join(lines) + "\n"
-
-
 def csv_text(records: list[dict[str, Any]]) -> str:
     import csv
     import io
@@ -483,7 +478,7 @@ def task_sections(results: Path, metrics: dict[str, str], costs: dict[tuple[str,
         rows, cohorts, shown = task_table(runs, results, task=task, metric=metric, cost_cache=costs)
         header, body = table_cells(rows, cohorts, shown, metric)
         sections.append({
-            "task": task, "metric": metric, "header": header, "body": body, "rows": rows, "cohorts": cohorts,
+            "task": task, "metric": metric, "label": METRIC_LABELS.get(metric, metric), "header": header, "body": body, "rows": rows, "cohorts": cohorts,
             "records": table_records(rows, cohorts, shown, metric),
             "notes": task_notes(rows, cohorts, metric) if rows else [],
             "references": [i for i, r in enumerate(rows) if r.role != "variant"],
@@ -492,11 +487,28 @@ def task_sections(results: Path, metrics: dict[str, str], costs: dict[tuple[str,
     return sections
 
 
-def task_markdown(section: dict[str, Any], level: str = "##") -> str:
-    title = f"{level} {section['task']} ({METRIC_LABELS.get(section['metric'], section['metric'])})\n\n"
-    if not section["rows"]:
-        return title + "No finished runs yet.\n"
-    return title + markdown_table(section["header"], section["body"]) + "".join(f"\n{n}\n" for n in section["notes"])
+def readme_layout(config: Mapping[str, Any]) -> dict[str, tuple[list[str], list[tuple[str, str]]]]:
+    """task -> (header, [(variant cell, head)]) of the MIL tables `pathtwt report --markdown`
+    writes for a finished run of ``config`` (the chance row last)."""
+    variants = []
+    for name, spec in (config.get("variants") or {}).items():
+        spec = spec or {}
+        cost = Cost(params=None, macs=None, depth=spec.get("depth"), method=spec.get("method", name), teacher="")
+        variants.append((name, cost))
+    heads = list((config.get("mil") or {}).get("heads") or [])
+    layout = {}
+    for task, spec in (config.get("tasks") or {}).items():
+        metric = spec.get("metric", "accuracy")
+        cohorts = sort_cohorts(["test", *(spec.get("external") or [])])
+        keys = []
+        for backbone in sorted(config.get("backbones") or {}):
+            for head in sorted(heads):
+                for name, cost in sorted(variants, key=lambda vc: variant_sort_key(*vc)):
+                    row = Row(backbone=backbone, variant=name, head=head, seeds=[], cost=cost, role=role_of(name, cost))
+                    keys.append((row_label(row), head))
+        keys.append(("chance (reference)", "-"))
+        layout[task] = (table_header(cohorts, shown_metrics(metric), metric), keys)
+    return layout
 
 
 def write_report(results: str | Path, out: str | Path, *, metrics: dict[str, str], attention_slides: int = 3) -> Path:
@@ -504,7 +516,7 @@ def write_report(results: str | Path, out: str | Path, *, metrics: dict[str, str
     ``index.html`` (with figures) into ``out``."""
     from pathtwt.io.atomic import write_text_atomic
     from pathtwt.report.html import render_html
-    from pathtwt.report.markdown import readme_markdown
+    from pathtwt.report.markdown import readme_markdown, task_markdown
 
     results, out = Path(results), Path(out)
     costs: dict[tuple[str, str], Cost] = {}
