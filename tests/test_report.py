@@ -302,3 +302,14 @@ def test_report_table_in_markdown_names_missing_cohort_values(report):
     assert all(math.isnan(float(r["grading-external_auc_macro_mean"])) for r in data)
     header, body = _body(out)
     assert all(dict(zip(header, cells))["AUC grading-external"] == "n/a" for cells in body[:-1])
+
+
+def test_headline_metrics_can_come_from_the_workflow_config(report, tmp_path, capsys):
+    results, _ = report
+    out = tmp_path / "r"
+    root = Path(__file__).resolve().parents[1]
+    assert main(["report", "--results", str(results), "--out", str(out), "--config", str(root / "config" / "config.yaml"),
+                 "--markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "#### grading (QWK)" in text and "#### metastasis (Acc)" in text  # the demo config's tasks and metrics
+    assert "No finished runs yet." in (out / "metastasis.md").read_text()
