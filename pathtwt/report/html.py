@@ -230,7 +230,7 @@ def _figures_html(title: str, figs: list[tuple[str, str]], wide: bool = False) -
 
 
 STYLE = """
-body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+body{font-family:system-ui,sans-serif;max-width:1500px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}
 th,td{border:1px solid #ccc;padding:0.3em 0.6em;text-align:right}
 th:nth-child(-n+3),td:nth-child(-n+3){text-align:left}
@@ -238,6 +238,8 @@ table.names2 th:nth-child(3),table.names2 td:nth-child(3){text-align:right}
 table.names2 td:nth-child(-n+2){white-space:nowrap}
 tr.reference td{color:#555;font-style:italic}
 td.flag{background:#ffe0a0;color:#8a3b00;font-weight:bold}
+table.mil td{white-space:nowrap}
+table.mil th{min-width:4em}
 .scroll{overflow-x:auto}
 thead{background:#f0f0f0}
 .figs{display:flex;flex-wrap:wrap;gap:1em}
@@ -268,7 +270,7 @@ def render_html(
     attention = []
     for s in sections:
         parts.append(f"<h2>Task: {html.escape(s['task'])} (headline metric {html.escape(s['metric'])})</h2>")
-        parts.append(("<div class='scroll'>" + _table_html(s["header"], s["body"], references=set(s.get("references", ())),
+        parts.append(("<div class='scroll'>" + _table_html(s["header"], s["body"], css="mil", references=set(s.get("references", ())),
                                                            flagged=set(s.get("flagged", ()))) + "</div>")
                      if s["body"] else "<p>No finished runs yet.</p>")
         parts += [f"<p class='note'>{html.escape(n)}</p>" for n in s.get("notes", [])]
