@@ -140,7 +140,8 @@ def attention_figures(results: Path, out: Path, task: str, rows: list, n_slides:
     import matplotlib.pyplot as plt
 
     ref = next((r for r in rows if r.variant == "uncompressed"), rows[0])
-    cohort_files = _visible_pngs(_run_dir(results, ref, task) / "attention", "*.h5")
+    # the reported cohorts only: the validation split chose the epoch
+    cohort_files = [p for p in _visible_pngs(_run_dir(results, ref, task) / "attention", "*.h5") if p.stem != "val"]
     cohort_files.sort(key=lambda p: (p.stem != "test", p.stem))
     variants = list(dict.fromkeys(r.variant for r in rows))
     heads = list(dict.fromkeys(r.head for r in rows))
