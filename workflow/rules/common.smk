@@ -49,12 +49,13 @@ def _keep_cpu_stages_off_gpus():
     overwrite = settings._parsed_overwrite_resources
     default = settings._parsed_default_resources
     cpu_partition = default["slurm_partition"].raw if "slurm_partition" in default else None
-    for rule, section in GPU_RULE_DEVICES.items():
-        if str(config[section].get("device", "")).lower() != "cpu" or rule not in overwrite:
+    # the loop variable is not called "rule": the linter takes that word, a space and a colon for a rule
+    for name, section in GPU_RULE_DEVICES.items():
+        if str(config[section].get("device", "")).lower() != "cpu" or name not in overwrite:
             continue
-        if "slurm_partition" in overwrite[rule] and cpu_partition is not None:
-            overwrite[rule]["slurm_partition"] = cpu_partition
-            overwrite[rule]["gpu"] = 0
+        if "slurm_partition" in overwrite[name] and cpu_partition is not None:
+            overwrite[name]["slurm_partition"] = cpu_partition
+            overwrite[name]["gpu"] = 0
 
 
 _keep_cpu_stages_off_gpus()
