@@ -147,3 +147,19 @@ def test_available_cores_follow_slurm(monkeypatch):
     assert available_cores() == 7
     monkeypatch.delenv("SLURM_CPUS_PER_TASK")
     assert available_cores() == len(os.sched_getaffinity(0))
+
+
+def test_help_states_the_real_defaults(capsys):
+    """train-mil's protocol overrides show the presets' values, tile's filter its defaults."""
+    from pathtwt.mil.protocols import PROTOCOLS
+    from pathtwt.wsi.tiling import DEFAULT_MIN_TISSUE
+
+    parsers = dict(_commands())
+    mil = {a.dest: a.help for a in parsers["pathtwt train-mil"]._actions}
+    g, m = PROTOCOLS["grading"], PROTOCOLS["metastasis"]
+    assert f"grading {g.epochs}, metastasis {m.epochs}" in mil["epochs"]
+    assert f"default {g.accumulation}" in mil["accumulation"]
+    assert not any("the preset's" in (h or "") for h in mil.values())
+    tile = {a.dest: a for a in parsers["pathtwt tile"]._actions}
+    assert tile["tissue"].default == "fraction" and "(default: fraction)" in tile["tissue"].help
+    assert f"{DEFAULT_MIN_TISSUE['otsu']} with --tissue otsu" in tile["min_tissue"].help

@@ -169,8 +169,12 @@ def test_tiny_end_to_end_discover_compress_extract(teacher, shared_tiles, shared
     assert meta["teacher_weights_sha256"] and meta["layer_patches"] == {}
     assert not (twt / "checkpoint.pt").exists()
     fid = meta["fidelity"]
-    assert fid["on"] == "report" and set(fid["final"]) == {"r2", "centred_cosine", "cka", "cosine", "block_r2", "n_tiles"}
+    assert fid["on"] == "report" and set(fid["final"]) == {"r2", "centred_cosine", "cka", "cosine", "block_r2",
+                                                            "block_layers", "n_tiles"}
     assert fid["final"]["r2"] > fid["references"]["random_init"]["r2"] and len(fid["final"]["block_r2"]) == 4
+    # each block's R² is labelled with the teacher layer it was matched to: the end of its plan block
+    assert fid["final"]["block_layers"] == [e for _, e in plan["blocks"]]
+    assert fid["references"]["teacher"]["block_layers"] == list(range(1, 13))
     assert fid["references"]["teacher"]["r2"] == pytest.approx(1.0)
     assert sum(fid["splits"][k] for k in ("fit", "select", "report")) == 24 and fid["splits"]["seed"] == 0
     # ViT-S-tiny is a natural-image backbone: schedule and branch scalars default on

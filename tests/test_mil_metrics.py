@@ -146,3 +146,27 @@ def test_metrics_match_the_replaced_formula_on_random_cases():
         np.add.at(expected, (y_true, y_pred), 1.0)
         assert np.array_equal(confusion(y_true, y_pred, n_classes), expected)
     assert np.isnan(quadratic_weighted_kappa([], [], 3)) and confusion([], [], 3).sum() == 0
+
+
+def test_bootstrap_forms_equal_the_scikit_learn_metrics():
+    from pathtwt.mil.metrics import _fast_metric, balanced_accuracy, quadratic_weighted_kappa
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        y = rng.integers(0, 6, 30)
+        p = np.where(rng.random(30) < 0.6, y, rng.integers(0, 6, 30))
+        assert _fast_metric("qwk", y, p, 6) == pytest.approx(quadratic_weighted_kappa(y, p, 6))
+        assert _fast_metric("balanced_accuracy", y, p, 6) == pytest.approx(balanced_accuracy(y, p))
+        assert _fast_metric("accuracy", y, p, 6) == pytest.approx(np.mean(y == p))
+
+
+def test_bootstrap_interval_is_seeded_and_brackets_the_seed_mean():
+    from pathtwt.mil.metrics import bootstrap_interval
+
+    y = np.array([0] * 10 + [1] * 10)
+    seeds = [np.where(np.arange(20) % 5 == k, 1 - y, y) for k in (0, 1)]  # 80 % right each
+    lo, hi = bootstrap_interval(y, seeds, "accuracy", 2)
+    assert (lo, hi) == bootstrap_interval(y, seeds, "accuracy", 2)
+    assert lo < 0.8 < hi and 0.5 < lo and hi <= 1.0
+    # a cohort whose metric is never defined (QWK with one class in truth and prediction)
+    assert all(np.isnan(bootstrap_interval(np.zeros(5, int), [np.zeros(5, int)], "qwk", 2)))

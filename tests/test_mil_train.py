@@ -186,5 +186,15 @@ def test_cli_train_and_summarize(small, tmp_path, capsys):
     values = [json.loads((r / "metrics.json").read_text())["cohorts"]["test"]["accuracy"] for r in runs]
     assert row["mean"] == pytest.approx(np.mean(values)) and row["std"] == pytest.approx(np.std(values, ddof=1), abs=1e-6)
     assert json.loads((tmp_path / "s.json").read_text())["seeds"] == [0, 1]
+    # the interval of the seed-mean over slides, from the runs' predictions.csv
+    from pathtwt.mil.metrics import bootstrap_interval
+    from pathtwt.mil.summary import read_predictions
+
+    preds = [read_predictions(r)["test"] for r in runs]
+    order = [np.argsort(p["slide_id"]) for p in preds]
+    lo, hi = bootstrap_interval(preds[0]["label"][order[0]], [p["prediction"][o] for p, o in zip(preds, order)],
+                                "accuracy", 2)
+    assert [row["ci95_low"], row["ci95_high"]] == pytest.approx([lo, hi])
+    assert lo <= row["mean"] <= hi
     assert main(["summarize-mil", str(runs[0]), str(runs[0]), "--out", str(tmp_path / "d.csv")]) == 1
     assert "seed(s) [0]" in capsys.readouterr().err

@@ -139,6 +139,19 @@ def test_account_from_the_environment_keeps_every_partition(tmp_path, profile, c
     assert f"--threads {2 if profile == 'slurm' else 7}" in output.split("pathtwt train-mil", 1)[1].split("\n", 1)[0]
 
 
+def test_a_cpu_stage_stays_off_the_gpu_partition(tmp_path):
+    """`device: cpu` for MIL training (a study without GPUs for that stage): its jobs go to
+    the default partition and ask for no GPU; the other GPU stages keep theirs."""
+    output, _ = dry_run(tmp_path, "slurm", SMALL_SIZES, extra=["mil={'device': 'cpu'}"])
+    planned = [j for j in jobs(output) if j["rule"] not in local_rules()]
+    by_rule = {}
+    for job in planned:
+        by_rule.setdefault(job["rule"], []).append(job["resources"])
+    assert by_rule["train_mil"] and all(r.get("slurm_partition") == "cpu" and r.get("gpu") == "0"
+                                        for r in by_rule["train_mil"])
+    assert all(r.get("slurm_partition") == "gpu" and r.get("gpu") == "1" for r in by_rule["extract"])
+
+
 @pytest.mark.slow
 def test_paper_study_is_a_few_hundred_submissions(tmp_path):
     """PANDA 10,616, TCGA-PRAD 449, CAMELYON17 500 and CAMELYON16 399 slides: one job per

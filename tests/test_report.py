@@ -26,37 +26,77 @@ QWK = {
 }
 
 
+N_CLASSES = 6
+# true grades of the fabricated cohorts' slides
+LABELS = {"val": [0, 1, 2], "test": [0, 0, 1, 2, 3, 3, 4, 5], "grading-external": [1, 1, 2, 3, 4, 5]}
+# (variant, head, seed) whose head predicts grade 2 for every external slide
+SINGLE_CLASS = {("twt-6", "transmil", 0), ("twt-6", "transmil", 1)}
+
+
 def _metrics(test: float, ext: float) -> dict:
     cohorts = {
-        "val": {"qwk": 0.0, "accuracy": 0.0},
-        "test": {"qwk": test, "accuracy": test / 2},
-        "grading-external": {"qwk": ext, "accuracy": None},
+        "val": {"qwk": 0.0, "accuracy": 0.0, "n_slides": 3},
+        "test": {"qwk": test, "accuracy": test / 2, "balanced_accuracy": test / 3, "auc_macro": 0.9, "n_slides": 8},
+        "grading-external": {"qwk": ext, "accuracy": ext / 2, "balanced_accuracy": ext / 3, "auc_macro": None,
+                             "n_slides": 6},
     }
-    return {"format": "pathtwt-mil-metrics/1", "cohorts": cohorts}
+    return {"format": "pathtwt-mil-metrics/1", "n_classes": N_CLASSES, "cohorts": cohorts}
 
 
-def _fabricate(results: Path) -> None:
-    for (variant, head), (tests, exts) in QWK.items():
+def _predictions(variant: str, head: str, seed: int) -> str:
+    """predictions.csv of a run: right on most slides, off by a grade on a seed-dependent few."""
+    lines = ["slide_id,cohort,label,prediction," + ",".join(f"prob_{c}" for c in range(N_CLASSES))]
+    for cohort, labels in LABELS.items():
+        for i, y in enumerate(labels):
+            pred = 2 if cohort == "grading-external" and (variant, head, seed) in SINGLE_CLASS else (
+                y if (i + seed) % 3 else min(y + 1, N_CLASSES - 1))
+            probs = [0.9 if c == pred else 0.02 for c in range(N_CLASSES)]
+            lines.append(f"{cohort}_s{i},{cohort},{y},{pred}," + ",".join(map(str, probs)))
+    return "\n".join(lines) + "\n"
+
+
+def _features(path: Path, precision: str, n_tiles: int, rate: float | None) -> None:
+    with h5py.File(_mk(path), "w") as h5:
+        h5.create_dataset("features", data=np.zeros((n_tiles, 4), np.float32))
+        h5.attrs["precision"], h5.attrs["n_tiles"] = precision, n_tiles
+        if rate is not None:
+            h5.attrs["tiles_per_second"] = rate
+
+
+def _fabricate(results: Path, random_init: bool = True) -> None:
+    runs = dict(QWK)
+    if random_init:
+        runs.update({("random-init", "abmil"): ([0.3, 0.3, 0.3], [0.2, 0.2, 0.2]),
+                     ("random-init", "transmil"): ([0.25, 0.25, 0.25], [0.1, 0.1, 0.1])})
+    for (variant, head), (tests, exts) in runs.items():
         for seed, (t, e) in enumerate(zip(tests, exts)):
             run = results / "mil" / "vit-s14-tiny" / variant / "grading" / head / f"seed{seed}"
             write_json_atomic(run / "metrics.json", _metrics(t, e))
-            if variant == "uncompressed" and head == "abmil" and seed == 0:
-                with h5py.File(_mk(run / "attention" / "test.h5"), "w") as h5:
-                    g = h5.create_group("slide_a")
-                    g.create_dataset("attention", data=np.array([0.1, 0.5, 0.4], np.float32))
-                    g.create_dataset("coords", data=np.array([[0, 0], [112, 0], [112, 112]], np.int64))
+            (run / "predictions.csv").write_text(_predictions(variant, head, seed))
+            with h5py.File(_mk(run / "attention" / "test.h5"), "w") as h5:
+                for slide, n in (("slide_a", 3), ("slide_c", 1)):
+                    g = h5.create_group(slide)
+                    g.create_dataset("attention", data=np.array([0.1, 0.5, 0.4][:n], np.float32) * (seed + 1))
+                    g.create_dataset("coords", data=np.array([[0, 0], [112, 0], [112, 112]][:n], np.int64))
                     g.attrs["label"], g.attrs["prediction"] = 3, 2
     write_json_atomic(
         results / "models" / "vit-s14-tiny" / "twt-6" / "model.json",
         {"method": "twt", "depth": 6, "params": 1_234_567, "macs_per_tile": 2_500_000_000,
-         "teacher_weights_sha256": None, "provenance": {"teacher": "vit-s14-tiny", "teacher_source": "random init"}},
+         "teacher_weights_sha256": None, "provenance": {"teacher": "vit-s14-tiny", "teacher_source": "random init",
+                                                        "options": {"distill": {"precision": "bf16"}}}},
     )
+    # twt-6: 30 tiles at 10/s and 10 tiles at 50/s -> weighted mean 20 tiles/s
+    _features(results / "features" / "vit-s14-tiny" / "twt-6" / "grading" / "s1.h5", "bf16-autocast", 30, 10.0)
+    _features(results / "features" / "vit-s14-tiny" / "twt-6" / "grading" / "s2.h5", "bf16-autocast", 10, 50.0)
+    _features(results / "features" / "vit-s14-tiny" / "uncompressed" / "grading" / "s1.h5", "fp32", 30, None)
     # An unfinished run (no metrics.json yet) and a temporary file must both be ignored.
     (results / "mil" / "vit-s14-tiny" / "twt-6" / "grading" / "abmil" / "seed9").mkdir(parents=True)
     _png(results / "discovery" / "vit-s14-tiny" / "similarity.png")
     write_json_atomic(results / "discovery" / "vit-s14-tiny" / "similarity.json",
                       {"figure": "similarity.png", "caption": "SIDE-CAPTION of the similarity"})
     _png(results / "thumbnails" / "grading" / "slide_a.png")
+    with h5py.File(_mk(results / "tiles" / "grading" / "slide_a.h5"), "w") as h5:
+        h5.attrs["level0_width"], h5.attrs["level0_height"] = 448, 448
     _png(results / "thumbnails" / "grading" / ".slide_b.png.tmp-x.png")
 
 
@@ -76,35 +116,48 @@ def _std(values: list[float]) -> float:
     return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
 
 
-def test_report_tables_hold_mean_std_delta_and_cost(tmp_path):
-    results, out = tmp_path / "results", tmp_path / "report"
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    results, out = tmp / "results", tmp / "report"
     _fabricate(results)
     assert main(["report", "--results", str(results), "--out", str(out), "--metric", "grading=qwk"]) == 0
+    return results, out
 
-    rows = {(r["variant"], r["head"]): r for r in csv.DictReader(open(out / "grading.csv"))}
-    assert set(rows) == set(QWK)
+
+def _records(out: Path) -> dict:
+    return {(r["variant"], r["head"]): r for r in csv.DictReader(open(out / "grading.csv"))}
+
+
+def test_report_tables_hold_mean_std_delta_and_cost(report):
+    results, out = report
+    rows = _records(out)
+    assert set(rows) == set(QWK) | {("random-init", "abmil"), ("random-init", "transmil"), ("chance", "-")}
     for key, (tests, exts) in QWK.items():
         r = rows[key]
         assert float(r["test_qwk_mean"]) == pytest.approx(np.mean(tests))
         assert float(r["test_qwk_std"]) == pytest.approx(_std(tests))
         assert float(r["grading-external_qwk_mean"]) == pytest.approx(np.mean(exts))
+        assert float(r["test_balanced_accuracy_mean"]) == pytest.approx(np.mean(tests) / 3)
         assert r["n_seeds"] == "3"  # the unfinished seed9 is not counted
+        assert r["test_n_slides"] == "8.0" and r["grading-external_n_slides"] == "6.0"
         base_tests = QWK[("uncompressed", key[1])][0]
         assert float(r["test_qwk_delta"]) == pytest.approx(np.mean(tests) - np.mean(base_tests))
     assert "val_qwk_mean" not in rows[("twt-6", "abmil")]  # validation is not a reported cohort
     assert rows[("twt-6", "abmil")]["params"] == "1234567"
-    # the uncompressed teacher is counted on its architecture by the project's counter
+    # the uncompressed teacher and the random-init backbone are counted on the architecture
     from pathtwt.models.flops import describe_cost, meta_model
 
     teacher = describe_cost(meta_model("vit-s14-tiny"))
-    assert int(rows[("uncompressed", "abmil")]["params"]) == teacher["params"]
-    assert int(rows[("uncompressed", "abmil")]["macs_per_tile"]) == teacher["macs_per_tile"]
+    for variant in ("uncompressed", "random-init"):
+        assert int(rows[(variant, "abmil")]["params"]) == teacher["params"]
+        assert int(rows[(variant, "abmil")]["macs_per_tile"]) == teacher["macs_per_tile"]
+    assert float(rows[("random-init", "abmil")]["test_qwk_delta"]) == pytest.approx(0.3 - 0.82)
 
     md = (out / "grading.md").read_text()
-    assert "0.820 ± 0.020" in md  # uncompressed ABMIL internal test
+    assert "0.820 ± 0.020 [" in md  # uncompressed ABMIL internal test, with its interval
     assert "-0.020" in md  # twt-6 ABMIL delta on the internal test
     assert "2.50" in md  # GMACs of twt-6
-    assert md.index("uncompressed") < md.index("twt-6")
 
     page = (out / "index.html").read_text()
     assert "RANDOM weights" in page  # the teacher had no pretrained weights: said plainly
@@ -113,7 +166,120 @@ def test_report_tables_hold_mean_std_delta_and_cost(tmp_path):
     assert (out / "figures" / "similarity_vit-s14-tiny.png").is_file()
     assert (out / "figures" / "thumb_grading_slide_a.png").is_file()
     assert not list((out / "figures").glob("*slide_b*"))
-    assert (out / "figures" / "attention_grading_slide_a.png").is_file()
+
+
+def _body(out: Path, name: str = "grading") -> tuple[list[str], list[list[str]]]:
+    from pathtwt.report.markdown import parse_tables
+
+    tables = parse_tables((out / "tables.md").read_text())
+    return next(v for k, v in tables.items() if k.startswith(name))
+
+
+def test_rows_are_ordered_with_reference_rows_and_chance_last(report):
+    header, body = _body(report[1])
+    keys = [(cells[1], cells[2]) for cells in body]
+    assert keys == [
+        ("uncompressed (teacher)", "abmil"), ("twt-6", "abmil"), ("random-init (floor)", "abmil"),
+        ("uncompressed (teacher)", "transmil"), ("twt-6", "transmil"), ("random-init (floor)", "transmil"),
+        ("chance (reference)", "-"),
+    ]
+    chance = dict(zip(header, body[-1]))
+    # QWK 0, balanced accuracy 1 / (classes present), AUC 0.5
+    assert chance["QWK internal test [95% CI]"] == "0.000"
+    assert chance["BAcc internal test"] == f"{1 / 6:.3f}" and chance["BAcc grading-external"] == f"{1 / 5:.3f}"
+    assert chance["AUC internal test"] == "0.500"
+    assert chance["Slides internal test"] == "8" and chance["Slides grading-external"] == "6"
+    page = (report[1] / "index.html").read_text()
+    assert page.count("<tr class='reference'>") >= 5  # teacher, floor (x2 heads) and chance
+
+
+def test_chance_accuracy_is_the_majority_class_share():
+    from pathtwt.mil.metrics import chance_metrics
+
+    c = chance_metrics([0, 0, 0, 1], 2)
+    assert c["accuracy"] == 0.75 and c["balanced_accuracy"] == 0.5 and c["qwk"] == 0.0 and c["auc_macro"] == 0.5
+
+
+def test_single_class_runs_are_flagged(report):
+    header, body = _body(report[1])
+    cells = {(c[1], c[2]): dict(zip(header, c)) for c in body}
+    assert "⚠2/2" not in cells[("twt-6", "abmil")]["QWK grading-external [95% CI]"]
+    # both seeds of twt-6 TransMIL predicted grade 2 for every external slide (3 seeds: 2 of 3)
+    assert "⚠2/3" in cells[("twt-6", "transmil")]["QWK grading-external [95% CI]"]
+    assert "⚠" not in cells[("twt-6", "transmil")]["QWK internal test [95% CI]"]
+    md = (report[1] / "tables.md").read_text()
+    assert "vit-s14-tiny/twt-6/transmil on grading-external (2 of 3 seeds)" in md
+    assert "<td class='flag'>" in (report[1] / "index.html").read_text()
+
+
+def test_interval_is_the_bootstrap_of_the_seed_mean_from_predictions(report):
+    from pathtwt.mil.metrics import bootstrap_interval
+    from pathtwt.mil.summary import read_predictions
+
+    results, out = report
+    rows = _records(out)
+    preds = [read_predictions(results / "mil" / "vit-s14-tiny" / "twt-6" / "grading" / "abmil" / f"seed{s}")["test"]
+             for s in range(3)]
+    order = np.argsort(preds[0]["slide_id"])
+    lo, hi = bootstrap_interval(preds[0]["label"][order], [p["prediction"][order] for p in preds], "qwk", N_CLASSES)
+    assert float(rows[("twt-6", "abmil")]["test_qwk_ci95_low"]) == pytest.approx(lo)
+    assert float(rows[("twt-6", "abmil")]["test_qwk_ci95_high"]) == pytest.approx(hi)
+    assert lo < hi <= 1.0
+
+
+def test_precision_and_throughput_columns(report):
+    header, body = _body(report[1])
+    cells = {(c[1], c[2]): dict(zip(header, c)) for c in body}
+    twt = cells[("twt-6", "abmil")]
+    assert twt["Extracted"] == "bf16-autocast" and twt["Distilled"] == "bf16"
+    assert twt["tiles/s"] == "20.0"  # (30 x 10 + 10 x 50) / 40
+    teacher = cells[("uncompressed (teacher)", "abmil")]
+    assert teacher["Extracted"] == "fp32" and teacher["Distilled"] == "-" and teacher["tiles/s"] == "-"
+
+
+def test_attention_shows_every_variant_on_one_fixed_slide_per_cohort(report):
+    results, out = report
+    figs = sorted(p.name for p in (out / "figures").glob("attention_*.png"))
+    # one slide (the one with most tiles), one figure with every variant and head
+    assert figs == ["attention_grading_test_slide_a.png"]
+    page = (out / "index.html").read_text()
+    assert "attention of every variant (columns) and head (rows)" in page and "tiling thumbnail." in page
+
+
+def test_no_random_init_variant_is_said_under_the_table(tmp_path):
+    results, out = tmp_path / "results", tmp_path / "report"
+    _fabricate(results, random_init=False)
+    assert main(["report", "--results", str(results), "--out", str(out), "--metric", "grading=qwk"]) == 0
+    assert "No random-init backbone row" in (out / "grading.md").read_text()
+
+
+def test_a_random_init_row_needs_no_note(report):
+    assert "No random-init backbone row" not in (report[1] / "grading.md").read_text()
+
+
+def test_markdown_prints_the_readme_tables_with_commit_and_machine(report, capsys):
+    from pathtwt.report.markdown import BEGIN, END
+
+    results, out = report
+    assert main(["report", "--results", str(results), "--out", str(out), "--metric", "grading=qwk", "--markdown"]) == 0
+    text = capsys.readouterr().out
+    assert text == (out / "tables.md").read_text()
+    assert text.startswith(BEGIN) and text.rstrip().endswith(END)
+    assert "at commit " in text and "CPU cores" in text
+    assert "#### grading (QWK)" in text
+
+
+def test_layout_from_a_config_matches_what_the_command_writes(report):
+    from pathtwt.report.tables import readme_layout
+
+    config = {"variants": {"uncompressed": {"method": "none"}, "twt-6": {"method": "twt", "depth": 6},
+                           "random-init": {"method": "random-init"}},
+              "mil": {"heads": ["transmil", "abmil"]}, "backbones": {"vit-s14-tiny": {}},
+              "tasks": {"grading": {"metric": "qwk", "external": ["grading-external"]}}}
+    header, keys = readme_layout(config)["grading"]
+    got_header, body = _body(report[1])
+    assert header == got_header
+    assert keys == [(c[1], c[2]) for c in body]
 
 
 def test_report_without_runs_is_a_one_line_error(tmp_path, capsys):
@@ -129,11 +295,21 @@ def test_attention_grid_places_scores_on_the_tile_grid():
     assert math.isnan(grid[1, 0])
 
 
-def test_report_table_in_markdown_names_missing_cohort_values(tmp_path):
-    results = tmp_path / "results"
-    _fabricate(results)
-    main(["report", "--results", str(results), "--out", str(tmp_path / "r"), "--metric", "grading=qwk"])
-    data = json.loads(json.dumps(list(csv.DictReader(open(tmp_path / "r" / "grading.csv")))))
-    # accuracy is None in every external metrics entry: mean is NaN, shown as n/a
-    assert all(math.isnan(float(r["grading-external_accuracy_mean"])) for r in data)
-    assert "n/a" in (tmp_path / "r" / "grading.md").read_text()
+def test_report_table_in_markdown_names_missing_cohort_values(report):
+    results, out = report
+    data = [r for r in csv.DictReader(open(out / "grading.csv")) if r["role"] != "chance"]
+    # AUC is None (undefined) in every external metrics entry: mean is NaN, shown as n/a
+    assert all(math.isnan(float(r["grading-external_auc_macro_mean"])) for r in data)
+    header, body = _body(out)
+    assert all(dict(zip(header, cells))["AUC grading-external"] == "n/a" for cells in body[:-1])
+
+
+def test_headline_metrics_can_come_from_the_workflow_config(report, tmp_path, capsys):
+    results, _ = report
+    out = tmp_path / "r"
+    root = Path(__file__).resolve().parents[1]
+    assert main(["report", "--results", str(results), "--out", str(out), "--config", str(root / "config" / "config.yaml"),
+                 "--markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "#### grading (QWK)" in text and "#### metastasis (Acc)" in text  # the demo config's tasks and metrics
+    assert "No finished runs yet." in (out / "metastasis.md").read_text()

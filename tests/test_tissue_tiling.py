@@ -200,6 +200,28 @@ def test_cli_writes_coords_and_thumbnail(synthetic, tmp_path):
     assert png is not None and png.shape[:2] == (192 * 4, 256 * 4)  # mask image enlarged by a whole factor
     # the kept tiles are drawn in the tile colour
     assert (np.all(png == (255, 60, 0), axis=2)).sum() > 100
+    # the tissue outline is a line several pixels wide (BGR of TISSUE_COLOUR), not a 1-px hairline
+    from pathtwt.wsi.thumbnail import outline_width
+
+    assert outline_width(png.shape) >= 3
+    assert (np.all(png == (60, 255, 0), axis=2)).sum() > 3 * 2 * (png.shape[0] + png.shape[1]) / 4
+
+
+def test_otsu_keeps_tiles_above_its_stated_minimum_tissue(synthetic, tmp_path):
+    from pathtwt.wsi.tiling import DEFAULT_MIN_TISSUE
+
+    out, loose = tmp_path / "otsu.h5", tmp_path / "touching.h5"
+    assert main(["tile", str(synthetic["pyramid"]), "--out", str(out), "--tissue", "otsu", "--tile-size", "224"]) == 0
+    coords, fraction, attrs = read_coords(out)
+    assert DEFAULT_MIN_TISSUE["otsu"] == 0.25
+    assert attrs["tissue_filter"] == "otsu" and attrs["min_tissue"] == 0.25  # the value used, not 0.0
+    assert len(coords) and fraction.min() >= 0.25
+    # configurable: 0 keeps every tile that touches tissue, recorded as such
+    assert main(["tile", str(synthetic["pyramid"]), "--out", str(loose), "--tissue", "otsu", "--tile-size", "224",
+                 "--min-tissue", "0"]) == 0
+    coords0, fraction0, attrs0 = read_coords(loose)
+    assert attrs0["min_tissue"] == 0.0 and fraction0.min() > 0 and len(coords0) > len(coords)
+    assert (fraction0 < 0.25).sum() == len(coords0) - len(coords)
 
 
 def test_cli_blank_slide_gives_no_tissue_file(synthetic, tmp_path):

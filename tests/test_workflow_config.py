@@ -43,7 +43,7 @@ GOOD = [("s1", "0", "train"), ("s2", "1", "train"), ("s3", "0", "val"), ("s4", "
 
 def test_valid_config_gets_schema_defaults(tmp_path):
     config, tables = load_and_check([_config(tmp_path, GOOD)])
-    assert config["cohorts"]["c1"]["tiling"] == {"target_mpp": 0.5, "tile_size": 256, "tissue": "fraction", "min_tissue": 0.6,
+    assert config["cohorts"]["c1"]["tiling"] == {"target_mpp": 0.5, "tile_size": 256, "tissue": "fraction", "min_tissue": None,
                                                  "allow_upsample": False, "on_failure": "stop"}
     assert config["cohorts"]["c1"]["modality"] == "brightfield" and config["cohorts"]["c1"]["channels"] is None
     assert config["mil"]["seeds"] == [0, 1, 2, 3, 4]
@@ -59,7 +59,8 @@ def test_tiling_defaults_are_one_table_for_the_config_the_cli_and_the_function()
     from pathtwt.wsi.tiling import TILING_DEFAULTS, tile_slide
 
     config = validate_schema({"cohorts": {"a": {"slides": "x", "labels": "y"}}}, source="t")
-    assert config["cohorts"]["a"]["tiling"] == asdict(TILING_DEFAULTS)
+    # on_failure is the workflow's (what a tile job does with an unreadable slide), not tile_slide's
+    assert {k: v for k, v in config["cohorts"]["a"]["tiling"].items() if k != "on_failure"} == asdict(TILING_DEFAULTS)
     parser = argparse.ArgumentParser()
     tile.add_arguments(parser)
     flags = vars(parser.parse_args(["slide.svs", "--out", "x.h5"]))
@@ -109,22 +110,33 @@ def test_duplicate_slide_ids_are_listed_by_row(tmp_path):
     with pytest.raises(ConfigError) as exc:
         load_and_check([_config(tmp_path, rows)])
     msg = str(exc.value)
-    assert "duplicate slide_id" in msg and "row 2 ('s2')" in msg and "row 5 ('s2')" in msg
+    assert "duplicate slide_id" in msg and "line 3 ('s2')" in msg and "line 6 ('s2')" in msg
     assert "labels.csv" in msg
+
+
+def test_rows_are_named_by_their_line_in_the_file(tmp_path):
+    from pathtwt.config.check import read_label_table
+
+    labels = tmp_path / "labels.csv"
+    # header on line 1, a blank line 3: the duplicate s1 is on line 5
+    labels.write_text("slide_id,label,split\ns1,0,train\n\ns2,1,test\ns1,1,test\n")
+    with pytest.raises(ConfigError) as exc:
+        read_label_table(labels)
+    assert "line 2 ('s1')" in str(exc.value) and "line 5 ('s1')" in str(exc.value)
 
 
 def test_unknown_split_is_listed_with_value(tmp_path):
     rows = GOOD + [("s5", "1", "training")]
     with pytest.raises(ConfigError) as exc:
         load_and_check([_config(tmp_path, rows)])
-    assert "row 5 ('s5'): 'training'" in str(exc.value) and "splits" in str(exc.value)
+    assert "line 6 ('s5'): 'training'" in str(exc.value) and "splits" in str(exc.value)
 
 
 def test_slides_missing_on_disk_are_listed(tmp_path):
     with pytest.raises(ConfigError) as exc:
         load_and_check([_config(tmp_path, GOOD, on_disk=["s1", "s3"])])
     msg = str(exc.value)
-    assert "missing on disk" in msg and "row 2 ('s2')" in msg and "row 4 ('s4')" in msg and "'s1'" not in msg
+    assert "missing on disk" in msg and "line 3 ('s2')" in msg and "line 5 ('s4')" in msg and "'s1'" not in msg
     # planning elsewhere: the slides need not be here
     load_and_check([_config(tmp_path, GOOD, on_disk=["s1"])], require_slides=False)
 
@@ -139,7 +151,7 @@ def test_slide_table_and_glob_sources(tmp_path):
     load_and_check([path])
     cfg["cohorts"]["c1"]["slides"] = str(tmp_path / "c1" / "slides" / "s[1-3].svs")
     path.write_text(yaml.safe_dump(cfg))
-    with pytest.raises(ConfigError, match=r"row 4 \('s4'\)"):
+    with pytest.raises(ConfigError, match=r"line 5 \('s4'\)"):
         load_and_check([path])
 
 

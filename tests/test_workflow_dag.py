@@ -187,8 +187,20 @@ def test_bad_label_table_stops_before_any_job(paper):
                     check=False)
     assert res.returncode != 0
     out = res.stdout + res.stderr  # Snakemake prints parse errors on stdout
-    assert "camelyon16_slides.csv: duplicate slide_id" in out and "row 2 ('n2'), row 4 ('n2')" in out
+    assert "camelyon16_slides.csv: duplicate slide_id" in out and "line 3 ('n2'), line 5 ('n2')" in out
     assert "Job stats" not in res.stdout
+
+
+def test_a_config_error_names_the_configfile_given(paper, tmp_path):
+    data, work = paper
+    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    cfg["mil"]["seeds"] = "zero"
+    bad = tmp_path / "study.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    res = snakemake(work, "-n", "--configfile", str(bad), "--config", f"data_root={data}", check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and f"{bad} (with --config overrides): key mil.seeds" in out
+    assert "config/config.yaml" not in out
 
 
 def test_slurm_profile_plans_the_demo(tmp_path):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "results tables per task (mean +- std over seeds, delta vs uncompressed, params, MACs) and the HTML report"
+HELP = ("results tables per task (mean +- std over seeds with bootstrap intervals, reference rows, delta vs "
+        "uncompressed, params, MACs, precision, tiles/s) and the HTML report")
 
 
 def _task_metric(text: str) -> tuple[str, str]:
@@ -23,13 +24,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="headline metric of a task (qwk, accuracy, balanced_accuracy, auc_macro); repeatable; "
         "tasks not named use accuracy",
     )
-    parser.add_argument("--attention-slides", type=int, default=3, help="slides per task with attention heatmaps (default 3)")
+    parser.add_argument("--attention-slides", type=int, default=1,
+                        help="fixed slides per evaluated cohort with attention heatmaps of every variant (default 1)")
+    parser.add_argument("--config", type=Path, action="append", default=[], metavar="FILE",
+                        help="workflow config(s) whose tasks give the headline metrics (as --metric does); repeatable")
+    parser.add_argument("--markdown", action="store_true",
+                        help="also print the README's tables (OUT/tables.md: per task, tile probe, fidelity, with the "
+                        "commit and machine) to stdout, to be pasted as they are")
 
 
 def run(args: argparse.Namespace) -> int:
     from pathtwt.report.tables import write_report
 
     out = args.out or args.results / "report"
-    page = write_report(args.results, out, metrics=dict(args.metric), attention_slides=args.attention_slides)
-    print(f"report: {page}")
+    metrics = {}
+    if args.config:
+        from pathtwt.config.check import load_and_check
+
+        config, _ = load_and_check(args.config, require_slides=False)
+        metrics = {task: spec["metric"] for task, spec in config["tasks"].items()}
+    metrics.update(dict(args.metric))
+    page = write_report(args.results, out, metrics=metrics, attention_slides=args.attention_slides)
+    if args.markdown:
+        print((out / "tables.md").read_text(encoding="utf-8"), end="")
+    else:
+        print(f"report: {page}")
     return 0

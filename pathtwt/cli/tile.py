@@ -6,10 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-HELP = "find tissue on one slide (Otsu on a low-resolution level) and write its tile coordinates to HDF5"
+HELP = "find tissue on one slide (Otsu on a low-resolution level) and write the coordinates of the tiles with enough tissue to HDF5"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pathtwt.wsi.tiling import DEFAULT_MIN_TISSUE
     from pathtwt.wsi.tiling import TILING_DEFAULTS as D
     from pathtwt.wsi.tissue import TissueParams
 
@@ -23,11 +24,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tissue",
         choices=("fraction", "otsu"),
         default=D.tissue,
-        help="fraction: keep tiles with tissue fraction >= --min-tissue; otsu: keep tiles touching tissue "
-        f"(default: {D.tissue})",
+        help="which tiles of the Otsu tissue mask are kept: those with a tissue fraction >= --min-tissue, whose "
+        f"default is {DEFAULT_MIN_TISSUE['fraction']} for fraction (PANDA-style) and {DEFAULT_MIN_TISSUE['otsu']} "
+        f"for otsu (CAMELYON-style) (default: {D.tissue})",
     )
-    parser.add_argument("--min-tissue", type=float, default=D.min_tissue,
-                        help=f"minimum tissue fraction for --tissue fraction (default {D.min_tissue:g})")
+    parser.add_argument(
+        "--min-tissue", type=float, default=D.min_tissue,
+        help=f"minimum tissue fraction of a kept tile (default {DEFAULT_MIN_TISSUE['fraction']} with --tissue "
+        f"fraction, {DEFAULT_MIN_TISSUE['otsu']} with --tissue otsu); recorded in the coords file",
+    )
     parser.add_argument(
         "--slide-mpp", type=float, default=None,
         help="level-0 um/px to use when the slide metadata has none (default: none; such a slide is an error)",

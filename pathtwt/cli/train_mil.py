@@ -53,7 +53,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--heads", dict(type=int), "TransMIL attention heads"),
         ("--landmarks", dict(type=int), "TransMIL Nystrom landmarks"),
     ):
-        preset.add_argument(flag, default=None, help=f"{text} (default: the preset's)", **kwargs)
+        preset.add_argument(flag, default=None, help=f"{text} ({preset_defaults(flag)})", **kwargs)
+
+
+def preset_defaults(flag: str) -> str:
+    """The presets' values of an override, for its help line: "default 1e-4" when the
+    presets agree, else "default: grading 20, metastasis 100"."""
+    from pathtwt.mil.protocols import PROTOCOLS
+
+    name = flag.lstrip("-").replace("-", "_")
+    shown = {p: _help_value(name, getattr(c, name)) for p, c in PROTOCOLS.items()}
+    if len(set(shown.values())) == 1:
+        return f"default {next(iter(shown.values()))}"
+    return "default: " + ", ".join(f"{p} {v}" for p, v in shown.items())
+
+
+def _help_value(name: str, value) -> str:
+    if value is None:  # fields whose None means "the head decides"
+        return {"dropout": "the head's (ABMIL 0.25, TransMIL 0.1)", "landmarks": "hidden-dim / 2",
+                "max_instances": "all tiles"}.get(name, "none")
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _check_positive(args: argparse.Namespace) -> None:

@@ -118,6 +118,7 @@ class _Scores:
             "cka": linear_cka(s, t),
             "cosine": mean_cos(s, t),
             "block_r2": [1.0 - e / v if v > 0 else float("nan") for e, v in zip(self.block_err, self.block_var)],
+            "block_layers": list(self.boundaries),  # the teacher layer each block_r2 value is matched to
             "n_tiles": int(len(t)),
         }
 

@@ -91,7 +91,19 @@ def validate_schema(config: dict, *, source: str, schema_path: str | os.PathLike
         err = errors[0]
         more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
         raise ConfigError(f"{source}: key {_key_path(err.absolute_path)}: {err.message}{more}")
+    fill_min_tissue(config)
     return config
+
+
+def fill_min_tissue(config: dict) -> None:
+    """A cohort's tiling.min_tissue left null becomes its filter's default, so the jobs get
+    (and the coords files record) the value used."""
+    from pathtwt.wsi.tiling import DEFAULT_MIN_TISSUE
+
+    for cohort in (config.get("cohorts") or {}).values():
+        tiling = cohort.get("tiling") if isinstance(cohort, dict) else None
+        if isinstance(tiling, dict) and tiling.get("min_tissue") is None:
+            tiling["min_tissue"] = DEFAULT_MIN_TISSUE.get(tiling.get("tissue", "fraction"), DEFAULT_MIN_TISSUE["fraction"])
 
 
 def resolve(config: Mapping[str, Any], path: str) -> Path:
@@ -164,6 +176,11 @@ class LabelTable:
     slide_ids: tuple[str, ...]
     labels: tuple[str, ...]
     splits: tuple[str, ...]
+    lines: tuple[int, ...] = ()  # the file's line number of each row (1 = the header line)
+
+    def where(self, i: int) -> str:
+        """How an error names row ``i``: its line in the file."""
+        return f"line {self.lines[i]}" if i < len(self.lines) else f"data row {i + 1}"
 
     def ids_in_split(self, split: str) -> list[str]:
         return [s for s, sp in zip(self.slide_ids, self.splits) if sp == split]
@@ -178,7 +195,7 @@ def read_label_table(
     where: str = "labels",
 ) -> LabelTable:
     """Read and check a label table; duplicate ids, empty labels and unknown splits are
-    rejected with the offending rows (1-based data rows, header excluded)."""
+    rejected with the offending rows, named by their line in the file."""
     import pandas as pd
 
     path = Path(path)
@@ -194,7 +211,8 @@ def read_label_table(
             f"{path}: label table ({where}) lacks columns {missing}; it has {list(df.columns)}"
         )
     ids = df["slide_id"].str.strip()
-    rows = lambda mask: [f"row {i + 1} ({ids[i]!r})" for i in mask[mask].index]  # noqa: E731
+    lines = _data_lines(path, len(df))
+    rows = lambda mask: [f"line {lines[i]} ({ids[i]!r})" for i in mask[mask].index]  # noqa: E731
     dup = ids.duplicated(keep=False) & (ids != "")
     if dup.any():
         raise ConfigError(f"{path}: duplicate slide_id in {where}: {_listing(rows(dup))}")
@@ -213,6 +231,7 @@ def read_label_table(
         slide_ids=tuple(ids),
         labels=tuple(df[label_column].str.strip()),
         splits=tuple(df[split_column].str.strip()),
+        lines=tuple(lines),
     )
 
 
@@ -255,6 +274,16 @@ def split_draw(config: Mapping[str, Any], cohort: str) -> Mapping[str, Any] | No
     return None if cfg["split_column"] in header else ALL_TEST
 
 
+def _data_lines(path: Path, n_rows: int) -> list[int]:
+    """The file line of each data row as pandas reads them (blank lines skipped, the
+    first non-blank line the header); quoted fields spanning lines are not counted apart."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        nonblank = [k + 1 for k, line in enumerate(fh) if line.strip()]
+    lines = nonblank[1 : n_rows + 1]
+    # a quoted newline makes fewer rows than lines; fall back to counting after the header
+    return lines if len(lines) == n_rows else [i + 2 for i in range(n_rows)]
+
+
 def cohort_label_table(config: Mapping[str, Any], cohort: str) -> LabelTable:
     cfg = config["cohorts"][cohort]
     draw = split_draw(config, cohort)
@@ -275,7 +304,7 @@ def cohort_label_table(config: Mapping[str, Any], cohort: str) -> LabelTable:
 def check_slides_on_disk(config: Mapping[str, Any], cohort: str, table: LabelTable) -> dict[str, Path]:
     """slide_id -> path for every labelled slide; labelled slides without a file are an error."""
     found = list_slides(config, cohort)
-    missing = [f"row {i + 1} ({s!r})" for i, s in enumerate(table.slide_ids) if s not in found or not found[s].exists()]
+    missing = [f"{table.where(i)} ({s!r})" for i, s in enumerate(table.slide_ids) if s not in found or not found[s].exists()]
     if missing:
         raise ConfigError(
             f"{table.path}: slides of cohorts.{cohort} missing on disk under "

@@ -99,3 +99,75 @@ def slide_metrics(y_true, probs: np.ndarray, n_classes: int) -> dict[str, Any]:
         "auc_macro": macro_auc(y_true, probs) if len(y_true) else float("nan"),
     }
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in values.items()}
+
+
+# The headline metrics a bootstrap interval is computed for; the fast forms below give the
+# same values as the scikit-learn ones above (tests/test_mil_metrics.py checks it).
+BOOTSTRAP_METRICS = ("qwk", "qwk_x100", "accuracy", "balanced_accuracy")
+
+
+def _fast_metric(metric: str, y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> float:
+    """One metric from the confusion matrix, without scikit-learn's per-call overhead
+    (a bootstrap calls it thousands of times)."""
+    cm = np.bincount(y_true * n_classes + y_pred, minlength=n_classes * n_classes).reshape(n_classes, n_classes)
+    n = cm.sum()
+    if n == 0:
+        return math.nan
+    if metric == "accuracy":
+        return float(np.trace(cm) / n)
+    if metric == "balanced_accuracy":
+        support = cm.sum(axis=1)
+        present = support > 0
+        return float(np.mean(np.diag(cm)[present] / support[present]))
+    if metric in ("qwk", "qwk_x100"):
+        idx = np.arange(n_classes)
+        w = (idx[:, None] - idx[None, :]) ** 2
+        expected = np.outer(cm.sum(axis=1), cm.sum(axis=0)) / n
+        denom = float((w * expected).sum())
+        if denom == 0:
+            return math.nan
+        value = 1.0 - float((w * cm).sum()) / denom
+        return 100.0 * value if metric == "qwk_x100" else value
+    raise ValueError(f"no bootstrap form for metric {metric!r}; use one of {BOOTSTRAP_METRICS}")
+
+
+def bootstrap_interval(
+    y_true, predictions: list[np.ndarray], metric: str, n_classes: int, *, n_boot: int = 1000, seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval of the mean over seeds of ``metric``, resampling the cohort's
+    slides with replacement within each true class (so every class keeps its count and
+    QWK stays defined). ``predictions`` holds one array of predicted classes per seed,
+    aligned with ``y_true``; every resample scores all seeds on the same slides, so the
+    interval is the slide-sampling uncertainty of the seed-mean in the table. Resamples
+    where the metric is undefined are left out; (NaN, NaN) when none is defined."""
+    y_true = np.asarray(y_true, dtype=np.int64)
+    preds = [np.asarray(p, dtype=np.int64) for p in predictions]
+    if len(y_true) == 0 or not preds:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    groups = [np.flatnonzero(y_true == c) for c in np.unique(y_true)]
+    values = []
+    for _ in range(n_boot):
+        idx = np.concatenate([rng.choice(g, size=len(g), replace=True) for g in groups])
+        scores = [_fast_metric(metric, y_true[idx], p[idx], n_classes) for p in preds]
+        if not any(math.isnan(s) for s in scores):
+            values.append(sum(scores) / len(scores))
+    if not values:
+        return math.nan, math.nan
+    tail = 100.0 * (1.0 - level) / 2.0
+    lo, hi = np.percentile(values, [tail, 100.0 - tail])
+    return float(lo), float(hi)
+
+
+def chance_metrics(y_true, n_classes: int) -> dict[str, float]:
+    """What a head that knows nothing scores on a cohort: QWK 0 (agreement at chance),
+    balanced accuracy 1/C over the C classes present (any constant prediction), macro
+    AUC 0.5, and the accuracy of always predicting the cohort's majority class."""
+    y_true = np.asarray(y_true, dtype=np.int64)
+    if len(y_true) == 0:
+        return {"qwk": math.nan, "qwk_x100": math.nan, "accuracy": math.nan, "balanced_accuracy": math.nan,
+                "auc_macro": math.nan, "n_slides": 0}
+    counts = np.bincount(y_true, minlength=n_classes)
+    return {"qwk": 0.0, "qwk_x100": 0.0, "accuracy": float(counts.max() / len(y_true)),
+            "balanced_accuracy": 1.0 / int((counts > 0).sum()), "auc_macro": 0.5, "n_slides": int(len(y_true))}

@@ -1,6 +1,9 @@
 """Repeats: mean +- standard deviation of the metrics of several runs (seeds) of the
 same protocol and head, as the paper reports them. The standard deviation is the
-sample one (ddof=1); a single run gets std 0."""
+sample one (ddof=1); a single run gets std 0. Where every run left its predictions.csv,
+QWK, accuracy and balanced accuracy also get a 95 % bootstrap interval over the cohort's
+slides of the mean over the runs (pooled: each resample scores every run on the same
+slides), and each cohort counts the runs that predicted one class for every slide."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from pathtwt.errors import ConfigError, PathtwtError
+from pathtwt.mil.metrics import BOOTSTRAP_METRICS
 
 SUMMARY_METRICS = ("qwk_x100", "accuracy", "balanced_accuracy", "auc_macro")
 
@@ -35,18 +39,30 @@ def summarize_runs(run_dirs: list[str | os.PathLike]) -> dict:
     if repeated:
         raise ConfigError(f"seed(s) {repeated} appear in more than one run; each repeat needs its own seed")
     cohorts = list(dict.fromkeys(name for r in runs for name in r["cohorts"]))
+    predictions = [read_predictions(d) for d in run_dirs]
+    n_classes = next((r.get("n_classes") for r in runs if r.get("n_classes")), None)
     summary: dict[str, dict] = {}
+    single_class: dict[str, int] = {}  # cohort -> runs that predicted one class for every slide
     for cohort in cohorts:
         summary[cohort] = {}
+        per_seed = [p[cohort] for p in predictions if cohort in p]
         for metric in SUMMARY_METRICS:
             values = [r["cohorts"].get(cohort, {}).get(metric) for r in runs]
             valid = np.array([v for v in values if v is not None], dtype=np.float64)
-            summary[cohort][metric] = {
+            entry = {
                 "mean": float(valid.mean()) if len(valid) else None,
                 "std": float(valid.std(ddof=1)) if len(valid) > 1 else (0.0 if len(valid) else None),
                 "n": int(len(valid)),
                 "values": values,
             }
+            if metric in BOOTSTRAP_METRICS and n_classes and len(per_seed) == len(runs):
+                # the seed-mean's 95 % interval over slides, every seed scored on each resample
+                lo, hi = pooled_interval(per_seed, metric, int(n_classes))
+                entry["ci95"] = [None if np.isnan(lo) else lo, None if np.isnan(hi) else hi]
+            summary[cohort][metric] = entry
+        if per_seed:
+            single_class[cohort] = int(sum(len(np.unique(p["prediction"])) == 1 and len(p["prediction"]) > 1
+                                           for p in per_seed))
     protocol, aggregator = next(iter(kinds))
     return {
         "protocol": protocol,
@@ -55,6 +71,7 @@ def summarize_runs(run_dirs: list[str | os.PathLike]) -> dict:
         "runs": [str(d) for d in run_dirs],
         "selected_epochs": [r["selected_epoch"] for r in runs],
         "summary": summary,
+        "single_class_runs": single_class,
     }
 
 
@@ -71,7 +88,55 @@ def summary_rows(result: dict) -> list[dict]:
                     "mean": s["mean"],
                     "std": s["std"],
                     "n_runs": s["n"],
+                    "ci95_low": (s.get("ci95") or [None, None])[0],
+                    "ci95_high": (s.get("ci95") or [None, None])[1],
                     "values": ";".join("" if v is None else f"{v:.6g}" for v in s["values"]),
                 }
             )
     return rows
+
+
+def read_predictions(run_dir: str | os.PathLike) -> dict[str, dict[str, np.ndarray]]:
+    """cohort -> {"slide_id", "label", "prediction"} arrays of a finished run's
+    ``predictions.csv`` ({} when the run has none, e.g. one written before it existed)."""
+    import csv
+
+    path = Path(run_dir) / "predictions.csv"
+    if not path.is_file():
+        return {}
+    cohorts: dict[str, dict[str, list]] = {}
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            for row in csv.DictReader(fh):
+                c = cohorts.setdefault(row["cohort"], {"slide_id": [], "label": [], "prediction": []})
+                c["slide_id"].append(row["slide_id"])
+                c["label"].append(int(row["label"]))
+                c["prediction"].append(int(row["prediction"]))
+    except (KeyError, ValueError, csv.Error) as exc:
+        raise PathtwtError(f"{path}: not a predictions table of `pathtwt train-mil` ({exc}); re-run that training") from None
+    return {name: {"slide_id": np.array(c["slide_id"]), "label": np.array(c["label"], dtype=np.int64),
+                   "prediction": np.array(c["prediction"], dtype=np.int64)} for name, c in cohorts.items()}
+
+
+def pooled_interval(per_seed: list[dict[str, np.ndarray]], metric: str, n_classes: int, *, n_boot: int = 1000,
+                    seed: int = 0) -> tuple[float, float]:
+    """Bootstrap 95 % interval over slides of the seed-mean ``metric`` of one cohort, from
+    each seed's predictions (``read_predictions(...)[cohort]``), aligned on slide id; slides
+    missing from some seed are left out."""
+    from pathtwt.mil.metrics import bootstrap_interval
+
+    if not per_seed:
+        return float("nan"), float("nan")
+    common = set(per_seed[0]["slide_id"])
+    for p in per_seed[1:]:
+        common &= set(p["slide_id"])
+    order = sorted(common)
+    if not order:
+        return float("nan"), float("nan")
+    aligned = []
+    for p in per_seed:
+        pos = {s: i for i, s in enumerate(p["slide_id"])}
+        aligned.append(np.array([pos[s] for s in order]))
+    y_true = per_seed[0]["label"][aligned[0]]
+    preds = [p["prediction"][a] for p, a in zip(per_seed, aligned)]
+    return bootstrap_interval(y_true, preds, metric, n_classes, n_boot=n_boot, seed=seed)

@@ -21,7 +21,10 @@ from pathtwt.errors import PathtwtError
 REFERENCES = (("teacher", "teacher (reference)"), ("constant", "constant (reference)"),
               ("random_init", "random-init (reference)"))
 HEADER = ["Backbone", "Variant", "R²", "Centred cosine", "CKA", "Cosine (uncentred)", "R² at init",
-          "R² per block", "Report tiles", "Params (M)", "GMACs"]
+          "Report tiles", "Params (M)", "GMACs"]
+# Per-block R² columns follow HEADER, one per teacher layer: "R² L1", "R² L2", ...
+BLOCK_COLUMN = "R² L{}"
+NOT_MATCHED = "·"  # a teacher layer this student has no block boundary at
 
 
 def _num(m: dict[str, Any] | None, key: str) -> float:
@@ -38,11 +41,35 @@ def _f(value: float, digits: int = 3) -> str:
     return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
 
 
-def _blocks(m: dict[str, Any] | None) -> str:
+def block_layers(m: dict[str, Any] | None, meta: dict[str, Any] | None, teacher_depth: int | None) -> list[int] | None:
+    """The teacher layer (1-based) each ``block_r2`` value was measured against: recorded
+    with the values (``block_layers``), else the ends of model.json's plan blocks, else
+    every teacher layer when there is one value per layer; None when it cannot be told."""
     values = (m or {}).get("block_r2")
     if not isinstance(values, list) or not values:
-        return "n/a"
-    return " · ".join(_f(_num({"v": v}, "v"), 2) for v in values)
+        return None
+    recorded = (m or {}).get("block_layers")
+    if isinstance(recorded, list) and len(recorded) == len(values):
+        return [int(e) for e in recorded]
+    blocks = ((meta or {}).get("plan") or {}).get("blocks")
+    if isinstance(blocks, list) and len(blocks) == len(values):
+        return [int(b[-1]) for b in blocks]
+    if teacher_depth and len(values) == teacher_depth:
+        return list(range(1, teacher_depth + 1))
+    return None
+
+
+def _block_cells(m: dict[str, Any] | None, layers: list[int] | None, depth: int) -> list[str]:
+    values = (m or {}).get("block_r2")
+    if not isinstance(values, list) or not values:
+        return ["n/a"] * depth
+    if layers is None:
+        return ["?"] * depth
+    cells = [NOT_MATCHED] * depth
+    for layer, v in zip(layers, values):
+        if 1 <= layer <= depth:
+            cells[layer - 1] = _f(_num({"v": v}, "v"), 2)
+    return cells
 
 
 def read_models(results: Path) -> dict[str, list[tuple[str, dict[str, Any]]]]:
@@ -57,16 +84,19 @@ def read_models(results: Path) -> dict[str, list[tuple[str, dict[str, Any]]]]:
     return out
 
 
-def _row(backbone: str, label: str, final: dict | None, initial: dict | None, n_tiles: Any, cost: Any) -> tuple[list[str], dict]:
+def _row(backbone: str, label: str, final: dict | None, initial: dict | None, n_tiles: Any, cost: Any,
+         layers: list[int] | None, depth: int) -> tuple[list[str], dict]:
     values = {k: _num(final, k) for k in ("r2", "centred_cosine", "cka", "cosine")}
     init_r2 = _num(initial, "r2")
     cells = [backbone, label] + [_f(values[k]) for k in ("r2", "centred_cosine", "cka", "cosine")]
-    cells += [_f(init_r2), _blocks(final), "n/a" if n_tiles is None else str(n_tiles)]
+    cells += [_f(init_r2), "n/a" if n_tiles is None else str(n_tiles)]
     params, macs = (None, None) if cost is None else (cost.params, cost.macs)
     cells += ["—" if cost is None else ("n/a" if params is None else f"{params / 1e6:.2f}"),
               "—" if cost is None else ("n/a" if macs is None else f"{macs / 1e9:.2f}")]
+    cells += _block_cells(final, layers, depth)
     record = {"backbone": backbone, "variant": label, **values, "r2_at_init": init_r2,
               "block_r2": " ".join(_f(_num({"v": v}, "v"), 4) for v in (final or {}).get("block_r2") or []),
+              "block_layers": " ".join(str(e) for e in layers or []),
               "report_tiles": n_tiles, "params": params, "macs_per_tile": macs}
     return cells, record
 
@@ -75,6 +105,15 @@ def fidelity_table(results: Path, cost_of: Callable[[str, str], Any]) -> tuple[l
     """(header, cells, CSV records, notes). ``cost_of(backbone, variant)`` gives params and MACs."""
     models = read_models(results)
     body, records, notes = [], [], []
+
+    def teacher_depth(backbone: str) -> int:
+        refs = next((m["fidelity"]["references"] for _, m in models[backbone]
+                     if isinstance((m.get("fidelity") or {}).get("references"), dict)), {})
+        blocks = (refs.get("teacher") or {}).get("block_r2")
+        return len(blocks) if isinstance(blocks, list) and blocks else int(cost_of(backbone, "uncompressed").depth or 0)
+
+    depths = {b: teacher_depth(b) for b in models}
+    depth = max(depths.values(), default=0)
     for backbone in sorted(models):
         variants = sorted(models[backbone], key=lambda vm: (-(vm[1].get("depth") or 0), vm[0]))
         fids = {v: (m.get("fidelity") or {}) for v, m in variants}
@@ -90,12 +129,18 @@ def fidelity_table(results: Path, cost_of: Callable[[str, str], Any]) -> tuple[l
         for name, kind in ordered:
             if kind == "variant":
                 fid = fids[name]
+                meta = dict(variants)[name]
+                layers = block_layers(fid.get("final"), meta, depths[backbone])
                 cells, rec = _row(backbone, name, fid.get("final"), fid.get("initial"), n_of(fid.get("final"), fid),
-                                  cost_of(backbone, name))
+                                  cost_of(backbone, name), layers, depth)
+                if layers is None and (fid.get("final") or {}).get("block_r2"):
+                    notes.append(f"{backbone}/{name}: its per-block R² cannot be placed under teacher layers "
+                                 "(no plan or block_layers in model.json); shown as ?.")
             else:
                 m = refs.get(name)
                 cost = None if name == "constant" else teacher_cost
-                cells, rec = _row(backbone, labels[name], m, None, n_of(m, {}), cost)
+                cells, rec = _row(backbone, labels[name], m, None, n_of(m, {}), cost,
+                                  block_layers(m, None, depths[backbone]), depth)
                 cells[6] = "—"
             body.append(cells)
             records.append(rec)
@@ -110,4 +155,8 @@ def fidelity_table(results: Path, cost_of: Callable[[str, str], Any]) -> tuple[l
             )
         else:
             notes.append(f"{backbone}: these model.json files predate the centred measures and reference rows (n/a).")
-    return (HEADER if body else []), body, records, notes
+    if body:
+        notes.append(f"R² L<i>: R² of the student's tokens at the end of the block that stands for teacher layers "
+                     f"up to i, against the teacher's tokens after layer i; {NOT_MATCHED}: no block of this "
+                     "student ends at that layer.")
+    return ((HEADER + [BLOCK_COLUMN.format(i) for i in range(1, depth + 1)]) if body else []), body, records, notes

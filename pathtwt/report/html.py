@@ -69,9 +69,8 @@ def analysis_figures(results: Path, out: Path) -> list[tuple[str, str]]:
     return figs
 
 
-def attention_grid(coords: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """Per-tile scores on the tile grid (NaN where no tile): the tile pitch is the
-    smallest gap between distinct coordinates."""
+def grid_pitch(coords: np.ndarray) -> int:
+    """The tile pitch: the smallest gap between distinct coordinates (1 for a single tile)."""
     coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
     pitch = 1
     for axis in (0, 1):
@@ -79,15 +78,59 @@ def attention_grid(coords: np.ndarray, scores: np.ndarray) -> np.ndarray:
         gaps = gaps[gaps > 0]
         if gaps.size:
             pitch = max(pitch, int(gaps.min()))
+    return pitch
+
+
+def attention_grid(coords: np.ndarray, scores: np.ndarray, pitch: int | None = None) -> np.ndarray:
+    """Per-tile scores on the tile grid (NaN where no tile), one cell per ``pitch``
+    (default :func:`grid_pitch`) from the smallest coordinate."""
+    coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
+    pitch = grid_pitch(coords) if pitch is None else pitch
     cells = (coords - coords.min(axis=0)) // pitch
     grid = np.full((int(cells[:, 1].max()) + 1, int(cells[:, 0].max()) + 1), np.nan, dtype=np.float32)
     grid[cells[:, 1], cells[:, 0]] = scores
     return grid
 
 
+def _slide_background(results: Path, slide: str) -> tuple[np.ndarray, float, float] | None:
+    """The slide's tiling thumbnail and its scale (thumbnail px per level-0 px in x, y),
+    from ``results/thumbnails/*/{slide}.png`` and the coords file beside it."""
+    from PIL import Image
+
+    from pathtwt.io.h5 import read_attrs
+
+    for png in sorted((results / "thumbnails").glob(f"*/{slide}.png")):
+        coords = results / "tiles" / png.parent.name / f"{slide}.h5"
+        if not coords.is_file():
+            continue
+        try:
+            attrs = read_attrs(coords)
+            image = np.asarray(Image.open(png).convert("RGB"))
+            w, h = float(attrs["level0_width"]), float(attrs["level0_height"])
+        except (OSError, KeyError, ValueError):
+            continue
+        return image, image.shape[1] / w, image.shape[0] / h
+    return None
+
+
+def _run_dir(results: Path, row: Any, task: str) -> Path:
+    return results / "mil" / row.backbone / row.variant / task / row.head / f"seed{row.seeds[0]}"
+
+
+def _fixed_slides(path: Path, n: int) -> list[str]:
+    """The slides of a cohort's attention file with most tiles (ties by name): the same
+    slides for every variant, since every run evaluates the same cohort."""
+    import h5py
+
+    with h5py.File(path, "r") as h5:
+        return sorted(h5, key=lambda s: (-len(h5[s]["attention"]), s))[:n]
+
+
 def attention_figures(results: Path, out: Path, task: str, rows: list, n_slides: int) -> list[tuple[str, str]]:
-    """Heatmaps of the per-tile attention of one run of the task (the uncompressed
-    backbone's first head, lowest seed) on the internal test slides with most tiles."""
+    """Per evaluated cohort of the task, ``n_slides`` fixed slides (most tiles in the
+    teacher's run), each one figure with the per-tile attention of every variant (columns)
+    and head (rows), lowest seed, over the slide's thumbnail, with one colour bar."""
+    rows = [r for r in rows if getattr(r, "role", "variant") != "chance" and r.seeds]
     if n_slides <= 0 or not rows:
         return []
     import h5py
@@ -96,74 +139,113 @@ def attention_figures(results: Path, out: Path, task: str, rows: list, n_slides:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    row = next((r for r in rows if r.variant == "uncompressed"), rows[0])
-    run_dir = results / "mil" / row.backbone / row.variant / task / row.head / f"seed{row.seeds[0]}"
-    path = run_dir / "attention" / "test.h5"
-    if not path.is_file():
-        candidates = _visible_pngs(run_dir / "attention", "*.h5")
-        if not candidates:
-            return []
-        path = candidates[0]
+    ref = next((r for r in rows if r.variant == "uncompressed"), rows[0])
+    # the reported cohorts only: the validation split chose the epoch
+    cohort_files = [p for p in _visible_pngs(_run_dir(results, ref, task) / "attention", "*.h5") if p.stem != "val"]
+    cohort_files.sort(key=lambda p: (p.stem != "test", p.stem))
+    variants = list(dict.fromkeys(r.variant for r in rows))
+    heads = list(dict.fromkeys(r.head for r in rows))
+    by_key = {(r.variant, r.head): r for r in rows}
     figs = []
-    with h5py.File(path, "r") as h5:
-        slides = sorted(h5, key=lambda s: -len(h5[s]["attention"]))[:n_slides]
-        for slide in slides:
-            group = h5[slide]
-            scores, coords = group["attention"][()], group["coords"][()]
-            if len(scores) == 0:
+    for cohort_file in cohort_files:
+        cohort = cohort_file.stem
+        for slide in _fixed_slides(cohort_file, n_slides):
+            background = _slide_background(results, slide)
+            fig, axes = plt.subplots(len(heads), len(variants), figsize=(3.2 * len(variants), 3.2 * len(heads) + 0.4),
+                                     squeeze=False)
+            im = None
+            label = None
+            for i, head in enumerate(heads):
+                for j, variant in enumerate(variants):
+                    ax = axes[i][j]
+                    ax.set_axis_off()
+                    row = by_key.get((variant, head))
+                    path = None if row is None else _run_dir(results, row, task) / "attention" / f"{cohort}.h5"
+                    if path is None or not path.is_file():
+                        ax.set_title(f"{variant} / {head}: no run", fontsize=8)
+                        continue
+                    with h5py.File(path, "r") as h5:
+                        if slide not in h5:
+                            ax.set_title(f"{variant} / {head}: slide not evaluated", fontsize=8)
+                            continue
+                        group = h5[slide]
+                        scores, coords = group["attention"][()], group["coords"][()]
+                        label, pred = group.attrs.get("label"), group.attrs.get("prediction")
+                    if len(scores) == 0:
+                        continue
+                    pitch = grid_pitch(coords)
+                    grid = attention_grid(coords, scores / max(float(scores.max()), 1e-12), pitch)
+                    x0, y0 = (int(v) for v in np.asarray(coords).min(axis=0))
+                    if background is not None:
+                        image, sx, sy = background
+                        ax.imshow(image)
+                        extent = (x0 * sx, (x0 + grid.shape[1] * pitch) * sx, (y0 + grid.shape[0] * pitch) * sy, y0 * sy)
+                        im = ax.imshow(grid, cmap="inferno", vmin=0, vmax=1, interpolation="nearest", alpha=0.7,
+                                       extent=extent)
+                    else:
+                        im = ax.imshow(grid, cmap="inferno", vmin=0, vmax=1, interpolation="nearest")
+                    ax.set_title(f"{variant} / {head}: predicted {pred}", fontsize=8)
+            if im is None:
+                plt.close(fig)
                 continue
-            grid = attention_grid(coords, scores / max(float(scores.max()), 1e-12))
-            fig, ax = plt.subplots(figsize=(4, 4 * grid.shape[0] / max(grid.shape[1], 1) + 0.6))
-            im = ax.imshow(grid, cmap="inferno", vmin=0, vmax=1, interpolation="nearest")
-            ax.set_axis_off()
-            label, pred = group.attrs.get("label"), group.attrs.get("prediction")
-            ax.set_title(f"{slide}: label {label}, predicted {pred}", fontsize=8)
-            fig.colorbar(im, ax=ax, fraction=0.046, label="attention / max")
-            name = f"attention_{task}_{slide}.png"
+            fig.suptitle(f"{task}, {cohort} slide {slide} (label {label})", fontsize=9)
+            fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.025, label="attention / slide max")
+            name = f"attention_{task}_{cohort}_{slide}.png"
             with atomic_output(out / "figures" / name) as tmp:
-                fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png")
+                fig.savefig(tmp, dpi=90, bbox_inches="tight", format="png")
             plt.close(fig)
+            seeds = sorted({by_key[k].seeds[0] for k in by_key})
             figs.append((
                 f"figures/{name}",
-                f"{task}, {path.stem} slide {slide}: attention of {row.head} on {row.backbone}/{row.variant} "
-                f"(seed {row.seeds[0]}), one square per tile.",
+                f"{task}, {cohort} slide {slide} (label {label}): attention of every variant (columns) and head "
+                f"(rows), seed {'/'.join(map(str, seeds))}, each scaled to its own maximum on this slide, "
+                + ("over the slide's tiling thumbnail." if background is not None else "one square per tile (no thumbnail)."),
             ))
     return figs
 
 
-def _table_html(header: list[str], body: list[list[str]], css: str = "", references: set[int] = frozenset()) -> str:
-    """``references``: indices of rows drawn as reference rows (muted)."""
+def _table_html(header: list[str], body: list[list[str]], css: str = "", references: set[int] = frozenset(),
+                flagged: set[tuple[int, int]] = frozenset()) -> str:
+    """``references``: indices of rows drawn as reference rows (muted); ``flagged``: (row,
+    column) of cells drawn as warnings."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     rows = "".join(
         ("<tr class='reference'>" if i in references else "<tr>")
-        + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+        + "".join(("<td class='flag'>" if (i, j) in flagged else "<td>") + f"{html.escape(c)}</td>"
+                  for j, c in enumerate(cells)) + "</tr>"
         for i, cells in enumerate(body)
     )
     cls = f" class='{css}'" if css else ""
     return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
 
 
-def _figures_html(title: str, figs: list[tuple[str, str]]) -> str:
+def _figures_html(title: str, figs: list[tuple[str, str]], wide: bool = False) -> str:
     if not figs:
         return ""
+    cls = " class='wide'" if wide else ""
     items = "".join(
-        f'<figure><img src="{html.escape(src)}" alt="{html.escape(cap)}"><figcaption>{html.escape(cap)}</figcaption></figure>'
+        f'<figure{cls}><img src="{html.escape(src)}" alt="{html.escape(cap)}"><figcaption>{html.escape(cap)}</figcaption></figure>'
         for src, cap in figs
     )
     return f"<h2>{html.escape(title)}</h2><div class='figs'>{items}</div>"
 
 
 STYLE = """
-body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+body{font-family:system-ui,sans-serif;max-width:1500px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}
 th,td{border:1px solid #ccc;padding:0.3em 0.6em;text-align:right}
 th:nth-child(-n+3),td:nth-child(-n+3){text-align:left}
 table.names2 th:nth-child(3),table.names2 td:nth-child(3){text-align:right}
 table.names2 td:nth-child(-n+2){white-space:nowrap}
 tr.reference td{color:#555;font-style:italic}
+td.flag{background:#ffe0a0;color:#8a3b00;font-weight:bold}
+table.mil td{white-space:nowrap}
+table.mil th{min-width:4em}
+.scroll{overflow-x:auto}
 thead{background:#f0f0f0}
 .figs{display:flex;flex-wrap:wrap;gap:1em}
 figure{margin:0;max-width:360px}figure img{max-width:100%}
+figure.wide{max-width:100%}
 figcaption{font-size:0.8em;color:#555}
 .note{font-size:0.9em;color:#444}
 """
@@ -178,22 +260,29 @@ def render_html(
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>pathtwt results</title>",
         f"<style>{STYLE}</style></head><body><h1>pathtwt results</h1>",
-        "<p class='note'>Rows: backbone variant × MIL head. Cells: mean ± standard deviation over "
-        "seeds; Δ: difference of the means against the uncompressed backbone with the same head.</p>",
+        "<p class='note'>Rows: backbone variant × MIL head, with the uncompressed teacher, the random-init "
+        "backbone (where the study ran it) and chance as reference rows (in italics). Cells: mean ± standard "
+        "deviation over seeds with a bootstrap 95 % interval over slides; Δ: difference of the means against "
+        "the uncompressed backbone with the same head; a highlighted cell is a run that predicted one class for "
+        "every slide of the cohort.</p>",
         "<h2>Teachers</h2><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in teachers) + "</ul>",
         f"<p class='note'>{html.escape(counting)}</p>",
     ]
     attention = []
     for s in sections:
         parts.append(f"<h2>Task: {html.escape(s['task'])} (headline metric {html.escape(s['metric'])})</h2>")
-        parts.append(_table_html(s["header"], s["body"]) if s["body"] else "<p>No finished runs yet.</p>")
+        parts.append(("<div class='scroll'>" + _table_html(s["header"], s["body"], css="mil", references=set(s.get("references", ())),
+                                                           flagged=set(s.get("flagged", ()))) + "</div>")
+                     if s["body"] else "<p>No finished runs yet.</p>")
+        parts += [f"<p class='note'>{html.escape(n)}</p>" for n in s.get("notes", [])]
         attention += attention_figures(results, out, s["task"], s["rows"], attention_slides)
     for t in tables or []:
         parts.append(f"<h2>{html.escape(t['title'])}</h2>")
-        parts.append(_table_html(t["header"], t["body"], css="names2", references=set(t.get("references", ()))))
+        parts.append("<div class='scroll'>" + _table_html(t["header"], t["body"], css="names2",
+                                                          references=set(t.get("references", ()))) + "</div>")
         parts += [f"<p class='note'>{html.escape(n)}</p>" for n in t["notes"]]
     parts.append(_figures_html("Layer similarity and discovered blocks", similarity_figures(results, out)))
-    parts.append(_figures_html("MIL attention", attention))
+    parts.append(_figures_html("MIL attention", attention, wide=True))
     parts.append(_figures_html("Tissue detection", thumbnail_figures(results, out)))
     parts.append(_figures_html("Analyses", analysis_figures(results, out)))
     parts.append("</body></html>\n")

@@ -94,7 +94,43 @@ def probe_table(results: Path, cost_of: Callable[[str, str], Any]) -> tuple[list
         cells.append("n/a" if cost.params is None else f"{cost.params / 1e6:.2f}")
         cells.append("n/a" if cost.macs is None else f"{cost.macs / 1e9:.2f}")
         body.append(cells)
+    # chance: balanced accuracy 1 / C of any constant guess, per probe set
+    chance = ["-", "chance (reference)"]
+    for s in sets:
+        n_classes = len(next(r.results[s] for r in rows if s in r.results).get("classes") or [])
+        chance += [f"{1 / n_classes:.3f}" if n_classes else "n/a"] * len(PROBES)
+    body.append(chance + ["-", "-"])
     return header, body, records
+
+
+def below_floor_notes(results: Path) -> list[str]:
+    """One sentence per probe score under the random-init floor of the same backbone, probe
+    set and probe, saying what it means."""
+    rows, sets = find_probe_runs(results)
+    floors = {(r.backbone, s, p): _bacc(r.results.get(s), p)[0] for r in rows if r.variant == RANDOM_INIT
+              for s in sets for p, _ in PROBES}
+    notes = []
+    for r in rows:
+        if r.variant == RANDOM_INIT:
+            continue
+        for s in sets:
+            for probe, label in PROBES:
+                value, floor = _bacc(r.results.get(s), probe)[0], floors.get((r.backbone, s, probe), math.nan)
+                if math.isnan(value) or math.isnan(floor) or value >= floor:
+                    continue
+                summary = r.results[s]
+                n_test, n_classes = summary.get("n_test") or 0, len(summary.get("classes") or []) or 1
+                why = ("kNN votes by cosine on the raw, unstandardised embeddings, where a few large dimensions "
+                       "can outweigh the rest (the logistic probe standardises them)" if probe == "knn" else
+                       "the logistic probe has one fixed regularisation (C = 1) for every backbone")
+                step = f"; with {n_test} test tiles one tile moves balanced accuracy by about {n_classes / n_test:.3f}" \
+                    if n_test else ""
+                notes.append(
+                    f"{r.backbone}/{variant_label(r.variant)} {label} on {s}: {value:.3f}, below the random-init floor "
+                    f"{floor:.3f}. This probe does not show that the backbone carries more than random features "
+                    f"here: {why}{step}; it is not evidence that the random network is the better backbone."
+                )
+    return notes
 
 
 def probe_sets_note(results: Path) -> str:

@@ -15,11 +15,21 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
+
+import numpy as np
 
 from pathtwt.errors import PathtwtError
+from pathtwt.report.markdown import markdown_table
 
 UNCOMPRESSED = "uncompressed"
+# The teacher's architecture with random weights (a reference row wherever it was run).
+RANDOM_INIT = "random-init"
+CHANCE = "chance"
+# Bootstrap resamples of each cohort's slides (seeded with 0) for the 95 % intervals.
+N_BOOT = 1000
+# The mark of a cell where some run predicted one class for every slide of the cohort.
+SINGLE_CLASS_FLAG = "⚠"
 # Cohort names of the label-table splits in metrics.json; "test" is the internal test.
 INTERNAL, VALIDATION = "test", "val"
 METRIC_LABELS = {
@@ -45,6 +55,8 @@ class Run:
     head: str
     seed: int
     cohorts: dict[str, dict[str, Any]]
+    path: Path | None = None  # the run folder (predictions.csv)
+    n_classes: int | None = None
 
 
 @dataclass
@@ -56,6 +68,9 @@ class Cost:
     teacher: str
     weights_sha256: str | None = None
     source: str = ""
+    extracted: str = "-"  # precision of the features files
+    distilled: str = "-"  # precision of the distillation (model.json)
+    tiles_per_second: float | None = None
 
 
 @dataclass
@@ -68,6 +83,11 @@ class Row:
     # (cohort, metric) -> (mean, std, n)
     values: dict[tuple[str, str], tuple[float, float, int]] = field(default_factory=dict)
     delta: dict[str, float | None] = field(default_factory=dict)
+    role: str = "variant"  # "teacher", "variant", "random-init" or "chance"
+    # cohort -> bootstrap 95 % interval of the headline metric's seed-mean
+    ci: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # cohort -> (runs that predicted one class for every slide, runs with predictions)
+    single_class: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def find_runs(results: Path) -> list[Run]:
@@ -90,25 +110,46 @@ def find_runs(results: Path) -> list[Run]:
             raise PathtwtError(f"{path}: no 'cohorts' section; it was not written by `pathtwt train-mil`")
         runs.append(Run(
             backbone=variant_dir.parent.name, variant=variant_dir.name, task=task_dir.name,
-            head=head_dir.name, seed=int(match.group(1)), cohorts=cohorts,
+            head=head_dir.name, seed=int(match.group(1)), cohorts=cohorts, path=seed_dir,
+            n_classes=metrics.get("n_classes"),
         ))
     return runs
 
 
+def is_random_init(variant: str, method: str | None = None) -> bool:
+    """The random-init backbone (the teacher's architecture with random weights): a variant
+    named, or configured with the method, ``random-init``."""
+    return variant == RANDOM_INIT or method == RANDOM_INIT
+
+
 def variant_cost(results: Path, backbone: str, variant: str) -> Cost:
     """Parameters and MACs of a variant: model.json of a compressed one, the registry
-    architecture (counted on the meta device) of the uncompressed teacher."""
+    architecture (counted on the meta device) of the uncompressed teacher and of the
+    random-init backbone; with the precision and throughput of its extraction."""
+    from pathtwt.report.extraction import distill_precision, extraction_info
+
+    cost = _architecture_cost(results, backbone, variant)
+    info = extraction_info(results, backbone, variant)
+    cost.extracted, cost.tiles_per_second = info.precision, info.tiles_per_second
+    cost.distilled = distill_precision(results, backbone, variant) if cost.method not in ("none", RANDOM_INIT) else "-"
+    return cost
+
+
+def _architecture_cost(results: Path, backbone: str, variant: str) -> Cost:
     meta_path = results / "models" / backbone / variant / "model.json"
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
         prov = meta.get("provenance", {})
-        return Cost(
-            params=meta.get("params"), macs=meta.get("macs_per_tile"), depth=meta.get("depth"),
-            method=meta.get("method", variant), teacher=prov.get("teacher", meta.get("base_backbone", backbone)),
-            weights_sha256=meta.get("teacher_weights_sha256"), source=str(prov.get("teacher_source", "")),
-        )
-    cost = Cost(params=None, macs=None, depth=None, method="none" if variant == UNCOMPRESSED else variant, teacher=backbone)
-    if variant in (UNCOMPRESSED, "random-init"):  # the random-init floor has the teacher's architecture
+        if meta.get("params") is not None or not is_random_init(variant, meta.get("method")):
+            return Cost(
+                params=meta.get("params"), macs=meta.get("macs_per_tile"), depth=meta.get("depth"),
+                method=meta.get("method", variant), teacher=prov.get("teacher", meta.get("base_backbone", backbone)),
+                weights_sha256=meta.get("teacher_weights_sha256"), source=str(prov.get("teacher_source", "")),
+            )
+    random_init = is_random_init(variant)
+    method = "none" if variant == UNCOMPRESSED else RANDOM_INIT if random_init else variant
+    cost = Cost(params=None, macs=None, depth=None, method=method, teacher=backbone)
+    if variant == UNCOMPRESSED or random_init:
         try:
             from pathtwt.models.flops import describe_cost, meta_model
 
@@ -116,7 +157,8 @@ def variant_cost(results: Path, backbone: str, variant: str) -> Cost:
             cost.params, cost.macs, cost.depth = described["params"], described["macs_per_tile"], described["depth"]
         except (ImportError, KeyError, PathtwtError):
             pass  # not a registry name: the table shows "n/a" rather than a guess
-    cost.weights_sha256, cost.source = teacher_weights(results, backbone)
+    if variant == UNCOMPRESSED:
+        cost.weights_sha256, cost.source = teacher_weights(results, backbone)
     return cost
 
 
@@ -140,36 +182,68 @@ def _mean_std(values: list[float]) -> tuple[float, float, int]:
     return mean, std, n
 
 
+def role_of(variant: str, cost: Cost) -> str:
+    if variant == UNCOMPRESSED:
+        return "teacher"
+    return RANDOM_INIT if is_random_init(variant, cost.method) else "variant"
+
+
 def variant_sort_key(variant: str, cost: Cost) -> tuple:
-    return (variant != UNCOMPRESSED, -(cost.depth or 0), variant)
+    """Teacher first, the students by decreasing depth, the random-init backbone last."""
+    role = role_of(variant, cost)
+    return (role == RANDOM_INIT, role != "teacher", -(cost.depth or 0), variant)
+
+
+def sort_cohorts(cohorts: Iterable[str]) -> list[str]:
+    """The internal test first, then the external cohorts by name (validation left out)."""
+    return sorted((c for c in dict.fromkeys(cohorts) if c != VALIDATION), key=lambda c: (c != INTERNAL, c))
+
+
+def shown_metrics(metric: str) -> list[str]:
+    """The headline metric, then balanced accuracy and macro AUC."""
+    return list(dict.fromkeys([metric, "balanced_accuracy", "auc_macro"]))
 
 
 def task_table(
-    runs: Iterable[Run], results: Path, *, task: str, metric: str, cost_cache: dict | None = None
+    runs: Iterable[Run], results: Path, *, task: str, metric: str, cost_cache: dict | None = None,
+    n_boot: int = N_BOOT,
 ) -> tuple[list[Row], list[str], list[str]]:
-    """Rows of one task, the cohorts evaluated (internal test first) and the metrics shown."""
+    """Rows of one task (the chance row last), the cohorts evaluated (internal test first)
+    and the metrics shown."""
+    from pathtwt.mil.metrics import BOOTSTRAP_METRICS, chance_metrics
+    from pathtwt.mil.summary import pooled_interval, read_predictions
+
     runs = [r for r in runs if r.task == task]
     cost_cache = {} if cost_cache is None else cost_cache
-    cohorts: list[str] = []
-    for r in runs:
-        for c in r.cohorts:
-            if c != VALIDATION and c not in cohorts:
-                cohorts.append(c)
-    cohorts.sort(key=lambda c: (c != INTERNAL, c))
-    metrics = [metric] + (["accuracy"] if metric != "accuracy" else [])
+    cohorts = sort_cohorts(c for r in runs for c in r.cohorts)
+    metrics = shown_metrics(metric)
     groups: dict[tuple[str, str, str], list[Run]] = {}
     for r in runs:
         groups.setdefault((r.backbone, r.variant, r.head), []).append(r)
     rows = []
+    labels: dict[str, np.ndarray] = {}
+    n_classes = next((r.n_classes for r in runs if r.n_classes), None)
     for (backbone, variant, head), members in groups.items():
+        members.sort(key=lambda r: r.seed)
         if (backbone, variant) not in cost_cache:
             cost_cache[backbone, variant] = variant_cost(results, backbone, variant)
-        row = Row(backbone=backbone, variant=variant, head=head, seeds=sorted(r.seed for r in members),
-                  cost=cost_cache[backbone, variant])
+        cost = cost_cache[backbone, variant]
+        row = Row(backbone=backbone, variant=variant, head=head, seeds=[r.seed for r in members], cost=cost,
+                  role=role_of(variant, cost))
+        preds = [read_predictions(r.path) if r.path is not None else {} for r in members]
         for cohort in cohorts:
             for m in metrics:
                 vals = [r.cohorts[cohort][m] for r in members if r.cohorts.get(cohort, {}).get(m) is not None]
                 row.values[cohort, m] = _mean_std([float(v) for v in vals])
+            sizes = [int(r.cohorts[cohort]["n_slides"]) for r in members if r.cohorts.get(cohort, {}).get("n_slides") is not None]
+            row.values[cohort, "n_slides"] = (float(max(sizes)), math.nan, len(sizes)) if sizes else (math.nan, math.nan, 0)
+            per_seed = [p[cohort] for p in preds if cohort in p]
+            if per_seed:
+                labels.setdefault(cohort, per_seed[0]["label"])
+                row.single_class[cohort] = (sum(len(np.unique(p["prediction"])) == 1 and len(p["prediction"]) > 1
+                                                for p in per_seed), len(per_seed))
+                if metric in BOOTSTRAP_METRICS and n_classes:
+                    row.ci[cohort] = pooled_interval(per_seed, metric, n_classes, n_boot=n_boot)
         rows.append(row)
     rows.sort(key=lambda r: (r.backbone, r.head, *variant_sort_key(r.variant, r.cost)))
     base = {(r.backbone, r.head): r for r in rows if r.variant == UNCOMPRESSED}
@@ -178,6 +252,21 @@ def task_table(
         for cohort in cohorts:
             mine, theirs = row.values[cohort, metric][0], ref.values[cohort, metric][0] if ref else math.nan
             row.delta[cohort] = None if ref is None or math.isnan(mine) or math.isnan(theirs) else mine - theirs
+    if rows:
+        chance = Row(backbone="-", variant=CHANCE, head="-", seeds=[], role="chance",
+                     cost=Cost(params=None, macs=None, depth=None, method=CHANCE, teacher="-"))
+        for cohort in cohorts:
+            if cohort in labels and n_classes:
+                values = chance_metrics(labels[cohort], n_classes)
+            else:  # no predictions.csv: only what the number of classes says
+                values = {"qwk": 0.0, "qwk_x100": 0.0, "auc_macro": 0.5, "accuracy": math.nan,
+                          "balanced_accuracy": 1.0 / n_classes if n_classes else math.nan}
+            for m in metrics:
+                chance.values[cohort, m] = (float(values.get(m, math.nan)), math.nan, 1)
+            n = len(labels[cohort]) if cohort in labels else math.nan
+            chance.values[cohort, "n_slides"] = (float(n), math.nan, 0 if math.isnan(n) else 1)
+            chance.delta[cohort] = None
+        rows.append(chance)
     return rows, cohorts, metrics
 
 
@@ -185,50 +274,119 @@ def _fmt(value: float, digits: int = 3) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
+def cohort_label(cohort: str) -> str:
+    return "internal test" if cohort == INTERNAL else cohort
+
+
+def row_label(row: Row) -> str:
+    """The variant cell: reference rows say what they are."""
+    return {"teacher": f"{row.variant} (teacher)", RANDOM_INIT: f"{row.variant} (floor)",
+            "chance": "chance (reference)"}.get(row.role, row.variant)
+
+
 def table_records(rows: list[Row], cohorts: list[str], metrics: list[str], metric: str) -> list[dict[str, Any]]:
-    """Machine-readable rows (one CSV line each): means, stds and deltas as numbers."""
+    """Machine-readable rows (one CSV line each): means, stds, intervals and deltas as numbers."""
     records = []
     for r in rows:
         rec: dict[str, Any] = {
-            "backbone": r.backbone, "variant": r.variant, "method": r.cost.method, "depth": r.cost.depth,
+            "backbone": r.backbone, "variant": r.variant, "role": r.role, "method": r.cost.method, "depth": r.cost.depth,
             "head": r.head, "n_seeds": len(r.seeds),
+            "extracted_precision": r.cost.extracted, "distilled_precision": r.cost.distilled,
         }
         for cohort in cohorts:
+            rec[f"{cohort}_n_slides"] = r.values.get((cohort, "n_slides"), (math.nan,))[0]
             for m in metrics:
                 mean, std, _ = r.values[cohort, m]
                 rec[f"{cohort}_{m}_mean"], rec[f"{cohort}_{m}_std"] = mean, std
+            lo, hi = r.ci.get(cohort, (math.nan, math.nan))
+            rec[f"{cohort}_{metric}_ci95_low"], rec[f"{cohort}_{metric}_ci95_high"] = lo, hi
             rec[f"{cohort}_{metric}_delta"] = r.delta[cohort]
+            rec[f"{cohort}_single_class_runs"] = r.single_class.get(cohort, (0, 0))[0]
         rec["params"], rec["macs_per_tile"] = r.cost.params, r.cost.macs
+        rec["tiles_per_second"] = r.cost.tiles_per_second
         records.append(rec)
     return records
 
 
+def table_header(cohorts: list[str], metrics: list[str], metric: str) -> list[str]:
+    """The header of a task table; the README's demo tables are checked against it."""
+    label = METRIC_LABELS.get(metric, metric)
+    header = ["Backbone", "Variant", "Head", "Extracted", "Distilled", "Params (M)", "GMACs", "tiles/s"]
+    for cohort in cohorts:
+        c = cohort_label(cohort)
+        header += [f"Slides {c}", f"{label} {c} [95% CI]"]
+        header += [f"{METRIC_LABELS.get(m, m)} {c}" for m in metrics if m != metric]
+        header += [f"Δ{label} {c}"]
+    return header
+
+
+def _mean_cell(value: tuple[float, float, int], reference: bool) -> str:
+    mean, std, n = value
+    if n == 0 or math.isnan(mean):
+        return "n/a"
+    return f"{mean:.3f}" if reference or math.isnan(std) else f"{mean:.3f} ± {std:.3f}"
+
+
 def table_cells(rows: list[Row], cohorts: list[str], metrics: list[str], metric: str) -> tuple[list[str], list[list[str]]]:
     """Human-readable header and cells (Markdown and HTML share them)."""
-    header = ["Backbone", "Variant", "Head"]
-    for cohort in cohorts:
-        label = "internal test" if cohort == INTERNAL else cohort
-        header += [f"{METRIC_LABELS.get(m, m)} {label}" for m in metrics] + [f"Δ{METRIC_LABELS.get(metric, metric)} {label}"]
-    header += ["Params (M)", "GMACs"]
+    header = table_header(cohorts, metrics, metric)
     body = []
     for r in rows:
-        cells = [r.backbone, r.variant, r.head]
+        chance = r.role == "chance"
+        cost = r.cost
+        cells = [r.backbone, row_label(r), r.head, "-" if chance else cost.extracted, "-" if chance else cost.distilled]
+        cells.append("-" if chance else ("n/a" if cost.params is None else f"{cost.params / 1e6:.2f}"))
+        cells.append("-" if chance else ("n/a" if cost.macs is None else f"{cost.macs / 1e9:.2f}"))
+        cells.append("-" if cost.tiles_per_second is None else f"{cost.tiles_per_second:.1f}")
         for cohort in cohorts:
-            for m in metrics:
-                mean, std, n = r.values[cohort, m]
-                cells.append("n/a" if n == 0 else f"{mean:.3f} ± {std:.3f}")
+            n = r.values.get((cohort, "n_slides"), (math.nan, math.nan, 0))
+            cells.append("n/a" if n[2] == 0 or math.isnan(n[0]) else str(int(n[0])))
+            head = _mean_cell(r.values[cohort, metric], chance)
+            lo, hi = r.ci.get(cohort, (math.nan, math.nan))
+            if not (math.isnan(lo) or math.isnan(hi)):
+                head += f" [{lo:.3f}, {hi:.3f}]"
+            flagged, total = r.single_class.get(cohort, (0, 0))
+            if flagged:
+                head += f" {SINGLE_CLASS_FLAG}{flagged}/{total}"
+            cells.append(head)
+            cells += [_mean_cell(r.values[cohort, m], chance) for m in metrics if m != metric]
             d = r.delta[cohort]
-            cells.append("—" if r.variant == UNCOMPRESSED else ("n/a" if d is None else f"{d:+.3f}"))
-        cells.append("n/a" if r.cost.params is None else f"{r.cost.params / 1e6:.2f}")
-        cells.append("n/a" if r.cost.macs is None else f"{r.cost.macs / 1e9:.2f}")
+            cells.append("—" if r.role in ("teacher", "chance") else ("n/a" if d is None else f"{d:+.3f}"))
         body.append(cells)
     return header, body
 
 
-def markdown_table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in body]
-    return "\n".join(lines) + "\n"
+def task_notes(rows: list[Row], cohorts: list[str], metric: str) -> list[str]:
+    """The sentences printed under a task table: what the cells are, the flags that occur,
+    and a missing random-init row."""
+    label = METRIC_LABELS.get(metric, metric)
+    seeds = sorted({len(r.seeds) for r in rows if r.role != "chance"})
+    notes = [
+        f"Cells: mean ± sample standard deviation over the seeds ({'/'.join(map(str, seeds)) or 'n/a'} per row); "
+        f"[95% CI] beside {label}: percentile bootstrap over the cohort's slides ({N_BOOT} resamples within each "
+        "true class, seed 0) of that mean, every resample scoring all seeds' predictions (predictions.csv) on the "
+        f"same slides. Δ{label}: difference of the means against the uncompressed teacher with the same head. "
+        "BAcc: balanced accuracy; AUC: macro one-vs-rest AUC.",
+        "Chance row: QWK 0, BAcc 1/C over the C classes present in the cohort, AUC 0.5, accuracy of always "
+        "predicting the cohort's majority class. Extracted / Distilled: the precision of the features files "
+        "(their `precision` attribute) and of the distillation (model.json); tiles/s: the extraction throughput "
+        "recorded in the features files (mean over slides weighted by tiles; \"-\" where not recorded).",
+    ]
+    flagged = [(r, c) for r in rows for c in cohorts if r.single_class.get(c, (0, 0))[0]]
+    if flagged:
+        listed = "; ".join(f"{r.backbone}/{r.variant}/{r.head} on {cohort_label(c)} ({r.single_class[c][0]} of "
+                           f"{r.single_class[c][1]} seeds)" for r, c in flagged)
+        notes.append(
+            f"{SINGLE_CLASS_FLAG}k/n: in k of the n seeds the head predicted one and the same class for every slide "
+            f"of the cohort, so its accuracy is that class's share and its BAcc 1/C: {listed}."
+        )
+    if not any(r.role == RANDOM_INIT for r in rows):
+        notes.append(
+            "No random-init backbone row: this study's config has no variant named (or with method) "
+            "`random-init`, so the MIL heads were not trained on random-weight features; the tile probe's "
+            "random-init floor is the backbone-level reference."
+        )
+    return notes
 
 
 def csv_text(records: list[dict[str, Any]]) -> str:
@@ -263,8 +421,8 @@ PROBE_NOTE = (
     "Balanced accuracy on each probe set's test split of a logistic-regression probe "
     "(standardised features, C = 1) and a cosine kNN (k = 20) fitted on its train split "
     "(pathtwt probe); in brackets the 95 % bootstrap interval over test tiles. The "
-    "uncompressed teacher and the same architecture with random weights (the floor) are "
-    "reference rows."
+    "uncompressed teacher, the same architecture with random weights (the floor) and chance "
+    "(balanced accuracy 1/C) are reference rows."
 )
 FIDELITY_NOTE = (
     "Student against teacher tile embeddings on held-out calibration tiles: R² of the "
@@ -284,7 +442,7 @@ def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost]
     """The tile-probe and fidelity tables (``probes.*``, ``fidelity.*``), those that have rows."""
     from pathtwt.io.atomic import write_text_atomic
     from pathtwt.report.fidelity import fidelity_table
-    from pathtwt.report.probes import probe_sets_note, probe_table
+    from pathtwt.report.probes import below_floor_notes, probe_sets_note, probe_table
 
     def cost_of(backbone: str, variant: str) -> Cost:
         if (backbone, variant) not in costs:
@@ -296,7 +454,7 @@ def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost]
     if body:
         note = f"{PROBE_NOTE} {probe_sets_note(results)}"
         tables.append({"name": "probes", "title": "Tile probe", "header": header, "body": body,
-                       "records": records, "notes": [note], "references": reference_rows(body)})
+                       "records": records, "notes": [note, *below_floor_notes(results)], "references": reference_rows(body)})
     header, body, records, notes = fidelity_table(results, cost_of)
     if body:
         tables.append({"name": "fidelity", "title": "Fidelity", "header": header, "body": body,
@@ -308,27 +466,66 @@ def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost]
     return tables
 
 
-def write_report(results: str | Path, out: str | Path, *, metrics: dict[str, str], attention_slides: int = 3) -> Path:
-    """Write ``{task}.csv``, ``{task}.md`` and ``index.html`` (with figures) into ``out``."""
-    from pathtwt.io.atomic import write_text_atomic
-    from pathtwt.report.html import render_html
-
-    results, out = Path(results), Path(out)
+def task_sections(results: Path, metrics: dict[str, str], costs: dict[tuple[str, str], Cost]) -> list[dict[str, Any]]:
+    """One section per task: its rows, header, cells, notes and reference rows."""
     runs = find_runs(results)
     tasks = list(dict.fromkeys(list(metrics) + [r.task for r in runs]))
     if not tasks:
         raise PathtwtError(f"{results}: no finished MIL runs under mil/ and no task given; run the workflow first")
-    costs: dict[tuple[str, str], Cost] = {}
     sections = []
     for task in tasks:
         metric = metrics.get(task, "accuracy")
         rows, cohorts, shown = task_table(runs, results, task=task, metric=metric, cost_cache=costs)
         header, body = table_cells(rows, cohorts, shown, metric)
-        write_text_atomic(out / f"{task}.csv", csv_text(table_records(rows, cohorts, shown, metric)))
-        md = f"## {task}\n\n" + (markdown_table(header, body) if rows else "No finished runs yet.\n")
-        write_text_atomic(out / f"{task}.md", md)
-        sections.append({"task": task, "metric": metric, "header": header, "body": body, "rows": rows, "cohorts": cohorts})
+        sections.append({
+            "task": task, "metric": metric, "label": METRIC_LABELS.get(metric, metric), "header": header, "body": body, "rows": rows, "cohorts": cohorts,
+            "records": table_records(rows, cohorts, shown, metric),
+            "notes": task_notes(rows, cohorts, metric) if rows else [],
+            "references": [i for i, r in enumerate(rows) if r.role != "variant"],
+            "flagged": {(i, j) for i, cells in enumerate(body) for j, c in enumerate(cells) if SINGLE_CLASS_FLAG in c},
+        })
+    return sections
+
+
+def readme_layout(config: Mapping[str, Any]) -> dict[str, tuple[list[str], list[tuple[str, str]]]]:
+    """task -> (header, [(variant cell, head)]) of the MIL tables `pathtwt report --markdown`
+    writes for a finished run of ``config`` (the chance row last)."""
+    variants = []
+    for name, spec in (config.get("variants") or {}).items():
+        spec = spec or {}
+        cost = Cost(params=None, macs=None, depth=spec.get("depth"), method=spec.get("method", name), teacher="")
+        variants.append((name, cost))
+    heads = list((config.get("mil") or {}).get("heads") or [])
+    layout = {}
+    for task, spec in (config.get("tasks") or {}).items():
+        metric = spec.get("metric", "accuracy")
+        cohorts = sort_cohorts(["test", *(spec.get("external") or [])])
+        keys = []
+        for backbone in sorted(config.get("backbones") or {}):
+            for head in sorted(heads):
+                for name, cost in sorted(variants, key=lambda vc: variant_sort_key(*vc)):
+                    row = Row(backbone=backbone, variant=name, head=head, seeds=[], cost=cost, role=role_of(name, cost))
+                    keys.append((row_label(row), head))
+        keys.append(("chance (reference)", "-"))
+        layout[task] = (table_header(cohorts, shown_metrics(metric), metric), keys)
+    return layout
+
+
+def write_report(results: str | Path, out: str | Path, *, metrics: dict[str, str], attention_slides: int = 3) -> Path:
+    """Write ``{task}.csv``, ``{task}.md``, ``tables.md`` (the README's tables) and
+    ``index.html`` (with figures) into ``out``."""
+    from pathtwt.io.atomic import write_text_atomic
+    from pathtwt.report.html import render_html
+    from pathtwt.report.markdown import readme_markdown, task_markdown
+
+    results, out = Path(results), Path(out)
+    costs: dict[tuple[str, str], Cost] = {}
+    sections = task_sections(results, metrics, costs)
+    for s in sections:
+        write_text_atomic(out / f"{s['task']}.csv", csv_text(s["records"]))
+        write_text_atomic(out / f"{s['task']}.md", task_markdown(s))
     extra = backbone_tables(results, out, costs)
+    write_text_atomic(out / "tables.md", readme_markdown(sections, extra, results=results))
     html = render_html(
         results, out, sections=sections, teachers=teacher_lines(costs), counting=COUNTING_NOTE,
         attention_slides=attention_slides, tables=extra,

@@ -1,5 +1,7 @@
 """A thumbnail PNG for checking tiling at a glance: the mask-level image with the
-tissue outline (green) and the kept tiles (blue) drawn on it."""
+tissue outline (bright green on a black halo, a few pixels wide, so it stays visible on
+pale tissue and when the image is shown shrunk in the report) and the kept tiles (blue)
+drawn on it."""
 
 from __future__ import annotations
 
@@ -11,8 +13,15 @@ import numpy as np
 from pathtwt.io.atomic import atomic_output
 from pathtwt.wsi.tiling import Tiling
 
-TISSUE_COLOUR = (0, 200, 0)  # RGB
+TISSUE_COLOUR = (0, 255, 60)  # RGB
 TILE_COLOUR = (0, 60, 255)
+HALO_COLOUR = (0, 0, 0)
+
+
+def outline_width(image_shape: tuple[int, ...]) -> int:
+    """Outline thickness in pixels: about 0.3 % of the longer side, at least 2, so that it
+    is still a few screen pixels wide when the report shows the image at ~350 px."""
+    return max(2, round(max(image_shape[:2]) / 300))
 
 
 def render_thumbnail(tiling: Tiling, min_side: int = 1024, max_side: int = 2048) -> np.ndarray:
@@ -30,13 +39,16 @@ def render_thumbnail(tiling: Tiling, min_side: int = 1024, max_side: int = 2048)
     else:
         image = image.copy()
     contours, _ = cv2.findContours(outline, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
-    cv2.drawContours(image, contours, -1, TISSUE_COLOUR, 1)
     side = tiling.attrs["patch_size_level0"]
     sx, sy = scale / mask.downsample[0], scale / mask.downsample[1]
     for x, y in tiling.coords:
         top_left = (int(x * sx), int(y * sy))
         bottom_right = (int((x + side) * sx) - 1, int((y + side) * sy) - 1)
         cv2.rectangle(image, top_left, bottom_right, TILE_COLOUR, 1)
+    # the outline last, over the tiles: a black halo under a bright line
+    width = outline_width(image.shape)
+    cv2.drawContours(image, contours, -1, HALO_COLOUR, width + 2)
+    cv2.drawContours(image, contours, -1, TISSUE_COLOUR, width)
     return image
 
 

@@ -18,7 +18,10 @@ os.environ.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.env
 # written once under a temporary name and renamed, so the lock adds nothing.
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 
-CONFIG_SOURCE = "workflow config (config/config.yaml and --configfile/--config overrides)"
+# Errors name the config file(s) actually read: --configfile FILE replaces the demo config.
+CONFIG_SOURCE = " + ".join(str(f) for f in (workflow.overwrite_configfiles or ["config/config.yaml"])) + (
+    " (with --config overrides)" if workflow.config_settings.overwrite_config else ""
+)
 
 # The one validation of the config: the package's schema with its defaults filled in
 # (deep copies, so no two cohorts share a default dict), then the checks the schema
@@ -28,6 +31,34 @@ try:
     LABEL_TABLES = config_check.check_config(config, source=CONFIG_SOURCE)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
+
+# The rules that declare a GPU and the config section whose `device` they run on.
+GPU_RULE_DEVICES = {
+    "discover": "compress", "compress": "compress", "analyze_norms": "compress", "analyze_intrinsic_dim": "compress",
+    "analyze_stability": "compress", "extract": "extract", "probe": "extract", "train_mil": "mil",
+}
+
+
+def _keep_cpu_stages_off_gpus():
+    """A cluster profile sends the GPU rules to its GPU partition (`set-resources`). A
+    stage configured with `device: cpu` needs no GPU: its rules keep the default
+    partition and ask for no GPU, so they neither wait for nor hold a GPU node. Applied
+    to the profile's per-rule settings before the rules are defined (they pick them up
+    there) and handed on to the submitted jobs the same way."""
+    settings = workflow.resource_settings
+    overwrite = settings._parsed_overwrite_resources
+    default = settings._parsed_default_resources
+    cpu_partition = default["slurm_partition"].raw if "slurm_partition" in default else None
+    # the loop variable is not called "rule": the linter takes that word, a space and a colon for a rule
+    for name, section in GPU_RULE_DEVICES.items():
+        if str(config[section].get("device", "")).lower() != "cpu" or name not in overwrite:
+            continue
+        if "slurm_partition" in overwrite[name] and cpu_partition is not None:
+            overwrite[name]["slurm_partition"] = cpu_partition
+            overwrite[name]["gpu"] = 0
+
+
+_keep_cpu_stages_off_gpus()
 
 # The jobs' environment under --use-conda (relative to workflow/rules/, where the rules are).
 CONDA_ENV = f"../envs/{config['conda_env']}.yaml"
