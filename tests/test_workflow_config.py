@@ -43,7 +43,7 @@ GOOD = [("s1", "0", "train"), ("s2", "1", "train"), ("s3", "0", "val"), ("s4", "
 
 def test_valid_config_gets_schema_defaults(tmp_path):
     config, tables = load_and_check([_config(tmp_path, GOOD)])
-    assert config["cohorts"]["c1"]["tiling"] == {"target_mpp": 0.5, "tile_size": 256, "tissue": "fraction", "min_tissue": None,
+    assert config["cohorts"]["c1"]["tiling"] == {"target_mpp": 0.5, "tile_size": 256, "tissue": "fraction", "min_tissue": 0.6,
                                                  "allow_upsample": False, "on_failure": "stop"}
     assert config["cohorts"]["c1"]["modality"] == "brightfield" and config["cohorts"]["c1"]["channels"] is None
     assert config["mil"]["seeds"] == [0, 1, 2, 3, 4]
@@ -56,11 +56,13 @@ def test_tiling_defaults_are_one_table_for_the_config_the_cli_and_the_function()
     from dataclasses import asdict
 
     from pathtwt.cli import tile
-    from pathtwt.wsi.tiling import TILING_DEFAULTS, tile_slide
+    from pathtwt.wsi.tiling import DEFAULT_MIN_TISSUE, TILING_DEFAULTS, tile_slide
 
     config = validate_schema({"cohorts": {"a": {"slides": "x", "labels": "y"}}}, source="t")
     # on_failure is the workflow's (what a tile job does with an unreadable slide), not tile_slide's
-    assert {k: v for k, v in config["cohorts"]["a"]["tiling"].items() if k != "on_failure"} == asdict(TILING_DEFAULTS)
+    # and a null min_tissue is resolved to the filter's default when the config is read
+    resolved = {**asdict(TILING_DEFAULTS), "min_tissue": DEFAULT_MIN_TISSUE[TILING_DEFAULTS.tissue]}
+    assert {k: v for k, v in config["cohorts"]["a"]["tiling"].items() if k != "on_failure"} == resolved
     parser = argparse.ArgumentParser()
     tile.add_arguments(parser)
     flags = vars(parser.parse_args(["slide.svs", "--out", "x.h5"]))
