@@ -335,8 +335,9 @@ def _compiled_row(run: Run, model, spec, label: str, precision: str, flops: floa
     s = run.s
     batch = s.compile_batch
     row = Row(kind="forward", model=label, precision=precision, batch=batch, compiled=True)
-    # a compile of the 12-layer model takes about a minute on a GPU host: keep that in reserve
-    if run.out_of_time(reserve_s=60.0 if run.gpu else 20.0):
+    # an inductor compile of the 12-layer model takes a minute or more on a GPU host: keep
+    # that in reserve so the last one still ends inside the budget
+    if run.out_of_time(reserve_s=90.0 if run.gpu else 20.0):
         row.note = "skipped: time budget"
         return row
     try:
