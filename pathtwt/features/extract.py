@@ -114,12 +114,21 @@ class AutoPrecision:
     bf16: bool = False
     note: str = "not checked"
 
-    def context(self, device: Any):
+    def context(self, device: Any, model: torch.nn.Module | None = None):
+        """bf16 autocast; on CPU also ``model``'s attention computed explicitly, whose bf16
+        matrix multiplies beat the fused kernel (:mod:`pathtwt.models.cpu_attention`)."""
         import contextlib
 
         if not self.bf16:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+        kind = torch.device(device).type
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.autocast(device_type=kind, dtype=torch.bfloat16))
+        if kind == "cpu" and model is not None:
+            from pathtwt.models.cpu_attention import explicit_attention
+
+            stack.enter_context(explicit_attention(model))
+        return stack
 
     def attrs(self) -> dict[str, Any]:
         return {"precision": "bf16-autocast" if self.bf16 else "fp32", "precision_check": self.note}
@@ -147,7 +156,7 @@ def check_bf16(jobs: Sequence[ExtractJob], backbone: Backbone, batch_size: int) 
         prefix = backbone.spec.num_prefix_tokens
         with torch.inference_mode():
             ref = embed_tiles(backbone.model, x, prefix).float()
-            with AutoPrecision(bf16=True).context(backbone.device):
+            with AutoPrecision(bf16=True).context(backbone.device, backbone.model):
                 low = embed_tiles(backbone.model, x, prefix).float()
         cosine = float(torch.nn.functional.cosine_similarity(ref, low, dim=1).min())
         measured = f"worst cosine to fp32 {cosine:.6f} on the first {len(x)} tiles of {job.slide.name}"
@@ -250,7 +259,7 @@ def _embed_stream(
                     x, y = dataset.coords[int(index[bad])]
                     raise SlideError(f"{slide}: cannot read tile at level-0 (x={x}, y={y}): {errors[bad]}")
                 began = time.perf_counter()
-                with (auto_precision or AutoPrecision()).context(backbone.device):
+                with (auto_precision or AutoPrecision()).context(backbone.device, model):
                     feats = embed_tiles(model, images.to(backbone.device, non_blocking=on_cuda), prefix, embedding)
                 finite = torch.isfinite(feats).all(dim=1)
                 if not bool(finite.all()):

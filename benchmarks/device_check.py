@@ -1,0 +1,626 @@
+"""One-command GPU measurement: forward, extraction and distillation throughput of H0-mini
+and its TWT students, with peak memory and the fraction of the GPU's dense bf16 peak.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/device_check.py             # GPU: <= 8 min
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/device_check.py --cpu       # tiny models, < 3 min
+    ... --json device_check.json                                            # the rows as JSON too
+
+Needs nothing beyond the repository and ../shared (the real slide CMU-1-Small-Region.svs;
+without it the extraction rows say "skipped"). All weights are random: throughput does not
+depend on them. Printed as one table, one row per measurement:
+
+- ``forward``: tiles/s of the backbone forward alone (in-memory tensors, the tile
+  embedding concat(CLS, mean patch) included) of H0-mini (12 layers) and of TWT-5 and
+  TWT-4 students, each built as an exported student is: the plain timm ViT of the
+  teacher's architecture at that depth. Every precision (fp32, bf16, fp16 on GPU; the
+  model's weights cast, no autocast) and batch size, eager and under ``torch.compile``
+  (compiled at one batch size, since each shape compiles anew; measured last, with what
+  the time budget leaves).
+- ``extract``: end-to-end tiles/s of pathtwt's own extraction (``extract_slide``: the
+  slide read and decoded by DataLoader workers, bf16 autocast as ``--precision auto``
+  runs it) from the real SVS at 0, 4 and 8 workers; next to it ``loader`` (the same
+  DataLoader, no model) says whether the loader or the model is the bound.
+- ``distill``: optimiser steps/s of TWT-5 against the H0-mini teacher in bf16 through
+  ``pathtwt.compress.distill.distill`` (teacher forward + student forward and backward
+  each step): with augmentation in the loader workers as a compress job runs it, and
+  without (the compute alone; no target cache).
+
+Columns: tiles/s, achieved TFLOP/s (2 x MACs of ``pathtwt.models.flops``; a training step
+counts the teacher's forward and 3x the student's forward), the fraction of the GPU's
+dense bf16 peak from :data:`DENSE_BF16_TFLOPS` ("unknown" for a GPU not listed, and on
+CPU), the fraction of the bf16 matrix-multiply peak measured in this same run, and peak
+memory (GPU: ``torch.cuda.max_memory_allocated`` of that measurement; CPU: the process's
+peak RSS so far). A phase that fails (e.g. no compiler for ``torch.compile``) is a row
+with its error, and the run goes on; phases that would overrun ``--budget-s`` are
+skipped and say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+SHARED = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared"))
+SLIDE = SHARED / "data" / "slides" / "CMU-1-Small-Region.svs"
+# CMU-1-Small-Region: 2220 x 2967 px at 0.499 um/px, one level
+SLIDE_W, SLIDE_H, SLIDE_MPP = 2220, 2967, 0.499
+
+# Dense (no 2:4 sparsity) bf16 tensor throughput per torch device, TFLOP/s, from the
+# vendors' datasheets at boost clock. Matched in order against torch's device name, so a
+# more specific name comes first. An MI250X is two devices (GCDs) to torch; the figure
+# is one GCD's, half the package's 383.
+DENSE_BF16_TFLOPS: list[tuple[str, str, float]] = [
+    ("h200 nvl", "H200 NVL", 835.0),
+    ("h200", "H200 SXM", 989.4),
+    ("h100 nvl", "H100 NVL", 835.0),
+    ("h100 pcie", "H100 PCIe", 756.0),
+    ("h100", "H100 SXM", 989.4),
+    ("a100", "A100", 312.0),
+    ("mi300x", "MI300X", 1307.4),
+    ("mi250x", "MI250X (one GCD)", 191.5),
+]
+
+
+def known_peak(device_name: str) -> tuple[str, float | None]:
+    """(label, dense bf16 TFLOP/s) of a torch device name; ("unknown", None) if not listed."""
+    name = device_name.lower()
+    for key, label, tflops in DENSE_BF16_TFLOPS:
+        if key in name:
+            return label, tflops
+    return "unknown", None
+
+
+@dataclass
+class Settings:
+    device: str
+    backbone: str
+    depths: list[int]
+    precisions: list[str]
+    batches: list[int]
+    compile_batch: int | None  # None: no compiled rows
+    compile_precisions: list[str]
+    compile_depths: list[int]
+    compile_backend: str
+    workers: list[int]
+    extract_tiles: int
+    extract_batch: int
+    distill_batch: int
+    distill_steps: tuple[int, int]  # steps of the short and the long run; rate from the difference
+    distill_workers: int
+    min_time_s: float  # each forward figure times at least this long
+    mm_n: int
+    budget_s: float
+
+
+def settings_for(device: str, args: argparse.Namespace) -> Settings:
+    gpu = device.startswith("cuda")
+    cores = os.cpu_count() or 1
+    s = Settings(
+        device=device,
+        backbone="h0-mini" if gpu else "h0-mini-tiny",
+        depths=[12, 5, 4],
+        precisions=["fp32", "bf16", "fp16"] if gpu else ["fp32", "bf16"],
+        batches=[64, 128, 256, 512] if gpu else [8, 32],
+        compile_batch=256 if gpu else 32,
+        compile_precisions=["bf16", "fp16", "fp32"] if gpu else ["fp32"],
+        # an inductor compile of the tiny 12-layer model takes over a minute on 2 busy cores
+        compile_depths=[12, 5, 4] if gpu else [4],
+        compile_backend=args.compile_backend,
+        workers=[0, 4, 8] if gpu else [0, 1],
+        extract_tiles=2048 if gpu else 128,
+        extract_batch=256 if gpu else 32,
+        distill_batch=128 if gpu else 8,
+        distill_steps=(3, 23) if gpu else (1, 3),
+        distill_workers=min(8, max(1, cores - 1)) if gpu else 1,
+        min_time_s=0.5 if gpu else 0.2,
+        mm_n=8192 if gpu else 1024,
+        budget_s=480.0 if gpu else 170.0,
+    )
+    for name in ("backbone", "budget_s"):
+        if getattr(args, name) is not None:
+            setattr(s, name, getattr(args, name))
+    if args.batch_sizes:
+        s.batches = [int(b) for b in args.batch_sizes.split(",")]
+    if args.precisions:
+        s.precisions = args.precisions.split(",")
+    if args.workers:
+        s.workers = [int(w) for w in args.workers.split(",")]
+    if args.no_compile:
+        s.compile_batch = None
+    elif args.compile_batch is not None:
+        s.compile_batch = args.compile_batch
+    if args.compile_precisions:
+        s.compile_precisions = args.compile_precisions.split(",")
+    if args.extract_tiles:
+        s.extract_tiles = args.extract_tiles
+    return s
+
+
+@dataclass
+class Row:
+    kind: str  # forward | extract | loader | distill | mm
+    model: str
+    precision: str
+    batch: int | None
+    compiled: bool = False
+    workers: int | None = None
+    tiles_per_s: float | None = None
+    steps_per_s: float | None = None
+    tflops: float | None = None
+    frac_gpu_peak: float | str | None = None  # fraction of the listed dense bf16 peak, or "unknown"
+    frac_mm_peak: float | None = None  # fraction of this run's measured bf16 matmul peak
+    peak_mem_gib: float | None = None
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Run:
+    """Holds the device, the clock budget and the rows measured so far."""
+
+    def __init__(self, s: Settings) -> None:
+        self.s = s
+        self.start = time.perf_counter()
+        self.rows: list[Row] = []
+        self.gpu = s.device.startswith("cuda")
+        self.peak_label, self.peak_tflops = known_peak(torch.cuda.get_device_name(s.device) if self.gpu else "cpu")
+        self.mm_bf16_tflops: float | None = None
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def out_of_time(self, reserve_s: float = 0.0) -> bool:
+        return self.elapsed() + reserve_s > self.s.budget_s
+
+    def sync(self) -> None:
+        if self.gpu:
+            torch.cuda.synchronize(self.s.device)
+
+    @contextlib.contextmanager
+    def memory(self, row: Row):
+        if self.gpu:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.s.device)
+        try:
+            yield
+        finally:
+            if self.gpu:
+                row.peak_mem_gib = torch.cuda.max_memory_allocated(self.s.device) / 2**30
+            else:
+                row.peak_mem_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+
+    def rate(self, row: Row, flops_per_tile: float | None) -> None:
+        """Fill the FLOP columns of a row from its tiles/s."""
+        if row.tiles_per_s is None or not flops_per_tile:
+            return
+        row.tflops = row.tiles_per_s * flops_per_tile / 1e12
+        row.frac_gpu_peak = row.tflops / self.peak_tflops if self.peak_tflops else "unknown"
+        if self.mm_bf16_tflops:
+            row.frac_mm_peak = row.tflops / self.mm_bf16_tflops
+
+    def add(self, row: Row) -> Row:
+        self.rows.append(row)
+        print(format_row(row), flush=True)
+        return row
+
+    def timed(self, fn: Callable[[], Any], min_time_s: float | None = None) -> float:
+        """Seconds per call: two warm-up calls, then as many calls as fill ``min_time_s``
+        (at least 3), best of two such rounds."""
+        min_time_s = self.s.min_time_s if min_time_s is None else min_time_s
+        for _ in range(2):
+            fn()
+        self.sync()
+        t0 = time.perf_counter()
+        fn()
+        self.sync()
+        one = max(time.perf_counter() - t0, 1e-6)
+        n = max(3, math.ceil(min_time_s / one))
+        best = float("inf")
+        for _ in range(2):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            self.sync()
+            best = min(best, (time.perf_counter() - t0) / n)
+        return best
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def model_label(depth: int, full: int) -> str:
+    return "teacher-12" if depth == full else f"twt-{depth}"
+
+
+def measure_mm(run: Run) -> None:
+    n = run.s.mm_n
+    for precision in ("fp32", "bf16"):
+        dtype = DTYPES[precision]
+        row = Row(kind="mm", model=f"torch.mm {n}x{n}", precision=precision, batch=None)
+        try:
+            with run.memory(row):
+                a = torch.randn(n, n, device=run.s.device, dtype=dtype)
+                b = torch.randn(n, n, device=run.s.device, dtype=dtype)
+                sec = run.timed(lambda: torch.mm(a, b))
+            row.tflops = 2 * n**3 / sec / 1e12
+            row.frac_gpu_peak = row.tflops / run.peak_tflops if run.peak_tflops else "unknown"
+            if precision == "bf16":
+                run.mm_bf16_tflops = row.tflops
+                row.frac_mm_peak = 1.0
+        except Exception as exc:  # noqa: BLE001 - reported as a row, the run goes on
+            row.note = _error(exc)
+        run.add(row)
+
+
+def measure_forward(run: Run) -> None:
+    from pathtwt.models.embedding import embed_tiles
+    from pathtwt.models.flops import count_macs
+    from pathtwt.models.registry import build_timm_model, get_spec
+
+    s = run.s
+    spec = get_spec(s.backbone)
+    size = spec.input_size
+    for depth in s.depths:
+        label = model_label(depth, spec.depth)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            base = build_timm_model(spec, depth=depth)
+        flops = 2.0 * count_macs(base)
+        for precision in s.precisions:
+            model = _copy_to(base, s.device, DTYPES[precision])
+            for batch in s.batches:
+                row = Row(kind="forward", model=label, precision=precision, batch=batch)
+                if run.out_of_time():
+                    row.note = "skipped: time budget"
+                    run.add(row)
+                    continue
+                try:
+                    with run.memory(row):
+                        x = torch.randn(batch, 3, size, size, device=s.device, dtype=DTYPES[precision])
+
+                        def call(model=model, x=x):
+                            with torch.inference_mode():
+                                return embed_tiles(model, x, spec.num_prefix_tokens)
+
+                        row.tiles_per_s = batch / run.timed(call)
+                    run.rate(row, flops)
+                except Exception as exc:  # noqa: BLE001
+                    row.note = _error(exc)
+                    _free(run)
+                run.add(row)
+            del model
+            _free(run)
+
+
+def measure_compiled(run: Run) -> None:
+    """The compiled rows, last: a compile takes a minute, so they take what the budget leaves
+    after the eager, extraction and distillation rows."""
+    from pathtwt.models.flops import count_macs
+    from pathtwt.models.registry import build_timm_model, get_spec
+
+    s = run.s
+    if not s.compile_batch:
+        return
+    spec = get_spec(s.backbone)
+    for precision in s.compile_precisions:
+        for depth in s.compile_depths:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                base = build_timm_model(spec, depth=depth)
+            model = _copy_to(base, s.device, DTYPES[precision])
+            run.add(_compiled_row(run, model, spec, model_label(depth, spec.depth), precision,
+                                  2.0 * count_macs(base)))
+            del model, base
+            _free(run)
+
+
+def _compiled_row(run: Run, model, spec, label: str, precision: str, flops: float) -> Row:
+    from pathtwt.models.embedding import embed_tiles
+
+    s = run.s
+    batch = s.compile_batch
+    row = Row(kind="forward", model=label, precision=precision, batch=batch, compiled=True)
+    # an inductor compile of the 12-layer model takes a minute or more on a GPU host: keep
+    # that in reserve so the last one still ends inside the budget
+    if run.out_of_time(reserve_s=90.0 if run.gpu else 20.0):
+        row.note = "skipped: time budget"
+        return row
+    try:
+        torch._dynamo.reset()
+        prefix = spec.num_prefix_tokens
+
+        # the whole tile embedding is compiled (embed_tiles calls forward_features, which a
+        # compiled module's __call__ would not cover)
+        compiled = torch.compile(lambda x: embed_tiles(model, x, prefix), dynamic=False, backend=s.compile_backend)
+        with run.memory(row):
+            x = torch.randn(batch, 3, spec.input_size, spec.input_size, device=s.device, dtype=DTYPES[precision])
+
+            def call():
+                with torch.inference_mode():
+                    return compiled(x)
+
+            t0 = time.perf_counter()
+            call()
+            run.sync()
+            row.extra["compile_s"] = round(time.perf_counter() - t0, 1)
+            row.tiles_per_s = batch / run.timed(call)
+        run.rate(row, flops)
+        row.note = f"compile {row.extra['compile_s']} s ({s.compile_backend})"
+    except Exception as exc:  # noqa: BLE001
+        row.note = _error(exc)
+    finally:
+        torch._dynamo.reset()
+        _free(run)
+    return row
+
+
+def _copy_to(model, device: str, dtype: torch.dtype):
+    import copy
+
+    out = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
+    for p in out.parameters():
+        p.requires_grad_(False)
+    return out
+
+
+def write_slide_coords(path: Path, n_tiles: int, tile: int) -> Path:
+    """A coords file of ``n_tiles`` tiles over the real slide (its grid, cycled)."""
+    from pathtwt.io import h5 as h5io
+
+    grid = [(x, y) for y in range(0, SLIDE_H - tile + 1, tile) for x in range(0, SLIDE_W - tile + 1, tile)]
+    xy = np.array([grid[i % len(grid)] for i in range(n_tiles)], dtype=np.int64)
+    attrs = dict(patch_size=tile, patch_size_level0=tile, target_mpp=SLIDE_MPP, level0_mpp=SLIDE_MPP, read_level=0,
+                 level0_width=SLIDE_W, level0_height=SLIDE_H, target_magnification=20.0, status="ok",
+                 slide_path=str(SLIDE))
+    h5io.write_coords(path, xy, np.ones(len(xy)), attrs)
+    return path
+
+
+def measure_extract(run: Run) -> None:
+    from pathtwt.features.extract import AutoPrecision, TileDataset, _worker_init, extract_slide
+    from pathtwt.io.h5 import read_coords
+    from pathtwt.models.flops import count_macs
+    from pathtwt.models.registry import create_backbone
+
+    s = run.s
+    if not SLIDE.is_file():
+        run.add(Row(kind="extract", model="teacher-12", precision="bf16-autocast", batch=s.extract_batch,
+                    note=f"skipped: {SLIDE} absent"))
+        return
+    backbone = create_backbone(s.backbone, pretrained=False, device=s.device, precision="fp32")
+    flops = 2.0 * count_macs(backbone.model)
+    bf16 = AutoPrecision(bf16=True, note="device check")
+    with tempfile.TemporaryDirectory() as tmp:
+        coords = write_slide_coords(Path(tmp) / "coords.h5", s.extract_tiles, backbone.spec.input_size)
+        warm = write_slide_coords(Path(tmp) / "warm.h5", 2 * s.extract_batch, backbone.spec.input_size)
+        xy, _t, attrs = read_coords(coords)
+        for workers in s.workers:
+            if run.out_of_time():
+                run.add(Row(kind="extract", model="teacher-12", precision="bf16-autocast", batch=s.extract_batch,
+                            workers=workers, note="skipped: time budget"))
+                continue
+            row = Row(kind="extract", model="teacher-12", precision="bf16-autocast", batch=s.extract_batch,
+                      workers=workers)
+            try:
+                with run.memory(row):
+                    out = Path(tmp) / f"features{workers}.h5"
+                    extract_slide(SLIDE, warm, out, backbone, batch_size=s.extract_batch, workers=workers,
+                                  progress=False, auto_precision=bf16)  # warm-up (and kernels chosen)
+                    summary = extract_slide(SLIDE, coords, out, backbone, batch_size=s.extract_batch,
+                                            workers=workers, progress=False, auto_precision=bf16)
+                row.tiles_per_s = summary["tiles_per_s"]
+                run.rate(row, flops)
+            except Exception as exc:  # noqa: BLE001
+                row.note = _error(exc)
+            # the loader alone, the same DataLoader: reading, decoding and normalising, no model
+            loader_row = Row(kind="loader", model="-", precision="-", batch=s.extract_batch, workers=workers)
+            try:
+                loader_row.tiles_per_s = _loader_rate(TileDataset(SLIDE, xy, attrs, backbone.transform),
+                                                      s.extract_batch, workers, run.gpu, _worker_init)
+                if row.tiles_per_s:
+                    bound = "loader" if loader_row.tiles_per_s < 1.25 * row.tiles_per_s else "model"
+                    row.note = f"bound: {bound} (loader alone {loader_row.tiles_per_s:.0f} tiles/s)"
+            except Exception as exc:  # noqa: BLE001
+                loader_row.note = _error(exc)
+            run.add(loader_row)
+            run.add(row)
+    del backbone
+    _free(run)
+
+
+def _loader_rate(dataset, batch: int, workers: int, pin: bool, worker_init) -> float:
+    """Tiles/s of extraction's DataLoader alone over the same tiles (workers started anew,
+    as each slide's extraction starts them)."""
+    from pathtwt.compress.training_tiles import cv2_pool_stopped
+
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=workers,
+                                         worker_init_fn=worker_init if workers else None,
+                                         prefetch_factor=4 if workers else None, pin_memory=pin)
+    with cv2_pool_stopped(workers > 0):  # as extraction does before forking its workers
+        t0 = time.perf_counter()
+        n = sum(len(index) for index, _x, _e in loader)
+        return n / (time.perf_counter() - t0)
+
+
+def measure_distill(run: Run) -> None:
+    from pathtwt.compress.distill import DeepSupervision, DistillOptions, distill
+    from pathtwt.compress.student import clone_layers, stitch_student
+    from pathtwt.models.flops import count_macs
+    from pathtwt.models.registry import create_backbone
+
+    s = run.s
+    teacher = create_backbone(s.backbone, pretrained=False, device=s.device, precision="fp32")
+    size = teacher.spec.input_size
+    tiles = _training_tiles(size, 256 if run.gpu else 32)
+    n = len(teacher.model.blocks)
+    depth = 5
+    ends = [round((j + 1) * n / depth) for j in range(depth)]
+    t_flops = 2.0 * count_macs(teacher.model)
+    for augment, workers, label in ((True, s.distill_workers, "augment in loader"), (False, 0, "no augment, compute")):
+        row = Row(kind="distill", model="twt-5 vs teacher-12", precision="bf16-autocast", batch=s.distill_batch,
+                  workers=workers, note=label)
+        if run.out_of_time(reserve_s=30.0 if run.gpu else 5.0):
+            row.note = f"{label}; skipped: time budget"
+            run.add(row)
+            continue
+        try:
+            seconds = []
+            with run.memory(row):
+                for steps in s.distill_steps:
+                    student = stitch_student(teacher.model, clone_layers(teacher.model, [e - 1 for e in ends]),
+                                             spec=teacher.spec)
+                    opts = DistillOptions(steps=steps, batch_size=s.distill_batch, precision="bf16", device=s.device,
+                                          workers=workers, augment=augment, progress=False, seed=0,
+                                          cache_limit_bytes=0)  # the teacher runs every step, as with augmentation
+                    run.sync()
+                    t0 = time.perf_counter()
+                    distill(student, teacher.model, tiles, transform=teacher.transform,
+                            objective=DeepSupervision(ends), options=opts)
+                    run.sync()
+                    seconds.append(time.perf_counter() - t0)
+            # the difference of two runs cancels the fixed cost (optimiser, loader start-up)
+            steps_per_s = (s.distill_steps[1] - s.distill_steps[0]) / max(seconds[1] - seconds[0], 1e-6)
+            row.steps_per_s = steps_per_s
+            row.tiles_per_s = steps_per_s * s.distill_batch
+            s_flops = 2.0 * count_macs(student)
+            run.rate(row, t_flops + 3 * s_flops)
+            row.extra["fixed_s"] = round(seconds[0] - s.distill_steps[0] / steps_per_s, 2)
+        except Exception as exc:  # noqa: BLE001
+            row.note = f"{label}; {_error(exc)}"
+        run.add(row)
+    del teacher
+    _free(run)
+
+
+def _training_tiles(size: int, n: int) -> np.ndarray:
+    """uint8 tiles of the real slide at the model's input size (random ones without it)."""
+    if SLIDE.is_file():
+        from pathtwt.wsi.slides import open_slide
+
+        with open_slide(SLIDE) as slide:
+            grid = [(x, y) for y in range(0, SLIDE_H - size + 1, size) for x in range(0, SLIDE_W - size + 1, size)]
+            tiles = [slide.read_tile(x, y, size, 0, size) for x, y in grid[:n]]
+        reps = -(-n // len(tiles))
+        return np.stack((tiles * reps)[:n])
+    return np.random.default_rng(0).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+
+
+def _free(run: Run) -> None:
+    import gc
+
+    gc.collect()
+    if run.gpu:
+        torch.cuda.empty_cache()
+
+
+def _error(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"error: {type(exc).__name__}: {text[:160]}"
+
+
+COLUMNS = [("kind", 8), ("model", 19), ("precision", 13), ("batch", 5), ("compiled", 8), ("workers", 7),
+           ("tiles_per_s", 11), ("steps_per_s", 11), ("tflops", 8), ("frac_gpu_peak", 13), ("frac_mm_peak", 12),
+           ("peak_mem_gib", 12), ("note", 0)]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def format_row(row: Row) -> str:
+    d = asdict(row)
+    return "  ".join(_cell(d[k]).ljust(w) if w else _cell(d[k]) for k, w in COLUMNS).rstrip()
+
+
+def header() -> str:
+    return "  ".join(k.ljust(w) if w else k for k, w in COLUMNS)
+
+
+def machine(run: Run) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(run.s.device) if run.gpu else (platform.processor() or platform.machine()),
+        "gpu_peak_label": run.peak_label,
+        "gpu_dense_bf16_tflops": run.peak_tflops,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu", action="store_true", help="CPU mode: tiny models, small settings (< 3 min)")
+    ap.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
+    ap.add_argument("--backbone", default=None, help="registry name (default h0-mini; CPU mode h0-mini-tiny)")
+    ap.add_argument("--batch-sizes", default=None)
+    ap.add_argument("--precisions", default=None, help="comma list of fp32,bf16,fp16 (fp16 on GPU only)")
+    ap.add_argument("--workers", default=None, help="extraction loader workers to try, comma list")
+    ap.add_argument("--extract-tiles", type=int, default=None)
+    ap.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
+    ap.add_argument("--compile-batch", type=int, default=None)
+    ap.add_argument("--compile-precisions", default=None)
+    ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend (eager: tracing only)")
+    ap.add_argument("--threads", type=int, default=None, help="torch compute threads (default: torch's own)")
+    ap.add_argument("--skip", default="", help="phases to leave out: comma list of mm,forward,extract,distill,compile")
+    ap.add_argument("--budget-s", type=float, default=None, help="stop starting new measurements after this long")
+    ap.add_argument("--json", default=None, help="also write the rows and the machine as JSON to this file")
+    args = ap.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device or ("cpu" if args.cpu or not torch.cuda.is_available() else "cuda")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {device}: torch sees no GPU (torch {torch.__version__}); use --cpu")
+    s = settings_for(device, args)
+    if "fp16" in s.precisions and not device.startswith("cuda"):
+        ap.error("--precisions fp16 needs a GPU; on CPU use fp32,bf16")
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 rows measure fp32, not TF32
+        torch.backends.cudnn.allow_tf32 = False
+    run = Run(s)
+    info = machine(run)
+    print(f"device check: {info['device']} (dense bf16 peak: {run.peak_label}"
+          f"{'' if run.peak_tflops is None else f', {run.peak_tflops} TFLOP/s'}), torch {info['torch']}, "
+          f"backbone {s.backbone}, budget {s.budget_s:.0f} s", flush=True)
+    print(header(), flush=True)
+    skip = {p for p in args.skip.split(",") if p}
+    for name, phase in (("mm", measure_mm), ("forward", measure_forward), ("extract", measure_extract),
+                        ("distill", measure_distill), ("compile", measure_compiled)):
+        if name not in skip:
+            phase(run)
+    total = run.elapsed()
+    print(f"device check done in {total:.0f} s", flush=True)
+    if args.json:
+        from pathtwt.io.atomic import write_json_atomic
+
+        write_json_atomic(args.json, {"machine": info, "settings": asdict(s), "seconds": round(total, 1),
+                                      "rows": [asdict(r) for r in run.rows]})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""The distillation's bf16 guard (pathtwt.compress.bf16_check): bf16 is kept when the
+first step's loss agrees with fp32, else fp32 with a log line; the student is unchanged."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from pathtwt.compress.bf16_check import check_bf16_first_step
+from pathtwt.compress.distill import DeepSupervision
+from pathtwt.compress.student import clone_layers, stitch_student
+from pathtwt.models.registry import create_backbone
+
+
+def _setup():
+    teacher = create_backbone("vit-s14-tiny", pretrained=False, init_seed=1, precision="fp32")
+    with torch.no_grad():
+        for blk in teacher.model.blocks:  # random LayerScale 1e-5 would make every layer the identity
+            blk.ls1.gamma.fill_(0.5)
+            blk.ls2.gamma.fill_(0.5)
+    ends = [3, 6, 9, 12]
+    student = stitch_student(teacher.model, clone_layers(teacher.model, [2, 5, 8, 11]), spec=teacher.spec)
+    # a student that is not the teacher's exact sub-network, so the loss is far from 0
+    with torch.no_grad():
+        for p in student.blocks.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    torch.manual_seed(0)
+    return teacher, student.train(), DeepSupervision(ends), torch.randn(4, 3, 56, 56)
+
+
+def test_bf16_kept_when_the_losses_agree(caplog):
+    teacher, student, objective, x = _setup()
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    with caplog.at_level(logging.INFO, logger="pathtwt.compress.bf16_check"):
+        result = check_bf16_first_step(student, teacher.model, x, objective)
+    assert result.precision == "bf16" and result.loss_fp32 > 0
+    assert 0 < result.relative_difference <= 0.02  # computed in bf16, yet close
+    assert "bf16 autocast kept" in caplog.text
+    assert student.training  # mode restored, parameters untouched
+    assert all(torch.equal(before[k], v) for k, v in student.state_dict().items())
+
+
+def test_falls_back_to_fp32_with_a_log_line(caplog):
+    teacher, student, objective, x = _setup()
+    with caplog.at_level(logging.WARNING, logger="pathtwt.compress.bf16_check"):
+        result = check_bf16_first_step(student, teacher.model, x, objective, tolerance=0.0)
+    assert result.precision == "fp32" and result.note.startswith("fell back to fp32")
+    assert "falls back to fp32" in caplog.text and "relative difference" in caplog.text

@@ -1,0 +1,107 @@
+"""benchmarks/device_check.py in its CPU mode (tiny models): the table it prints and its
+JSON hold every measurement, with finite positive numbers, so the GPU run is ready."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# the real slide the benchmark reads, where conftest looks for ../shared
+SHARED_SLIDE = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared")) / "data" / "slides" / "CMU-1-Small-Region.svs"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("device_check", REPO / "benchmarks" / "device_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_known_gpu_peaks():
+    dc = _load()
+    assert dc.known_peak("NVIDIA H100 80GB HBM3") == ("H100 SXM", 989.4)
+    assert dc.known_peak("NVIDIA H100 PCIe")[0] == "H100 PCIe"
+    assert dc.known_peak("NVIDIA H200")[0] == "H200 SXM"
+    assert dc.known_peak("NVIDIA A100-SXM4-80GB")[1] == 312.0
+    assert dc.known_peak("AMD Instinct MI250X")[0] == "MI250X (one GCD)"
+    assert dc.known_peak("AMD Instinct MI300X")[1] == 1307.4
+    assert dc.known_peak("NVIDIA GeForce RTX 4090") == ("unknown", None)
+    assert dc.known_peak("cpu") == ("unknown", None)
+
+
+def test_cpu_mode_table(tmp_path, capsys):
+    dc = _load()
+    out = tmp_path / "check.json"
+    # the CPU mode, one batch size and no compile to keep it short on the 2-core CI machine
+    # (the compiled row is checked below); a budget no slow machine reaches, so every row is there
+    assert dc.main(["--cpu", "--threads", "1", "--batch-sizes", "8", "--no-compile", "--extract-tiles", "32",
+                    "--budget-s", "600", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    header = next(line for line in printed.splitlines() if line.startswith("kind"))
+    for column in ("tiles_per_s", "steps_per_s", "frac_gpu_peak", "frac_mm_peak", "peak_mem_gib"):
+        assert column in header
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert data["machine"]["gpu_peak_label"] == "unknown"
+    assert not [r for r in rows if r["note"].startswith(("error", "skipped: time"))], [r["note"] for r in rows]
+
+    mm = {r["precision"]: r for r in rows if r["kind"] == "mm"}
+    assert set(mm) == {"fp32", "bf16"} and all(_positive(r["tflops"]) for r in mm.values())
+
+    forward = [r for r in rows if r["kind"] == "forward"]
+    assert {(r["model"], r["precision"]) for r in forward} == {
+        (m, p) for m in ("teacher-12", "twt-5", "twt-4") for p in ("fp32", "bf16")
+    }
+    for r in forward:
+        assert r["batch"] == 8 and not r["compiled"]
+        for key in ("tiles_per_s", "tflops", "frac_mm_peak", "peak_mem_gib"):
+            assert _positive(r[key]), (key, r)
+        assert r["frac_gpu_peak"] == "unknown"  # no GPU: no listed peak
+        # the achieved rate is what the counted FLOPs say it is
+        assert r["frac_mm_peak"] == pytest.approx(r["tflops"] / mm["bf16"]["tflops"])
+    fwd = {(r["model"], r["precision"]): r["tiles_per_s"] for r in forward}
+    # a 4-layer student has a third of the teacher's blocks: it cannot be slower than the teacher
+    assert fwd[("twt-4", "fp32")] > fwd[("teacher-12", "fp32")]
+
+    distill = [r for r in rows if r["kind"] == "distill"]
+    assert len(distill) == 2
+    for r in distill:
+        assert _positive(r["steps_per_s"]) and _positive(r["tflops"])
+        assert r["tiles_per_s"] == pytest.approx(r["steps_per_s"] * r["batch"])
+
+    extract = [r for r in rows if r["kind"] == "extract"]
+    if not SHARED_SLIDE.exists():
+        assert len(extract) == 1 and extract[0]["note"].startswith("skipped")
+        return
+    loaders = [r for r in rows if r["kind"] == "loader"]
+    assert [r["workers"] for r in extract] == [0, 1] == [r["workers"] for r in loaders]
+    for r in extract + loaders:
+        assert _positive(r["tiles_per_s"]), r
+    for r in extract:
+        assert r["note"].startswith("bound: ") and _positive(r["tflops"])
+
+
+def test_cpu_compiled_row(tmp_path):
+    # the compiled rows' plumbing through torch.compile with the tracing-only backend (an
+    # inductor build of even the tiny models takes minutes on the 2-core CI machine)
+    dc = _load()
+    out = tmp_path / "check.json"
+    assert dc.main(["--cpu", "--threads", "1", "--batch-sizes", "8", "--compile-batch", "8", "--compile-backend",
+                    "eager", "--skip", "mm,extract,distill", "--budget-s", "600", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    compiled = [r for r in rows if r["compiled"]]
+    assert [(r["model"], r["precision"], r["batch"]) for r in compiled] == [("twt-4", "fp32", 8)], compiled
+    assert _positive(compiled[0]["tiles_per_s"]) and compiled[0]["extra"]["compile_s"] >= 0
+    assert compiled[0]["note"].startswith("compile ") and "(eager)" in compiled[0]["note"]
