@@ -33,6 +33,7 @@ class CompressOptions:
     schedule: bool | None = None  # None: the backbone's default (off for pathology models)
     layer_scale: bool | None = None  # None: the backbone's default (off for pathology models)
     augment: bool = True
+    loss_norm: str = "none"  # distillation loss terms: none (plain MSE) | variance (each over its teacher variance)
     init: str = "audition"  # "audition" | "random" (ablation: random surrogate layers)
     seed: int = 0
     device: str = "cpu"
@@ -58,7 +59,8 @@ def distill_options(options: CompressOptions) -> "DistillOptions":
 
     return DistillOptions(
         steps=options.steps, epochs=options.epochs, batch_size=options.batch_size, accumulate=options.accumulate,
-        precision=options.precision, workers=options.workers, lr=options.lr, warmup_steps=options.warmup_steps, augment=options.augment, seed=options.seed, device=options.device,
+        precision=options.precision, workers=options.workers, lr=options.lr, warmup_steps=options.warmup_steps, augment=options.augment,
+        loss_norm=options.loss_norm, seed=options.seed, device=options.device,
         checkpoint=options.checkpoint_path(), checkpoint_every=options.checkpoint_every,
         stop_after=options.stop_after, progress=options.progress,
     )
