@@ -12,21 +12,24 @@ probe's fit; validation images are where anything is chosen (the loss norm, the 
 C, the recipe); test images are reported, with a bootstrap 95 % interval over images.
 Tiles: a 5 x 5 grid of 267 px crops per image (112 um, i.e. 224 px at 0.5 um/px), resized
 to 224 px with PIL; the probe and the fidelity use the 9 central tiles of every image, the
-distillation draws from all 25 tiles of the train images.
+distillation draws from all 25 tiles of the train images. ``--probe-tiles`` 1 | 4 | 9
+central tiles per image (default 9; fewer when the CPU is busy: every scored model embeds
+them all).
 
-A run ``METHOD:NORM:TILES:STEPS`` distils METHOD (twt | truncation) at depth 6 with loss
+A run ``METHOD:NORM:TILES:STEPS[:C1/C2...]`` distils METHOD (twt | truncation) at depth 6 with loss
 norm NORM on TILES training tiles for STEPS optimiser steps of --batch-size tiles
 (augmentation off, so the teacher's targets are computed once per tile), and is scored at
-every --checkpoints step <= STEPS by resuming the same run (same cosine schedule to
+every --checkpoints step (or its own C1/C2...) < STEPS and at STEPS, by resuming the same run (same cosine schedule to
 STEPS, so an early checkpoint is the state of the long run, not of a short run: a lower
 bound for a run of that length). ``--speed`` measures steps/s of twt-6 at --batch-size in
 fp32 and bf16 with the teacher's targets cached and recomputed every step.
-Prints tables and writes ``curve.csv``, ``curve.json`` (and ``speed.json``) under --out.
+Prints tables and writes ``TAG.csv``, ``TAG.json`` (--tag, default curve) (and ``speed.json``) under --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import json
 import os
@@ -44,7 +47,8 @@ sys.path.insert(0, str(REPO))
 SHARED = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared"))
 BACH = SHARED / "data" / "bach"
 CROP, GRID, TILE = 267, 5, 224  # 267 px at 0.42 um/px = 112 um = 224 px at 0.5 um/px
-CENTRAL = [r * GRID + c for r in (1, 2, 3) for c in (1, 2, 3)]
+CENTRE_TILE = 12  # the grid's middle tile
+PROBE_TILES = {1: [12], 4: [6, 7, 11, 12], 9: [r * GRID + c for r in (1, 2, 3) for c in (1, 2, 3)]}  # central tiles
 PER_CLASS = (30, 10, 10)  # train / val / test images per class
 C_GRID = (0.01, 0.1, 1.0, 10.0)  # the probe's inverse regularisation, chosen on validation
 
@@ -86,7 +90,8 @@ class Data:
     """Tiles of the split: train tiles for distillation, 9 central tiles per image for the
     probe and the fidelity."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, probe_tiles: int = 9) -> None:
+        self.central = PROBE_TILES[probe_tiles]
         self.split = split_images(seed)
         self.train_tiles, probe, self.image_split, self.labels = [], [], [], []
         for name in ("train", "val", "test"):
@@ -94,13 +99,16 @@ class Data:
                 tiles = image_tiles(image_path(sid))
                 if name == "train":
                     self.train_tiles.append(tiles)
-                probe.append(tiles[CENTRAL])
+                probe.append(tiles[self.central])
                 self.image_split.append(name)
                 self.labels.append(label)
         self.train_tiles = np.concatenate(self.train_tiles)  # image-major
         self.probe = np.concatenate(probe)
         self.image_split, self.labels = np.array(self.image_split), np.array(self.labels)
-        self.tile_split = np.repeat(self.image_split, len(CENTRAL))
+        self.tile_split = np.repeat(self.image_split, len(self.central))
+        # the middle tile of every validation image (block R^2, audition choices)
+        middle = np.tile(np.array(self.central) == CENTRE_TILE, len(self.labels))
+        self.val_middle = self.probe[(self.tile_split == "val") & middle]
 
     def training(self, n: int, seed: int) -> np.ndarray:
         """``n`` training tiles drawn without replacement (seeded) across the train images."""
@@ -127,7 +135,7 @@ def probe(emb: np.ndarray, data: Data, seed: int) -> dict:
     from pathtwt.mil.metrics import balanced_accuracy
     from pathtwt.probe.fit import bootstrap_interval
 
-    x = emb.reshape(len(data.labels), len(CENTRAL), -1).mean(1)
+    x = emb.reshape(len(data.labels), len(data.central), -1).mean(1)
     y, s = data.labels, data.image_split
     best = None
     for c in C_GRID:
@@ -143,13 +151,22 @@ def probe(emb: np.ndarray, data: Data, seed: int) -> dict:
 
 
 class Evaluator:
-    def __init__(self, teacher, data: Data, *, batch_size: int, seed: int) -> None:
+    def __init__(self, teacher, data: Data, *, batch_size: int, seed: int, cache: Path | None = None) -> None:
         from pathtwt.compress.fidelity import tile_embeddings
 
         self.teacher, self.data, self.bs, self.seed = teacher, data, batch_size, seed
         self.kw = dict(transform=teacher.transform, num_prefix_tokens=teacher.spec.num_prefix_tokens, batch_size=batch_size)
         t0 = time.perf_counter()
-        self.t_emb = tile_embeddings(teacher.model, data.probe, **self.kw)
+        saved = None if cache is None else cache / f"teacher_embeddings_seed{seed}_probe{len(data.central)}.pt"
+        if saved is not None and saved.exists():
+            self.t_emb = torch.load(saved)
+        else:
+            self.t_emb = tile_embeddings(teacher.model, data.probe, **self.kw)
+            if saved is not None:
+                from pathtwt.io.atomic import atomic_output
+
+                with atomic_output(saved) as tmp:
+                    torch.save(self.t_emb, tmp)
         self.teacher_seconds = time.perf_counter() - t0
         self.centre = self.t_emb[torch.from_numpy(data.tile_split == "train")].double().mean(0).float()
 
@@ -171,9 +188,8 @@ class Evaluator:
         from pathtwt.compress.fidelity import evaluate_fidelity, teacher_centre
 
         if not hasattr(self, "_layer_centre"):
-            self._layer_centre = teacher_centre(self.teacher.model, self.data.training(64, self.seed), **self.kw)
-        val = self.data.probe[(self.data.tile_split == "val") & (np.arange(len(self.data.probe)) % len(CENTRAL) == 4)]
-        r = evaluate_fidelity(student, self.teacher.model, val, centre=self._layer_centre, boundaries=boundaries, **self.kw)
+            self._layer_centre = teacher_centre(self.teacher.model, self.data.training(32, self.seed), **self.kw)
+        r = evaluate_fidelity(student, self.teacher.model, self.data.val_middle, centre=self._layer_centre, boundaries=boundaries, **self.kw)
         return [round(v, 3) for v in r["block_r2"]]
 
 
@@ -189,14 +205,19 @@ def build_student(method: str, teacher, data: Data, seed: int, depth: int = 6):
 
     if method == "truncation":
         return truncated_student(teacher, depth), DeepSupervision(None), None
-    val_centre = data.probe[(data.tile_split == "val") & (np.arange(len(data.probe)) % len(CENTRAL) == 4)]
-    calib = SimpleNamespace(fit=data.training(64, seed), choosing_tiles=lambda: val_centre, cache={})
-    opts = CompressOptions(out=Path("."), depth=depth, audition_steps=0, batch_size=16, seed=seed, device="cpu")
-    plan = resolve_plan(teacher, calib, opts)
-    student, _ = build_twt_student(teacher, calib, plan, opts)
-    add_branch_scales(student)
-    boundaries = [e for _, e in plan["blocks"]]
+    if "twt" not in _STUDENTS:  # discovery and audition once per process
+        calib = SimpleNamespace(fit=data.training(64, seed), choosing_tiles=lambda: data.val_middle, cache={})
+        opts = CompressOptions(out=Path("."), depth=depth, audition_steps=0, batch_size=16, seed=seed, device="cpu")
+        plan = resolve_plan(teacher, calib, opts)
+        student, _ = build_twt_student(teacher, calib, plan, opts)
+        print(f"twt plan {plan['blocks']}", flush=True)
+        _STUDENTS["twt"] = (student, [e for _, e in plan["blocks"]])
+    student, boundaries = _STUDENTS["twt"]
+    student = add_branch_scales(copy.deepcopy(student))
     return student, DeepSupervision(boundaries), boundaries
+
+
+_STUDENTS: dict = {}
 
 
 _MEMO: dict = {}
@@ -204,21 +225,27 @@ _MEMO: dict = {}
 
 def _memoise_targets() -> None:
     """Resuming a run at each checkpoint would recompute the teacher's targets of every
-    tile and the loss-norm variances each time: keep them for the current run (cleared by
-    ``_MEMO.clear()`` when a run starts, so memory holds one run's cache)."""
+    tile and the loss-norm variances each time, and runs on the same tiles would compute
+    the same targets again: keep them, keyed by the run's tiles and the teacher layers
+    matched. Truncation's only target (the final features) is the last of TWT's, so it is
+    taken from a TWT cache of the same tiles when there is one (the same numbers)."""
     import pathtwt.compress.distill as d
 
     build, norm = d.TargetCache.build.__func__, d.normalised_objective
 
     def cached_build(cls, teacher, tiles, **kw):
-        if "cache" not in _MEMO:
-            _MEMO["cache"] = build(cls, teacher, tiles, **kw)
-        return _MEMO["cache"]
+        boundaries = tuple(kw["objective"].boundaries or ())
+        key = ("cache", _MEMO["tiles"], boundaries)
+        if key not in _MEMO:
+            full = next((v for k, v in _MEMO.items() if k[0] == "cache" and k[1] == _MEMO["tiles"] and k[2]), None)
+            _MEMO[key] = cls([full.tensors[-1]]) if not boundaries and full is not None else build(cls, teacher, tiles, **kw)
+        return _MEMO[key]
 
     def cached_norm(objective, teacher, source, transform, options):
-        if "norm" not in _MEMO:
-            _MEMO["norm"] = norm(objective, teacher, source, transform, options)
-        return _MEMO["norm"]
+        key = ("norm", _MEMO["tiles"], tuple(objective.boundaries or ()), options.loss_norm)
+        if key not in _MEMO:
+            _MEMO[key] = norm(objective, teacher, source, transform, options)
+        return _MEMO[key]
 
     d.TargetCache.build = classmethod(cached_build)
     d.normalised_objective = cached_norm
@@ -227,10 +254,12 @@ def _memoise_targets() -> None:
 def run_curve(spec: str, teacher, data: Data, ev: Evaluator, checkpoints: list[int], args) -> list[dict]:
     from pathtwt.compress.distill import DistillOptions, distill
 
-    method, norm, n_tiles, steps = spec.split(":")
+    method, norm, n_tiles, steps, *own = spec.split(":")
     n_tiles, steps = int(n_tiles), int(steps)
+    if own:  # the run's own checkpoints, "/"-separated
+        checkpoints = sorted(int(c) for c in own[0].split("/") if c)
     tiles = data.training(n_tiles, args.seed)
-    _MEMO.clear()
+    _MEMO["tiles"] = (n_tiles, args.seed)
     torch.manual_seed(args.seed)
     student, objective, boundaries = build_student(method, teacher, data, args.seed)
     rows = []
@@ -277,49 +306,50 @@ def speed(teacher, data: Data, args) -> dict:
 
     tiles = data.training(args.batch_size * (args.speed_steps + 1), args.seed)
     out = {}
-    for precision in ("fp32", "bf16"):
-        for cached in (True, False):
-            student, objective, _ = build_student("twt", teacher, data, args.seed)
-            opts = DistillOptions(steps=args.speed_steps + 1, batch_size=args.batch_size, augment=False, seed=args.seed,
-                                  precision=precision, progress=False, loss_norm="variance",
-                                  cache_limit_bytes=(8 * 2**30) if cached else 0)
-            times = []
+    for config in args.speed_configs.split(","):
+        precision, how = config.split(":")
+        cached = how == "cached"
+        student, objective, _ = build_student("twt", teacher, data, args.seed)
+        opts = DistillOptions(steps=args.speed_steps + 1, batch_size=args.batch_size, augment=False, seed=args.seed,
+                              precision=precision, progress=False, loss_norm="variance",
+                              cache_limit_bytes=(8 * 2**30) if cached else 0)
+        times = []
 
-            class Timed:  # the time of every step (loss hook): first step (warm-up) dropped
-                def __init__(self, inner):
-                    self.inner, self.t = inner, None
+        class Timed:  # the time of every step (loss hook): first step (warm-up) dropped
+            def __init__(self, inner):
+                self.inner, self.t = inner, None
 
-                def with_term_scales(self, s):
-                    return Timed(self.inner.with_term_scales(s))
+            def with_term_scales(self, s):
+                return Timed(self.inner.with_term_scales(s))
 
-                @property
-                def boundaries(self):
-                    return self.inner.boundaries
+            @property
+            def boundaries(self):
+                return self.inner.boundaries
 
-                def targets(self, teacher, x):
-                    return self.inner.targets(teacher, x)
+            def targets(self, teacher, x):
+                return self.inner.targets(teacher, x)
 
-                def loss(self, student, x, targets, step):
-                    now = time.perf_counter()
-                    if self.t is not None:
-                        times.append(now - self.t)
-                    self.t = now
-                    return self.inner.loss(student, x, targets, step)
+            def loss(self, student, x, targets, step):
+                now = time.perf_counter()
+                if self.t is not None:
+                    times.append(now - self.t)
+                self.t = now
+                return self.inner.loss(student, x, targets, step)
 
-            t0 = time.perf_counter()
-            distill(student, teacher.model, tiles, transform=teacher.transform, objective=Timed(objective), options=opts)
-            total = time.perf_counter() - t0
-            step_s = float(np.median(times)) if times else float("nan")
-            key = f"{precision}_{'cached' if cached else 'recomputed'}"
-            out[key] = {"s_per_step": round(step_s, 3), "steps_per_s": round(1 / step_s, 4), "run_s_incl_cache": round(total, 1)}
-            print(key, out[key], flush=True)
+        t0 = time.perf_counter()
+        distill(student, teacher.model, tiles, transform=teacher.transform, objective=Timed(objective), options=opts)
+        total = time.perf_counter() - t0
+        step_s = float(np.median(times)) if times else float("nan")
+        key = f"{precision}_{'cached' if cached else 'recomputed'}"
+        out[key] = {"s_per_step": round(step_s, 3), "steps_per_s": round(1 / step_s, 4), "run_s_incl_cache": round(total, 1)}
+        print(key, out[key], flush=True)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--weights", type=Path, default=SHARED / "weights")
+    parser.add_argument("--weights", type=Path, default=SHARED / "weights" / "vit_s14_imgfocus.safetensors")
     parser.add_argument("--runs", nargs="*", default=[], metavar="METHOD:NORM:TILES:STEPS")
     parser.add_argument("--checkpoints", default="", help="comma-separated steps at which every run is scored")
     parser.add_argument("--batch-size", type=int, default=16)
@@ -328,7 +358,10 @@ def main() -> None:
     parser.add_argument("--cache-gb", type=float, default=3.0, help="largest teacher-target cache (else recomputed)")
     parser.add_argument("--speed", action="store_true")
     parser.add_argument("--speed-steps", type=int, default=3)
+    parser.add_argument("--speed-configs", default="fp32:cached,bf16:cached,fp32:recomputed,bf16:recomputed")
+    parser.add_argument("--probe-tiles", type=int, choices=sorted(PROBE_TILES), default=9)
     parser.add_argument("--references", action="store_true", help="score teacher, constant and random-init")
+    parser.add_argument("--tag", default="curve", help="name of the CSV / JSON written under --out")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -342,7 +375,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     teacher = create_backbone("vit-s14-imgfocus", weights=args.weights, device="cpu", precision="fp32")
-    data = Data(args.seed)
+    data = Data(args.seed, args.probe_tiles)
     print(f"tiles read in {time.perf_counter() - t0:.0f}s: {len(data.train_tiles)} train, {len(data.probe)} probe", flush=True)
     if args.speed:
         result = speed(teacher, data, args)
@@ -351,27 +384,28 @@ def main() -> None:
     if not (args.runs or args.references):
         return
     _memoise_targets()
-    ev = Evaluator(teacher, data, batch_size=32, seed=args.seed)
+    ev = Evaluator(teacher, data, batch_size=32, seed=args.seed, cache=args.out)
     print(f"teacher embeddings of {len(data.probe)} tiles: {ev.teacher_seconds:.0f}s", flush=True)
     print(" | ".join(COLUMNS))
     rows = []
-    if args.references:
-        for name, emb in (("teacher", ev.t_emb), ("constant", ev.centre.expand(len(ev.t_emb), -1).clone()),
-                          ("random-init", ev.embeddings(random_init_model(teacher.spec, args.seed)))):
-            row = {"run": name, **ev.score(emb)}
-            rows.append(row)
-            print(fmt_row(row), flush=True)
+    if args.references:  # the free ones first; random-init (a full forward pass) after the runs
+        for name, emb in (("teacher", ev.t_emb), ("constant", ev.centre.expand(len(ev.t_emb), -1).clone())):
+            rows.append({"run": name, **ev.score(emb)})
+            print(fmt_row(rows[-1]), flush=True)
     checkpoints = sorted(int(c) for c in args.checkpoints.split(",") if c)
     for spec in args.runs:
         rows += run_curve(spec, teacher, data, ev, checkpoints, args)
         write(args.out, rows, args)
+    if args.references:
+        rows.append({"run": "random-init", **ev.score(ev.embeddings(random_init_model(teacher.spec, args.seed)))})
+        print(fmt_row(rows[-1]), flush=True)
     write(args.out, rows, args)
 
 
 def write(out: Path, rows: list[dict], args) -> None:
     from pathtwt.io.atomic import atomic_output
 
-    name = "curve" if not args.runs else "curve_" + "_".join(r.replace(":", "-") for r in args.runs)[:80]
+    name = args.tag
     with atomic_output(out / f"{name}.json") as tmp:
         Path(tmp).write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
     keys = sorted({k for r in rows for k in r}, key=lambda k: (COLUMNS.index(k) if k in COLUMNS else 99, k))

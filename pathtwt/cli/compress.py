@@ -54,10 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="learnable scalar per surrogate branch, folded at export (default as --schedule)")
     parser.add_argument("--augment", type=_on_off, default=True, metavar="on|off",
                         help="colour jitter + Gaussian blur (default on; off caches teacher targets)")
-    parser.add_argument("--loss-norm", choices=("none", "variance"), default="none",
+    parser.add_argument("--loss-norm", choices=("none", "variance"), default="variance",
                         help="distillation loss terms: none = plain MSE (the paper's), variance = each term over its "
                         "teacher target's variance on the first training tiles, so late layers with large norms do not "
-                        "drown the early ones (default none)")
+                        "drown the early ones (default variance, chosen on BACH validation images: benchmarks/results/bach_recipe.md)")
     parser.add_argument("--init", choices=("audition", "random"), default="audition",
                         help="surrogate initialisation (random: ablation)")
     parser.add_argument("--holdout", type=float, default=0.1, help="fraction of drawn calibration tiles kept out of fitting, half select "
