@@ -210,3 +210,100 @@ def test_compress_rejects_unknown_method(shared_tiles, capsys):
                  "--calibration", str(shared_tiles), "--depth", "4", "--out", "unused"])
     assert code == 1
     assert "known methods:" in capsys.readouterr().err
+
+
+class _Rescaled(torch.nn.Module):
+    """A block whose input is divided by ``pre`` and whose output is multiplied by
+    ``post``: rescales one layer's activations while leaving every other layer unchanged."""
+
+    def __init__(self, block, *, pre=1.0, post=1.0):
+        super().__init__()
+        self.block, self.pre, self.post = block, pre, post
+
+    def forward(self, x):
+        return self.block(x / self.pre) * self.post
+
+
+def _rescale_layer(model, index, factor):
+    import copy
+
+    model = copy.deepcopy(model)
+    blocks = list(model.blocks)
+    blocks[index] = _Rescaled(blocks[index], post=factor)
+    if index + 1 < len(blocks):
+        blocks[index + 1] = _Rescaled(blocks[index + 1], pre=factor)
+    model.blocks = torch.nn.Sequential(*blocks)
+    return model
+
+
+def _terms(objective, teacher_model, student, tiles, transform, loss_norm):
+    from pathtwt.compress.distill import normalised_objective
+    from pathtwt.compress.intermediates import tiles_to_batch
+    from pathtwt.compress.training_tiles import ArrayTiles
+
+    opts = DistillOptions(loss_norm=loss_norm, batch_size=4)  # 10 tiles measured in chunks of 4
+    objective = normalised_objective(objective, teacher_model, ArrayTiles(tiles), transform, opts)
+    x = tiles_to_batch(transform, tiles, "cpu")
+    with torch.no_grad():
+        return objective.loss(student, x, objective.targets(teacher_model, x), step=0)
+
+
+def test_variance_loss_norm_keeps_a_30x_layer_from_drowning_the_others(teacher, tiles):
+    student = _student(teacher)  # blocks matched to teacher layers 1, 6, 12
+    objective = DeepSupervision([1, 6, 12])
+    # teacher layer 6 and the student block matched to it, both 30x larger (layers after
+    # them see the same inputs as before), as natural-image ViTs' norms grow with depth
+    big_teacher, big_student = _rescale_layer(teacher.model, 5, 30.0), _rescale_layer(student, 1, 30.0)
+    _, plain = _terms(objective, teacher.model, student, tiles, teacher.transform, "none")
+    _, plain_big = _terms(objective, big_teacher, big_student, tiles, teacher.transform, "none")
+    assert plain_big["b2"] == pytest.approx(900 * plain["b2"], rel=1e-3)  # unnormalised: the term is 900x
+    assert plain_big["b1"] == pytest.approx(plain["b1"], rel=1e-4)
+    loss, norm = _terms(objective, teacher.model, student, tiles, teacher.transform, "variance")
+    loss_big, norm_big = _terms(objective, big_teacher, big_student, tiles, teacher.transform, "variance")
+    for k in ("b1", "b2", "b3", "final"):
+        assert norm_big[k] == pytest.approx(norm[k], rel=1e-3), k
+    assert float(loss_big) == pytest.approx(float(loss), rel=1e-3)
+    # each normalised term is the plain MSE over the teacher target's per-position variance
+    from pathtwt.compress.intermediates import tiles_to_batch
+
+    with torch.no_grad():
+        targets = objective.targets(teacher.model, tiles_to_batch(teacher.transform, tiles, "cpu"))
+    for k, t in zip(("b1", "b2", "b3", "final"), targets):
+        var = float((t.double() - t.double().mean(0, keepdim=True)).pow(2).mean())
+        assert norm[k] == pytest.approx(plain[k] / var, rel=1e-4), k
+
+
+def test_loss_norm_none_is_the_plain_mse_sum(teacher, tiles):
+    from pathtwt.compress.intermediates import tiles_to_batch
+    from pathtwt.compress.student import block_outputs
+
+    student = _student(teacher)
+    objective = DeepSupervision([1, 6, 12])
+    loss, terms = _terms(objective, teacher.model, student, tiles, teacher.transform, "none")
+    x = tiles_to_batch(teacher.transform, tiles, "cpu")
+    with torch.no_grad():
+        t_out, s_out = block_outputs(teacher.model, x), block_outputs(student, x)
+        by_hand = [torch.nn.functional.mse_loss(s_out[j + 1], t_out[e]) for j, e in enumerate([1, 6, 12])]
+        by_hand.append(torch.nn.functional.mse_loss(student.norm(s_out[-1]), teacher.model.norm(t_out[-1])))
+    assert float(loss) == pytest.approx(float(sum(by_hand)), rel=1e-6)
+    assert [terms[k] for k in ("b1", "b2", "b3", "final")] == pytest.approx([float(v) for v in by_hand], rel=1e-6)
+
+
+def test_variance_loss_norm_resumes_exactly_and_refuses_unknown_norms(teacher, tiles, tmp_path):
+    from pathtwt.errors import PathtwtError
+
+    objective = DeepSupervision([1, 6, 12])
+    ref, ref_result = _distill(teacher, tiles, augment=False, objective=objective, loss_norm="variance")
+    # normalised terms read as 1 - R^2 of a student copied from teacher layers: O(1), not
+    # O(norm^2) (b1 is 0: student block 1 is teacher layer 1)
+    first = ref_result.history[0]
+    assert first["b1"] == 0.0 and all(0 < first[k] < 10 for k in ("b2", "b3", "final"))
+    ckpt = tmp_path / "ckpt.pt"
+    _distill(teacher, tiles, augment=False, objective=objective, loss_norm="variance", checkpoint=ckpt, stop_after=1)
+    with pytest.raises(PathtwtError, match="checkpoint of a different run"):  # the norm is part of the run
+        _distill(teacher, tiles, augment=False, objective=objective, checkpoint=ckpt)
+    resumed, _ = _distill(teacher, tiles, augment=False, objective=objective, loss_norm="variance", checkpoint=ckpt)
+    for a, b in zip(ref.state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
+    with pytest.raises(PathtwtError, match="--loss-norm 'l1'"):
+        _distill(teacher, tiles, augment=False, objective=objective, loss_norm="l1")

@@ -55,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="learnable scalar per surrogate branch, folded at export (default as --schedule)")
     parser.add_argument("--augment", type=_on_off, default=True, metavar="on|off",
                         help="colour jitter + Gaussian blur (default on; off caches teacher targets)")
+    parser.add_argument("--loss-norm", choices=("none", "variance"), default="variance",
+                        help="distillation loss terms: none = plain MSE (the paper's), variance = each term over its "
+                        "teacher target's variance on the first training tiles, so late layers with large norms do not "
+                        "drown the early ones (default variance, chosen on BACH validation images: benchmarks/results/bach_recipe.md)")
     parser.add_argument("--init", choices=("audition", "random"), default="audition",
                         help="surrogate initialisation (random: ablation)")
     parser.add_argument("--holdout", type=float, default=0.1, help="fraction of drawn calibration tiles kept out of fitting, half select "
@@ -162,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
         epochs=args.epochs, batch_size=args.batch_size, accumulate=args.accumulate, precision=precision,
         workers=workers or 0, lr=args.lr, warmup_steps=args.warmup_steps,
         audition_steps=args.audition_steps, schedule=args.schedule, layer_scale=args.layer_scale,
-        augment=args.augment, init=args.init, seed=args.seed, device=teacher.device, checkpoint=args.checkpoint,
+        augment=args.augment, loss_norm=args.loss_norm, init=args.init, seed=args.seed, device=teacher.device, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, keep_checkpoint=args.keep_checkpoint, stop_after=args.stop_after,
         progress=show_progress(args), extra=extra,
         command=[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if not k.startswith("_") and v is not None],

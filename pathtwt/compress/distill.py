@@ -32,7 +32,7 @@ import signal
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -69,6 +69,10 @@ class DistillOptions:
     stop_after: int | None = None  # stop after this step as if interrupted (checkpoint kept)
     progress: bool = True
     cache_limit_bytes: int = 4 * 2**30  # largest in-memory teacher-target cache
+    # "variance": each loss term divided by its teacher target's variance on the first
+    # training tiles (term ~ 1 - R^2, so layers whose norms grow ~30x do not drown the
+    # early ones); "none": plain MSE sums (the paper's loss)
+    loss_norm: str = "none"
 
     def resolved_steps(self, n_tiles: int) -> int:
         if self.steps is not None:
@@ -108,6 +112,11 @@ class DeepSupervision:
 
     boundaries: Sequence[int] | None
     alphas: Sequence[float] | None = None
+    # divisor of each term (K + 1 values, see term_variances); None: plain MSE
+    term_scales: Sequence[float] | None = None
+
+    def with_term_scales(self, scales: Sequence[float]) -> "DeepSupervision":
+        return DeepSupervision(self.boundaries, self.alphas, [float(v) for v in scales])
 
     def targets(self, teacher: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
         outs = block_outputs(teacher, x)
@@ -121,9 +130,54 @@ class DeepSupervision:
             raise ValueError(f"student gives {len(preds)} supervised outputs, teacher {len(targets)}")
         weights = term_weights(step, self.alphas, len(preds))
         terms = [nn.functional.mse_loss(p, t) for p, t in zip(preds, targets)]
+        if self.term_scales is not None:
+            if len(self.term_scales) != len(terms):
+                raise ValueError(f"{len(self.term_scales)} term scales for {len(terms)} loss terms")
+            terms = [t / s for t, s in zip(terms, self.term_scales)]
         loss = sum(w * t for w, t in zip(weights, terms))
         names = [f"b{j + 1}" for j in range(len(preds) - 1)] + ["final"]
         return loss, {n: float(t.detach()) for n, t in zip(names, terms)}
+
+
+LOSS_NORMS = ("none", "variance")
+NORM_SAMPLE_TILES = 64  # first training tiles (index order) measuring the term variances
+
+
+@torch.no_grad()
+def term_variances(objective: Objective, teacher: nn.Module, batches: Iterable[torch.Tensor]) -> list[float]:
+    """Per loss term, the variance of the teacher's target over the tiles of ``batches``:
+    mean over tokens and channels of the squared deviation from the per-position mean over
+    tiles (the denominator of fidelity's block R^2, so a normalised term reads as
+    1 - R^2); a single tile gives its mean squared value."""
+    n, sums, squares = 0, [], []
+    for x in batches:
+        targets = [t.double() for t in teacher_targets(objective, teacher, x, "fp32")]
+        sums = [t.sum(0) for t in targets] if not sums else [a + t.sum(0) for a, t in zip(sums, targets)]
+        squares = [t.pow(2).sum(0) for t in targets] if not squares else [a + t.pow(2).sum(0) for a, t in zip(squares, targets)]
+        n += len(x)
+    if n == 0:
+        raise PathtwtError("no tiles to measure the loss normalisation on")
+    out = []
+    for s1, s2 in zip(sums, squares):
+        var = s2 / n - (s1 / n).pow(2) if n > 1 else s2
+        out.append(max(float(var.clamp_min(0).mean()), 1e-12))
+    return out
+
+
+def normalised_objective(objective: Objective, teacher: nn.Module, source: Any, transform: Transform,
+                         options: DistillOptions) -> Objective:
+    """``objective`` with its terms divided by their teacher variances (``loss_norm
+    variance``), measured on the first tiles of ``source`` (index order, no augmentation),
+    so a resumed run gets the same divisors. Objectives without per-term scales are
+    returned unchanged."""
+    if options.loss_norm not in LOSS_NORMS:
+        raise PathtwtError(f"--loss-norm {options.loss_norm!r}: use one of {', '.join(LOSS_NORMS)}")
+    if options.loss_norm == "none" or not hasattr(objective, "with_term_scales"):
+        return objective
+    n, chunk = min(len(source), NORM_SAMPLE_TILES), max(1, int(options.batch_size))
+    batches = (tiles_to_batch(transform, np.stack([source.read(j) for j in range(i, min(n, i + chunk))]), options.device)
+               for i in range(0, n, chunk))
+    return objective.with_term_scales(term_variances(objective, teacher, batches))
 
 
 class TargetCache:
@@ -190,7 +244,9 @@ def _fingerprint(options: DistillOptions, n_tiles: int, total: int) -> dict[str,
     # What must match for a checkpoint to continue this very run (the number of ranks need
     # not: the sampler state is a position in the global stream).
     return {"total_steps": total, "batch_size": options.batch_size, "accumulate": options.accumulate,
-            "seed": options.seed, "n_tiles": n_tiles, "lr": options.lr, "augment": options.augment}
+            "seed": options.seed, "n_tiles": n_tiles, "lr": options.lr, "augment": options.augment,
+            # only when set, so checkpoints written before the option existed still resume
+            **({"loss_norm": options.loss_norm} if options.loss_norm != "none" else {})}
 
 
 def save_checkpoint(path: Path, *, student: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, step: int,
@@ -311,6 +367,7 @@ def distill(
     accumulate = max(1, int(options.accumulate))
     total = options.resolved_steps(n_tiles)
     teacher.eval().requires_grad_(False).to(device)
+    objective = normalised_objective(objective, teacher, source, transform, options)
     student.to(device).train()
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=options.weight_decay)

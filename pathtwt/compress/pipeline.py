@@ -42,6 +42,7 @@ class CompressOptions:
     schedule: bool | None = None  # None: the backbone's default (off for pathology models)
     layer_scale: bool | None = None  # None: the backbone's default (off for pathology models)
     augment: bool = True
+    loss_norm: str = "variance"  # distillation loss terms: variance (each over its teacher variance) | none (plain MSE)
     init: str = "audition"  # "audition" | "random" (ablation: random surrogate layers)
     seed: int = 0
     device: str = "cpu"
