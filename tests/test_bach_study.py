@@ -173,17 +173,20 @@ def test_bad_cohorts_are_refused_naming_file_and_key(bach, tmp_path):
         check_cohort(_cohort_config(root))
     assert lines[1].split(",")[0] in _one_line(err) and "more than once" in str(err.value)
 
-    # a class with no training images after the split (no invasive image at all)
-    kept = [line for line in lines[1:] if not line.split(",")[1] == "3"]
+    # a class with no training images after the split: one invasive image, drawn into test
+    kept = [line for line in lines[1:] if line.split(",")[1] != "3"] + [next(l for l in lines if l.split(",")[1] == "3")]
     (root / "labels.csv").write_text("\n".join(lines[:1] + kept) + "\n")
     with pytest.raises(ConfigError) as err:
-        check_cohort(_cohort_config(root))
-    assert "class(es) 3" in _one_line(err) and "'train'" in str(err.value) and "tasks.t.classes" in str(err.value)
-    # ... or a split that puts every image of the class outside train
-    (root / "labels.csv").write_text("\n".join(lines) + "\n")
+        check_cohort(_cohort_config(root, draw_split={"fractions": [0.3, 0.0, 0.7], "seed": 0}))
+    message = _one_line(err)
+    assert "class(es) 3 " in message and "'train'" in message and "cohorts.c.draw_split" in message
+    # ... or a split column that puts no image of a class in train
+    table = pd.read_csv(bach / "labels.csv", dtype=str).groupby("label").head(2)
+    table["split"] = ["test" if lab == "1" else "train" for lab in table["label"]]
+    table.to_csv(root / "labels.csv", index=False)
     with pytest.raises(ConfigError) as err:
-        check_cohort(_cohort_config(root, draw_split={"fractions": [0.0, 0.5, 0.5], "seed": 0}))
-    assert "cohorts.c.draw_split" in _one_line(err)
+        check_cohort(_cohort_config(root, draw_split=None))
+    assert "class(es) 1 " in _one_line(err) and "split column" in str(err.value)
 
 
 def test_mixed_pixel_sizes_without_per_image_sizes_are_refused_saying_which(bach, tmp_path):

@@ -405,22 +405,22 @@ def check_config(config: Mapping[str, Any], *, source: str, require_slides: bool
 
 
 def check_training_classes(config: Mapping[str, Any], tables: Mapping[str, LabelTable], *, source: str) -> None:
-    """Every class of a task has at least one slide in its training split (a head
-    cannot learn a class it never sees, and the metrics would still count it)."""
+    """Every class a task's training cohort labels has at least one slide in the
+    training split (a head cannot learn a class it never sees, yet val and test would
+    count it)."""
     for name, task in config["tasks"].items():
         table = tables.get(task["cohort"])
         if table is None:
             continue
         train = {lab for lab, sp in zip(table.labels, table.splits) if sp == task["train_split"]}
-        absent = [str(c) for c in range(task["classes"]) if str(c) not in train]
+        absent = sorted(set(table.labels) - train, key=lambda v: (len(v), v))
         if absent:
             cohort = config["cohorts"][task["cohort"]]
             how = "the drawn split (cohorts.{}.draw_split)".format(task["cohort"]) if cohort.get("draw_split") else \
                 f"its {cohort['split_column']} column"
             raise ConfigError(
-                f"{table.path}: task {name} ({source}, tasks.{name}.classes: {task['classes']}): class(es) "
-                f"{', '.join(absent)} have no slide in split {task['train_split']!r} after {how}; add slides of "
-                "those classes, change the split, or lower the task's classes"
+                f"{table.path}: task {name} ({source}): class(es) {', '.join(absent)} have no slide in split "
+                f"{task['train_split']!r} after {how}; add training slides of those classes or change the split"
             )
 
 
