@@ -122,7 +122,7 @@ def test_compress_killed_and_rerun(calibration_images, tmp_path):
                                markers=["model.json", "model.safetensors"], resume_files=["checkpoint.pt"],
                                reference=clean, env=subprocess_env())
     assert [r.killed for r in results] == [True, True], results
-    assert compare_trees(clean, resumed) == ["model.json", "model.safetensors"]
+    assert compare_trees(clean, resumed) == ["README.md", "config.json", "model.json", "model.safetensors"]
 
 
 def test_train_mil_killed_and_rerun(tmp_path):

@@ -75,9 +75,12 @@ def card_numbers(meta: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def model_card(meta: Mapping[str, Any], folder_name: str) -> str:
+def model_card(meta: Mapping[str, Any]) -> str:
+    """The card's text: a function of ``meta`` alone (not of the folder's name or place), so
+    two runs that export the same model write the same bytes."""
     from pathtwt.models.registry import BACKBONES
 
+    folder_name = "path/to/this/folder"
     base_name = str(meta.get("base_backbone", ""))
     base = BACKBONES.get(base_name)
     base_hub = (base.hub_id or "").removeprefix("hf-hub:") if base else ""
@@ -107,7 +110,7 @@ def model_card(meta: Mapping[str, Any], folder_name: str) -> str:
         ("fidelity measured on", fidelity.get("on")),
         ("licence", f"{licence} (inherited from the base model)"),
     ]
-    lines = [*front, "", f"# {meta.get('name', folder_name)}", "",
+    lines = [*front, "", f"# {meta.get('name', 'pathtwt variant')}", "",
              f"A compressed {base_name} tile encoder written by pathtwt `compress` ({meta.get('method')}): "
              "a plain timm Vision Transformer with fewer blocks." if plain else
              f"A compressed {base_name} tile encoder written by pathtwt `compress` ({meta.get('method')}); its "
@@ -137,4 +140,4 @@ def write_hub_format(folder: str | os.PathLike, meta: Mapping[str, Any]) -> None
     folder = Path(folder)
     if not meta.get("layer_patches"):
         write_json_atomic(folder / "config.json", hub_config(meta))
-    write_text_atomic(folder / "README.md", model_card(meta, folder.name))
+    write_text_atomic(folder / "README.md", model_card(meta))

@@ -62,7 +62,7 @@ def timm_spec(name: str) -> BackboneSpec:
         num_register_tokens=prefix - 1,
         embed_dim=int(model.embed_dim),
         depth=len(model.blocks),
-        mlp="swiglu-packed" if "GluMlp" in type(model.blocks[0].mlp).__name__ or "SwiGLU" in type(model.blocks[0].mlp).__name__ else "gelu",
+        mlp="swiglu-packed" if type(model.blocks[0].mlp).__name__ in ("GluMlp", "SwiGLUPacked") else "gelu",
         embedding_recipe="cls",
         card=f"timm model {model_name}",
     )
