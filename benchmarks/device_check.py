@@ -392,7 +392,8 @@ def write_slide_coords(path: Path, n_tiles: int, tile: int) -> Path:
 
 
 def measure_extract(run: Run) -> None:
-    from pathtwt.features.extract import AutoPrecision, TileDataset, _worker_init, extract_slide
+    from pathtwt.features.extract import AutoPrecision, TileDataset, extract_slide
+    from pathtwt.wsi.coords_tiles import reader_worker_init
     from pathtwt.io.h5 import read_coords
     from pathtwt.models.flops import count_macs
     from pathtwt.models.registry import create_backbone
@@ -431,7 +432,7 @@ def measure_extract(run: Run) -> None:
             loader_row = Row(kind="loader", model="-", precision="-", batch=s.extract_batch, workers=workers)
             try:
                 loader_row.tiles_per_s = _loader_rate(TileDataset(SLIDE, xy, attrs, backbone.transform),
-                                                      s.extract_batch, workers, run.gpu, _worker_init)
+                                                      s.extract_batch, workers, run.gpu, reader_worker_init)
                 if row.tiles_per_s:
                     bound = "loader" if loader_row.tiles_per_s < 1.25 * row.tiles_per_s else "model"
                     row.note = f"bound: {bound} (loader alone {loader_row.tiles_per_s:.0f} tiles/s)"
