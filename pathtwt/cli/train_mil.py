@@ -26,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-missing", action="store_true", help="skip label-table slides without features (and ignore unlisted features files), reporting how many")
     parser.add_argument(
         "--failed-slides", choices=("stop", "exclude"), default="stop",
-        help="slides whose extraction failed (features status 'failed'): stop with the list (default) or "
-        "exclude them with a counted warning",
+        help="slides whose extraction failed (features status 'failed') or that kept no tile at the tissue "
+        "threshold: stop with the list (default) or exclude them with a counted warning",
     )
     parser.add_argument("--no-resume", action="store_true", help="ignore an unfinished run's resume.pt in --out and start over")
     add_device_argument(parser)

@@ -82,10 +82,13 @@ def inspect_bags(
     """Read each file's shape and status (and scan for NaN/inf); return the bags and the
     feature dimension. Empty bags and non-finite features are errors; bags whose
     extraction failed (status "failed") are errors too, or with ``failed="exclude"``
-    left out and counted in ``skipped["failed_extraction"]``."""
+    left out and counted in ``skipped["failed_extraction"]``; so are, with "exclude",
+    slides that kept no tile at the cohort's tissue threshold (status ok, 0 tiles: e.g. a
+    near-empty image), counted in ``skipped["no_tiles"]``."""
     bags: list[Bag] = []
     empty: list[str] = []
     excluded: list[str] = []
+    no_tiles: list[str] = []
     unreadable: list[str] = []
     non_finite: list[str] = []
     dims: dict[int, list[str]] = {}
@@ -99,6 +102,9 @@ def inspect_bags(
                 if status == "failed" and failed == "exclude":
                     excluded.append(slide_id)
                     continue
+                if n_tiles == 0 and status == "ok" and failed == "exclude":
+                    no_tiles.append(slide_id)
+                    continue
                 if n_tiles == 0 or status != "ok":
                     empty.append(f"{slide_id} ({n_tiles} tiles, status {status})")
                     continue
@@ -111,6 +117,7 @@ def inspect_bags(
         bags.append(Bag(slide_id=slide_id, label=int(label), path=Path(path), n_tiles=n_tiles))
     if skipped is not None:
         skipped["failed_extraction"] = len(excluded)
+        skipped["no_tiles"] = len(no_tiles)
     if unreadable:
         raise ConfigError(
             f"{where}: unreadable features file(s) (no 'features' dataset or not HDF5): "
