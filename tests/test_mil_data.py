@@ -85,6 +85,16 @@ def test_empty_bag_and_nan_features_name_the_slides(cohort):
         _prepare(cohort)
 
 
+def test_slide_without_tiles_is_excluded_and_counted_only_when_asked(cohort):
+    # a slide that kept no tile at the cohort's tissue threshold (status ok, 0 tiles)
+    write_features(cohort.features_dir / "train-002.h5", np.zeros((0, 8), np.float32), np.zeros((0, 2)), {"status": "ok"})
+    with pytest.raises(ConfigError, match=r"empty bag.*train-002"):
+        _prepare(cohort, failed="stop")
+    data = _prepare(cohort, failed="exclude")
+    assert "train-002" not in [b.slide_id for b in data.train.bags] and len(data.train.bags) == 3
+    assert data.train.skipped["no_tiles"] == 1 and data.train.skipped["failed_extraction"] == 0
+
+
 def test_external_cohorts(cohort, tmp_path):
     ext = write_planted_cohort(tmp_path / "ext", task="metastasis", splits={"test": 3}, dim=8, bag_size=(5, 9), seed=5)
     name, folder, csv = parse_external(f"cam16={ext.features_dir}:{ext.labels_csv}")
