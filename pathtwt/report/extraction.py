@@ -33,8 +33,12 @@ def extraction_info(results: Path, backbone: str, variant: str) -> Extraction:
                     p = p.decode() if isinstance(p, bytes) else str(p)
                     if p not in precisions:
                         precisions.append(p)
-                rate = attrs.get("tiles_per_second")
                 n = int(attrs.get("n_tiles", h5["features"].shape[0] if "features" in h5 else 0))
+                # extraction records its wall seconds (reading + forward) per slide
+                rate = attrs.get("tiles_per_second")
+                seconds = attrs.get("extract_seconds")
+                if rate is None and seconds is not None and float(seconds) > 0:
+                    rate = n / float(seconds)
                 if rate is not None and n > 0 and float(rate) > 0:
                     weighted += float(rate) * n
                     tiles += n
