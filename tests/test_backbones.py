@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hf_layouts import published_layout
 from safetensors.torch import save_file
 
 from pathtwt.models import registry as backbones
@@ -146,25 +147,6 @@ def _hibou_hf_config(**overrides):
     return Dinov2WithRegistersConfig(**cfg)
 
 
-def _legacy_layout(state):
-    """The published Hibou-B key names (transformers < 5): split q/k/v under
-    attention.attention, packed SwiGLU weights_in/weights_out."""
-    out = {}
-    for key, value in state.items():
-        key = key.replace("attention.q_proj", "attention.attention.query")
-        key = key.replace("attention.k_proj", "attention.attention.key")
-        key = key.replace("attention.v_proj", "attention.attention.value")
-        key = key.replace("attention.o_proj", "attention.output.dense")
-        key = key.replace("mlp.down_proj", "mlp.weights_out")
-        if ".mlp.up_proj." in key:
-            continue
-        if ".mlp.gate_proj." in key:
-            up = state[key.replace("gate_proj", "up_proj")]
-            key, value = key.replace("gate_proj", "weights_in"), torch.cat([value, up])
-        out[key] = value
-    return out
-
-
 @pytest.mark.parametrize("native_image_size, layout", [(56, "current"), (98, "legacy")])
 def test_hf_dinov2_registers_converted_to_timm_matches(tmp_path, native_image_size, layout):
     from transformers import Dinov2WithRegistersModel
@@ -178,7 +160,7 @@ def test_hf_dinov2_registers_converted_to_timm_matches(tmp_path, native_image_si
                 p.copy_(torch.randn_like(p) * 0.5 + (1.0 if name.endswith("weight") else 0.0))
     state = hf.state_dict()
     if layout == "legacy":
-        state = _legacy_layout(state)
+        state = published_layout(state)
         assert any("mlp.weights_in" in k for k in state)
     save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
@@ -215,7 +197,7 @@ def test_full_hibou_config_keys_and_shapes_convert():
 
     with torch.device("meta"):
         hf = Dinov2WithRegistersModel(_hibou_hf_config())
-    converted = hf_dinov2_to_timm(_legacy_layout(hf.state_dict()), grid=(16, 16), no_embed_class=True)
+    converted = hf_dinov2_to_timm(published_layout(hf.state_dict()), grid=(16, 16), no_embed_class=True)
     expected = meta_model("hibou-b").state_dict()
     assert sorted(converted) == sorted(expected)
     assert all(tuple(converted[k].shape) == tuple(v.shape) for k, v in expected.items())

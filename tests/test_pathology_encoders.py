@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from hf_layouts import current_layout, published_layout
 
 from pathtwt.errors import WeightsError
 from pathtwt.models.flops import count_macs, count_params, meta_model
@@ -248,51 +249,17 @@ def test_hugging_face_checkpoints_have_the_published_key_names(name, hf_class, t
     hf = cls(cfg).eval()
     source = create_backbone(spec.name, pretrained=False, init_seed=2).model
     converted = timm_to_hf_dinov2(source.state_dict(), registers=bool(spec.num_register_tokens))
-    reference = _published_names(hf.state_dict())
+    reference = published_layout(hf.state_dict())
     assert set(converted) == set(reference)
     for key, value in converted.items():
         assert tuple(value.shape) == tuple(reference[key].shape), key
     # load into transformers (its in-memory names) and compare the outputs
-    hf.load_state_dict(_current_names(converted, hf.state_dict()), strict=True)
+    hf.load_state_dict(current_layout(converted, hf.state_dict()), strict=True)
     x = torch.randn(2, 3, spec.input_size, spec.input_size)
     with torch.no_grad():
         expected = hf(pixel_values=x).last_hidden_state
         got = source.forward_features(x)
     assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
-
-
-_RENAMES = (("attention.q_proj", "attention.attention.query"), ("attention.k_proj", "attention.attention.key"),
-            ("attention.v_proj", "attention.attention.value"), ("attention.o_proj", "attention.output.dense"),
-            ("mlp.down_proj", "mlp.weights_out"))
-
-
-def _published_names(state: dict) -> dict:
-    out = {}
-    for key, value in state.items():
-        for a, b in _RENAMES:
-            key = key.replace(a, b)
-        if ".mlp.up_proj." in key:
-            continue
-        if ".mlp.gate_proj." in key:
-            up = state[key.replace("gate_proj", "up_proj")]
-            key, value = key.replace("gate_proj", "weights_in"), torch.cat([value, up])
-        out[key] = value
-    return out
-
-
-def _current_names(published: dict, current: dict) -> dict:
-    """Published names -> the installed transformers' names (identity on older versions)."""
-    out = {}
-    for key in current:
-        pub = key
-        for a, b in _RENAMES:
-            pub = pub.replace(a, b)
-        if ".mlp.gate_proj." in key or ".mlp.up_proj." in key:
-            gate, up = published[pub.replace("gate_proj", "weights_in").replace("up_proj", "weights_in")].chunk(2, 0)
-            out[key] = gate if "gate_proj" in key else up
-        else:
-            out[key] = published[pub]
-    return out
 
 
 # ---------------------------------------------------------------- transforms
