@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+import pytest
 import torch
 
 from pathtwt.compress.bf16_check import check_bf16_first_step
@@ -47,3 +49,32 @@ def test_falls_back_to_fp32_with_a_log_line(caplog):
         result = check_bf16_first_step(student, teacher.model, x, objective, tolerance=0.0)
     assert result.precision == "fp32" and result.note.startswith("fell back to fp32")
     assert "falls back to fp32" in caplog.text and "relative difference" in caplog.text
+
+
+def _tiles(n=6):
+    return np.random.default_rng(0).integers(0, 256, size=(n, 56, 56, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("tolerance, expected", [(0.02, "bf16"), (0.0, "fp32")])
+def test_distill_asked_for_bf16_runs_the_check_and_trains_in_its_answer(tolerance, expected, caplog):
+    from pathtwt.compress.distill import DistillOptions, distill
+
+    teacher, student, objective, _ = _setup()
+    options = DistillOptions(steps=2, batch_size=2, precision="bf16", augment=False, bf16_tolerance=tolerance,
+                             checkpoint=None, progress=False)
+    with caplog.at_level(logging.INFO, logger="pathtwt.compress.bf16_check"):
+        run = distill(student, teacher.model, _tiles(), transform=teacher.transform, objective=objective, options=options)
+    assert run.completed and run.precision == expected
+    check = run.bf16_check
+    assert check["precision"] == expected and check["tolerance"] == tolerance and check["tiles"] == 2
+    assert check["loss_fp32"] > 0 and np.isfinite(check["loss_bf16"])
+    assert ("falls back to fp32" in caplog.text) == (expected == "fp32")
+
+
+def test_distill_in_fp32_skips_the_check():
+    from pathtwt.compress.distill import DistillOptions, distill
+
+    teacher, student, objective, _ = _setup()
+    run = distill(student, teacher.model, _tiles(), transform=teacher.transform, objective=objective,
+                  options=DistillOptions(steps=1, batch_size=2, precision="fp32", augment=False, progress=False))
+    assert run.precision == "fp32" and run.bf16_check is None

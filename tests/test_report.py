@@ -313,3 +313,18 @@ def test_headline_metrics_can_come_from_the_workflow_config(report, tmp_path, ca
     text = capsys.readouterr().out
     assert "#### grading (QWK)" in text and "#### metastasis (Acc)" in text  # the demo config's tasks and metrics
     assert "No finished runs yet." in (out / "metastasis.md").read_text()
+
+
+def test_distilled_precision_is_what_the_loop_trained_in(tmp_path):
+    from pathtwt.report.extraction import distill_precision
+
+    folder = tmp_path / "models" / "b" / "v"
+    folder.mkdir(parents=True)
+    asked = {"provenance": {"options": {"distill": {"precision": "bf16"}}}}
+    (folder / "model.json").write_text(json.dumps(asked))
+    assert distill_precision(tmp_path, "b", "v") == "bf16"  # older model.json: the precision asked for
+    fell_back = {**asked, "distillation": {"precision": "fp32", "bf16_check": {"precision": "fp32"}}}
+    (folder / "model.json").write_text(json.dumps(fell_back))
+    assert distill_precision(tmp_path, "b", "v") == "fp32"
+    (folder / "model.json").write_text(json.dumps({**asked, "distillation": {"precision": None}}))
+    assert distill_precision(tmp_path, "b", "v") == "-"  # a method that did not train

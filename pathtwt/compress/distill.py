@@ -73,6 +73,9 @@ class DistillOptions:
     # training tiles (term ~ 1 - R^2, so layers whose norms grow ~30x do not drown the
     # early ones); "none": plain MSE sums (the paper's loss)
     loss_norm: str = "none"
+    # bf16 is kept only when the first step's loss under bf16 autocast is within this
+    # relative difference of the fp32 loss (pathtwt.compress.bf16_check), else fp32
+    bf16_tolerance: float = 0.02
 
     def resolved_steps(self, n_tiles: int) -> int:
         if self.steps is not None:
@@ -92,6 +95,8 @@ class DistillResult:
     completed: bool
     resumed_from: int
     history: list[dict[str, float]] = field(default_factory=list)
+    precision: str = "fp32"  # what the run trained in (bf16 asked for may have fallen back)
+    bf16_check: dict[str, Any] | None = None  # the first-step comparison, when bf16 was asked for
 
 
 class Objective(Protocol):
@@ -369,6 +374,10 @@ def distill(
     teacher.eval().requires_grad_(False).to(device)
     objective = normalised_objective(objective, teacher, source, transform, options)
     student.to(device).train()
+    bf16_check = None
+    if precision == "bf16":
+        bf16_check = _check_bf16(student, teacher, source, transform, objective, options)
+        precision = bf16_check["precision"]
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=options.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr_factor(s, total, options.warmup_steps))
@@ -464,7 +473,23 @@ def distill(
             bar.close()
     checkpoint_now()
     student.eval()
-    return DistillResult(steps_done=step, total_steps=total, completed=step >= total, resumed_from=start, history=history)
+    return DistillResult(steps_done=step, total_steps=total, completed=step >= total, resumed_from=start, history=history,
+                         precision=precision, bf16_check=bf16_check)
+
+
+def _check_bf16(student: nn.Module, teacher: nn.Module, source: Any, transform: Transform, objective: Objective,
+                options: DistillOptions) -> dict[str, Any]:
+    """bf16 or fp32 for this run, from the first step's loss on the first training tiles in
+    index order (the same tiles on every rank and on a resumed run, so the choice is the
+    same everywhere); every rank falls back when one does."""
+    from pathtwt.compress import ranks
+    from pathtwt.compress.bf16_check import check_bf16_first_step
+
+    n = min(len(source), max(1, int(options.batch_size)))
+    x = tiles_to_batch(transform, np.stack([source.read(j) for j in range(n)]), options.device)
+    check = check_bf16_first_step(student, teacher, x, objective, tolerance=options.bf16_tolerance)
+    kept = float(ranks.all_mean(torch.tensor([1.0 if check.precision == "bf16" else 0.0], dtype=torch.float64))[0]) == 1.0
+    return {**asdict(check), "precision": "bf16" if kept else "fp32", "tolerance": options.bf16_tolerance, "tiles": n}
 
 
 def plan_summary(options: DistillOptions, n_tiles: int, *, world: int = 1) -> str:

@@ -180,9 +180,13 @@ def distillation_record(run: "DistillResult | None", calib: "CalibrationSet", ea
     the tiles it trained on (a method that does not train: the fit tiles it was fitted on)."""
     if run is None:
         return {"steps": int(earlier_steps), "resumed_from": None, "last": {},
-                "training": {"source": "in-memory calibration fit tiles", "tiles": int(len(calib.fit))}}
+                "training": {"source": "in-memory calibration fit tiles", "tiles": int(len(calib.fit))},
+                "precision": None, "bf16_check": None}
     return {"steps": int(earlier_steps) + int(run.total_steps), "resumed_from": run.resumed_from,
-            "last": run.history[-1] if run.history else {}, "training": calib.training_record()}
+            "last": run.history[-1] if run.history else {}, "training": calib.training_record(),
+            # what the main loop trained in: bf16 asked for falls back to fp32 when its first
+            # step's loss strays from fp32's (bf16_check)
+            "precision": run.precision, "bf16_check": run.bf16_check}
 
 
 def export_variant(

@@ -57,6 +57,10 @@ def distill_precision(results: Path, backbone: str, variant: str) -> str:
         meta = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return "-"
+    distillation = meta.get("distillation") or {}
+    if "precision" in distillation:  # what the loop trained in, after its bf16 check
+        return str(distillation["precision"] or "-")
+    # model.json files written before the loop recorded it: the precision asked for
     options = (meta.get("provenance") or {}).get("options") or {}
     value = (options.get("distill") or {}).get("precision") or options.get("precision") or meta.get("precision")
     return str(value) if value else "-"
