@@ -72,6 +72,7 @@ class DerivedValues:
     select_embeddings: dict[int, "torch.Tensor"] = field(default_factory=dict)
     references: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     subset_scores: dict[tuple[Any, ...], dict[tuple[int, ...], float]] = field(default_factory=dict)
+    teacher_caches: dict[int, Any] = field(default_factory=dict)  # pathtwt.compress.teacher_cache.TeacherCache
 
 
 @dataclass(frozen=True, eq=False)

@@ -200,12 +200,19 @@ def random_init_model(spec: BackboneSpec, seed: int = 0) -> nn.Module:
 
 
 def fit_centre(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu", batch_size: int = 32) -> TeacherCentre:
-    """The teacher's fit means for this calibration set, computed once and kept with it."""
+    """The teacher's fit means for this calibration set, computed once per process and
+    once per teacher cache on disk (:mod:`pathtwt.compress.teacher_cache`)."""
+    from pathtwt.compress.teacher_cache import teacher_cache
+
     store, key = calib.derived.teacher_centres, id(teacher.model)
     if key not in store:
-        store[key] = teacher_centre(teacher.model, calib.fit, transform=teacher.transform,
-                                    num_prefix_tokens=teacher.spec.num_prefix_tokens, device=device,
-                                    batch_size=batch_size)
+        def compute() -> dict[str, Any]:
+            c = teacher_centre(teacher.model, calib.fit, transform=teacher.transform,
+                               num_prefix_tokens=teacher.spec.num_prefix_tokens, device=device, batch_size=batch_size)
+            return {"embedding": c.embedding, "layers": c.layers, "n_tiles": c.n_tiles}
+
+        value = teacher_cache(teacher, calib).get("centre", compute, batch_size=batch_size, max_tiles=MAX_MEAN_TILES)
+        store[key] = TeacherCentre(embedding=value["embedding"], layers=value["layers"], n_tiles=int(value["n_tiles"]))
     return store[key]
 
 
@@ -230,18 +237,24 @@ def references(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu",
                seed: int = 0) -> dict[str, Any]:
     """Teacher, constant fit mean and random-init teacher architecture on the report tiles,
     block R^2 at every teacher layer; computed once per calibration set."""
+    from pathtwt.compress.teacher_cache import teacher_cache
+
     store, key = calib.derived.references, (id(teacher.model), int(seed))
     if key not in store:
-        layers = list(range(1, len(teacher.model.blocks) + 1))
-        centre = fit_centre(teacher, calib, device=device, batch_size=batch_size)
-        tiles = calib.reported_tiles()[0]
-        kw = dict(centre=centre, transform=teacher.transform, num_prefix_tokens=teacher.spec.num_prefix_tokens,
-                  boundaries=layers, device=device, batch_size=batch_size)
-        store[key] = {
-            "teacher": evaluate_fidelity(teacher.model, teacher.model, tiles, **kw),
-            "constant": constant_fidelity(teacher.model, tiles, **kw),
-            "random_init": evaluate_fidelity(random_init_model(teacher.spec, seed), teacher.model, tiles, **kw),
-        }
+        def compute() -> dict[str, Any]:
+            layers = list(range(1, len(teacher.model.blocks) + 1))
+            centre = fit_centre(teacher, calib, device=device, batch_size=batch_size)
+            tiles = calib.reported_tiles()[0]
+            kw = dict(centre=centre, transform=teacher.transform, num_prefix_tokens=teacher.spec.num_prefix_tokens,
+                      boundaries=layers, device=device, batch_size=batch_size)
+            return {
+                "teacher": evaluate_fidelity(teacher.model, teacher.model, tiles, **kw),
+                "constant": constant_fidelity(teacher.model, tiles, **kw),
+                "random_init": evaluate_fidelity(random_init_model(teacher.spec, seed), teacher.model, tiles, **kw),
+            }
+
+        store[key] = teacher_cache(teacher, calib).get("references", compute, batch_size=batch_size, seed=int(seed),
+                                                       max_tiles=MAX_MEAN_TILES)
     return store[key]
 
 

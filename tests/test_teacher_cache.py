@@ -1,0 +1,113 @@
+"""The teacher cache beside a calibration file (pathtwt.compress.teacher_cache): a second
+job on the same teacher and tiles reads the fit means and reference rows instead of
+recomputing them and gets the same values; other tiles, another teacher or another batch
+size miss; a damaged entry is recomputed; the cache can be switched off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import pathtwt.compress.fidelity as fidelity
+from pathtwt.compress.calibration import load_calibration, write_calibration
+from pathtwt.compress.teacher_cache import SUFFIX
+from pathtwt.models.registry import create_backbone
+
+
+class _Drawn:
+    """What write_calibration stores: 40 smooth tiles split 24 fit / 8 select / 8 report."""
+
+    def __init__(self, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        base = rng.integers(40, 220, size=(40, 1, 1, 3))
+        self.tiles = np.clip(base + rng.normal(0, 25, size=(40, 56, 56, 3)), 0, 255).astype(np.uint8)
+        self.split = np.array([0] * 24 + [1] * 8 + [2] * 8, dtype=np.int64)
+        self.source_index = np.zeros(40, dtype=np.int32)
+        self.origins = np.zeros((40, 2), dtype=np.int64)
+        self.sources = ["synthetic"]
+        self.patch_size = 56
+
+
+def _teacher(seed: int = 5):
+    bb = create_backbone("vit-s14-tiny", pretrained=False, init_seed=seed)
+    with torch.no_grad():  # random init leaves LayerScale at 1e-5: give every branch weight
+        for blk in bb.model.blocks:
+            blk.ls1.gamma.fill_(0.5)
+            blk.ls2.gamma.fill_(0.5)
+    return bb
+
+
+@pytest.fixture()
+def calibration_file(tmp_path):
+    path = tmp_path / "calibration" / "b.h5"
+    path.parent.mkdir()
+    write_calibration(path, _Drawn(), {"seed": 0})
+    return path
+
+
+@pytest.fixture()
+def counted(monkeypatch):
+    """How often the teacher's fit means and reference rows were really computed."""
+    calls = {"centre": 0, "random_init": 0}
+    centre, random_init = fidelity.teacher_centre, fidelity.random_init_model
+
+    def count_centre(*args, **kwargs):
+        calls["centre"] += 1
+        return centre(*args, **kwargs)
+
+    def count_random(*args, **kwargs):
+        calls["random_init"] += 1
+        return random_init(*args, **kwargs)
+
+    monkeypatch.setattr(fidelity, "teacher_centre", count_centre)
+    monkeypatch.setattr(fidelity, "random_init_model", count_random)
+    return calls
+
+
+def _job(teacher, path, batch_size=8, n_tiles=None):
+    """What one compress job computes from its teacher and calibration set."""
+    calib = load_calibration([path], n_tiles=n_tiles, seed=0)
+    centre = fidelity.fit_centre(teacher, calib, batch_size=batch_size)
+    refs = fidelity.references(teacher, calib, batch_size=batch_size)
+    return centre, refs
+
+
+def test_a_second_job_reads_what_the_first_computed(calibration_file, counted):
+    teacher = _teacher()
+    centre1, refs1 = _job(teacher, calibration_file)
+    assert counted == {"centre": 1, "random_init": 1}
+    cache = calibration_file.with_name("b" + SUFFIX)
+    assert sorted(p.name.split("-")[0] for p in cache.iterdir()) == ["centre", "references"]
+    centre2, refs2 = _job(_teacher(), calibration_file)  # a new process: same teacher, same file
+    assert counted == {"centre": 1, "random_init": 1}  # nothing recomputed
+    assert torch.equal(centre1.layers, centre2.layers) and torch.equal(centre1.embedding, centre2.embedding)
+    assert centre2.n_tiles == centre1.n_tiles == 24
+    assert refs2 == refs1 and refs2["teacher"]["r2"] == pytest.approx(1.0)
+
+
+def test_other_tiles_teacher_or_batch_size_miss(calibration_file, counted):
+    _job(_teacher(), calibration_file)
+    _job(_teacher(seed=6), calibration_file)  # other weights
+    _job(_teacher(), calibration_file, batch_size=4)  # other float rounding
+    _job(_teacher(), calibration_file, n_tiles=20)  # another subset of the file's tiles
+    assert counted["centre"] == 4 and counted["random_init"] == 4
+    assert len(list(calibration_file.with_name("b" + SUFFIX).glob("centre-*.pt"))) == 4
+
+
+def test_a_damaged_entry_is_recomputed(calibration_file, counted, caplog):
+    teacher = _teacher()
+    centre1, _ = _job(teacher, calibration_file)
+    for entry in calibration_file.with_name("b" + SUFFIX).glob("centre-*.pt"):
+        entry.write_bytes(b"not a torch file")
+    centre2, _ = _job(_teacher(), calibration_file)
+    assert counted["centre"] == 2 and "unreadable" in caplog.text
+    assert torch.equal(centre1.layers, centre2.layers)
+
+
+def test_the_cache_can_be_switched_off(calibration_file, counted, monkeypatch):
+    monkeypatch.setenv("PATHTWT_TEACHER_CACHE", "off")
+    _job(_teacher(), calibration_file)
+    _job(_teacher(), calibration_file)
+    assert counted["centre"] == 2
+    assert not calibration_file.with_name("b" + SUFFIX).exists()
