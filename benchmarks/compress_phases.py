@@ -1,0 +1,165 @@
+"""Where a ``pathtwt compress`` job's time goes, phase by phase, for one or more jobs run
+one after the other in this process (as a workflow runs a backbone's variants: the later
+jobs find what the earlier ones left on disk).
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/compress_phases.py \\
+        --job "--method twt --backbone vit-s14-imgfocus --weights W --calibration C --plan P --out /tmp/a ..." \\
+        --job "--method twt ... --depth 4 --out /tmp/b ..." [--json out.json]
+
+Each ``--job`` is the argument list of ``pathtwt compress`` (as the workflow's log shows
+it). The phases are pathtwt's own functions, wrapped with a timer; a phase's time is
+exclusive of the phases called inside it (the distillation loop's time excludes the
+teacher-target pass and the loss normalisation it starts), so the rows add up to the job's
+wall time, with "other" the rest (argument parsing, teacher build, student stitching).
+"Training steps" is the optimiser loop; the issue's target is everything else <= 30 % of a
+demo job. The process start-up (interpreter, torch and timm imports) is measured once in a
+fresh interpreter and printed beside the table: every workflow job pays it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+# (module, attribute, phase): the functions whose time is a phase of a compress job
+PHASES = [
+    ("pathtwt.models.registry", "create_backbone", "teacher build"),
+    ("pathtwt.compress.calibration", "load_calibration", "load calibration"),
+    ("pathtwt.compress.similarity", "similarity_matrix", "similarity matrix (plan)"),
+    ("pathtwt.compress.audition", "audition", "audition"),
+    ("pathtwt.compress.fidelity", "teacher_centre", "teacher fit means"),
+    ("pathtwt.compress.fidelity", "tile_embeddings", "teacher select embeddings"),
+    ("pathtwt.compress.pipeline", "report_fidelity", "student fidelity on report"),
+    ("pathtwt.compress.fidelity", "references", "reference rows"),
+    ("pathtwt.compress.distill", "normalised_objective", "loss normalisation"),
+    ("pathtwt.compress.distill", "_build_target_cache", "teacher targets"),
+    ("pathtwt.compress.distill", "distill", "training steps"),
+    ("pathtwt.compress.export", "export_backbone", "export"),
+]
+OPTIONAL = {"_build_target_cache", "tile_embeddings"}  # absent in some versions: skipped
+
+
+class PhaseClock:
+    """Exclusive seconds per phase: a phase's time excludes the wrapped calls inside it."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._stack: list[list[float]] = []  # [start, seconds spent in nested phases]
+
+    def wrap(self, fn: Callable, phase: str) -> Callable:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self._stack.append([time.perf_counter(), 0.0])
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                start, nested = self._stack.pop()
+                spent = time.perf_counter() - start
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + spent - nested
+                self.calls[phase] = self.calls.get(phase, 0) + 1
+                if self._stack:
+                    self._stack[-1][1] += spent
+
+        return timed
+
+
+def install(clock: PhaseClock) -> None:
+    """Wrap every phase function in its module and in every pathtwt module that imported it
+    by name at load time."""
+    import pathtwt.cli  # noqa: F401
+
+    for module_name, attr, phase in PHASES:
+        module = importlib.import_module(module_name)
+        owner, name = module, attr
+        if attr == "_build_target_cache" and not hasattr(module, attr):
+            continue
+        if not hasattr(owner, name):
+            if attr in OPTIONAL:
+                continue
+            raise SystemExit(f"{module_name}.{attr}: not found; update PHASES for this version")
+        original = getattr(owner, name)
+        timed = clock.wrap(original, phase)
+        for loaded in list(sys.modules.values()):
+            if getattr(loaded, "__name__", "").startswith("pathtwt") and getattr(loaded, name, None) is original:
+                setattr(loaded, name, timed)
+    # TargetCache.build is a classmethod: wrap it on the class
+    distill = importlib.import_module("pathtwt.compress.distill")
+    if hasattr(distill, "TargetCache"):
+        cls = distill.TargetCache
+        build = cls.__dict__["build"].__func__
+        cls.build = classmethod(clock.wrap(build, "teacher targets"))
+
+
+def startup_seconds() -> float:
+    """A fresh interpreter's import of torch, timm and pathtwt's compress CLI."""
+    code = "import time; t=time.perf_counter(); import torch, timm, pathtwt.cli.compress; print(time.perf_counter()-t)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run_job(argv: list[str]) -> tuple[float, dict[str, float], dict[str, int]]:
+    from pathtwt.cli import main
+
+    clock = PhaseClock()
+    install(clock)
+    start = time.perf_counter()
+    rc = main(["compress", *argv])
+    wall = time.perf_counter() - start
+    if rc not in (0, None):
+        raise SystemExit(f"pathtwt compress exited {rc}")
+    return wall, clock.seconds, clock.calls
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--job", action="append", required=True, help="the arguments of one pathtwt compress job")
+    parser.add_argument("--json", type=Path, help="also write the numbers here")
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(torch.get_num_threads())
+    results = []
+    for i, job in enumerate(args.job):
+        wall, seconds, calls = run_job(shlex.split(job))
+        results.append({"job": job, "wall_s": wall, "phases": seconds, "calls": calls})
+    startup = startup_seconds()
+
+    names = [phase for _, _, phase in PHASES if any(phase in r["phases"] for r in results)]
+    names = list(dict.fromkeys(names))
+    header = "| phase | " + " | ".join(f"job {i + 1} s | share" for i in range(len(results))) + " |"
+    print(header)
+    print("|---|" + "---|---|" * len(results))
+    for name in names + ["other"]:
+        cells = []
+        for r in results:
+            s = r["phases"].get(name, 0.0) if name != "other" else r["wall_s"] - sum(r["phases"].values())
+            cells.append(f"{s:.1f} | {s / r['wall_s']:.0%}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print("| **job wall** | " + " | ".join(f"**{r['wall_s']:.1f}** | 100%" for r in results) + " |")
+    for i, r in enumerate(results):
+        outside = r["wall_s"] - r["phases"].get("training steps", 0.0)
+        print(f"job {i + 1}: outside the training steps {outside:.1f} s = {outside / r['wall_s']:.0%} of the job")
+    total = sum(r["wall_s"] for r in results)
+    print(f"jobs together {total:.1f} s; each workflow job also pays a process start-up of {startup:.1f} s "
+          f"(interpreter, torch, timm) measured in a fresh interpreter")
+    if args.json:
+        args.json.write_text(json.dumps({"jobs": results, "startup_s": startup}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
