@@ -151,7 +151,7 @@ def _run(args: argparse.Namespace) -> int:
     teacher = create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init,
                               device=device, precision="fp32", **normalisation(args))
     calib = load_calibration(args.calibration, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout,
-                             patch_size=teacher.spec.input_size)
+                             resize_to=teacher.spec.input_size)
     workers = args.workers
     if args.train_coords:
         from pathtwt.compress.training_tiles import with_streamed_training
