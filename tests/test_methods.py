@@ -1,5 +1,7 @@
-"""The comparison methods on a tiny backbone: the closed-form linear surrogate (exact on a
-block that is itself linear), the layer patches, and every method end to end (a few
+"""The comparison methods (pathtwt.compress.methods: linear, raptor, wdpruning, nose,
+subset) on a tiny backbone: the closed-form linear surrogate (exact on a block that is
+itself linear), the layer patches their variants are exported with
+(pathtwt.models.variant_layers), and every method end to end (a few
 distillation steps, the variant folder, its parameter and MAC accounting, and the round
 trip through ``create_backbone``: the reloaded model reproduces the fidelity measured at
 export)."""
@@ -381,7 +383,7 @@ def test_linear_replaces_multi_layer_blocks_only(teacher, calib, tmp_path):
 
 def test_subset_search_exports_the_chosen_layers(teacher, calib, tmp_path):
     # candidates scored without distillation here (search_steps 0): the search logic itself
-    # is tested on a planted landscape in test_baselines.py
+    # is tested on a planted landscape in test_methods_subset_search.py
     extra = {"search_budget": L + 3, "search_steps": 0}
     folder, meta = _compress("subset", teacher, calib, tmp_path / "sub", depth=3, extra=extra)
     record = meta["subset_search"]
