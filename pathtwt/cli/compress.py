@@ -17,9 +17,10 @@ def _on_off(value: str) -> bool:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pathtwt.cli.options import add_backbone_arguments
-    from pathtwt.compress.defaults import LR
+    from pathtwt.compress.defaults import BATCH_SIZE, LR
 
-    add_backbone_arguments(parser)
+    # here --batch-size is distillation's micro-batch, whose default is the distillation one
+    add_backbone_arguments(parser, batch_size=BATCH_SIZE)
     parser.add_argument("--method", default="twt", help="twt, truncation, or a comparison method "
                         "(raptor, wdpruning, nose, linear, subset)")
     parser.add_argument("--out", required=True, type=Path, help="variant folder to write")
