@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ps = teacher.spec.num_prefix_tokens
     sources = [tissue_coords(SHARED / "data" / "slides" / name, work / "coords" / f"{Path(name).stem}.h5") for name in REAL_SLIDES]
     sources.append(SHARED / "data" / "tiles" / "he-images")
-    calib = load_calibration(sources, n_tiles=None, seed=args.seed, holdout=args.holdout, patch_size=224)
+    calib = load_calibration(sources, n_tiles=None, seed=args.seed, holdout=args.holdout, resize_to=224)
     splits = calib.splits_record()
     probe = Probe(SHARED / "data" / "tiles" / "lc25000-lung", args.probe_train, args.probe_test, args.seed)
     print(f"teacher vit-s14-imgfocus (real weights); calibration pool {len(calib.all)} tiles from {len(calib.sources)} "

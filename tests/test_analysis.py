@@ -137,3 +137,20 @@ def test_student_without_plan_is_refused(tmp_path, shared_tiles, student):
     write_json_atomic(broken / "model.json", {k: v for k, v in meta.items() if k != "plan"})
     args = teacher_args(shared_tiles, tmp_path / "o")
     assert main(["analyze", "intrinsic-dim", *args, "--student", str(broken)]) == 1
+
+
+def test_analyze_says_when_sources_cannot_give_the_part(tmp_path, shared_tiles, capsys):
+    from argparse import Namespace
+
+    from pathtwt.cli.analyze import _tiles
+
+    images = shared_tiles / "kather2016"
+    calib = tmp_path / "calib.h5"
+    assert main(["calibrate", "--images", str(images), "--out", str(calib), "--n-tiles", "12", "--holdout", "0.5",
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    args = lambda source: Namespace(calibration=[str(source)], part="report", n_tiles=6, seed=0)  # noqa: E731
+    assert len(_tiles(args(calib))) == 3  # the report part of 12 tiles held out by half
+    assert "note:" not in capsys.readouterr().err
+    assert len(_tiles(args(images))) == 6  # images carry no split: a fresh draw, said so
+    assert "--part report needs a calib.h5" in capsys.readouterr().err

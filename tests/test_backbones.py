@@ -12,7 +12,8 @@ from hf_layouts import published_layout
 from safetensors.torch import save_file
 
 from pathtwt.models import registry as backbones
-from pathtwt.models.registry import BACKBONES, build_timm_model, create_backbone, get_spec, variant_metadata
+from pathtwt.models.registry import (BACKBONES, build_timm_model, create_backbone, get_spec, variant_depth,
+                                     variant_metadata)
 from pathtwt.models.flops import meta_model
 from pathtwt.models.embedding import pool_tokens
 from pathtwt.errors import WeightsError
@@ -249,6 +250,17 @@ def test_variant_timm_kwargs_load_with_timm_alone(tmp_path):
     assert isinstance(model.blocks[0].mlp, timm.layers.GluMlp)  # SwiGLUPacked is GluMlp + SiLU
     assert isinstance(model.blocks[0].mlp.act, torch.nn.SiLU)
     model.load_state_dict(load_file(tmp_path / "v" / "model.safetensors"), strict=True)
+
+
+def test_model_json_records_the_depth_once_and_old_files_still_read(tmp_path):
+    meta = variant_metadata(get_spec("h0-mini-tiny"), 5)
+    assert "depth" not in meta and meta["timm_kwargs"]["depth"] == 5 and variant_depth(meta) == 5
+    # model.json of earlier versions: a top-level copy, or (hand-written) only the top-level one
+    assert variant_depth({"depth": 4, "timm_kwargs": {"depth": 4}}) == 4
+    assert variant_depth({"depth": 3, "timm_kwargs": {"embed_dim": 64}}) == 3
+    assert variant_depth({"timm_kwargs": {}}) is None
+    _write_variant(tmp_path / "v", depth=4, patches={})
+    assert get_spec(tmp_path / "v").depth == 4
 
 
 # ---------------------------------------------------------------- embedding

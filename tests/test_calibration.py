@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from pathtwt.cli import main
-from pathtwt.compress.calibration import allocate, draw_tiles, expand_sources, load_calibration, load_part
+from pathtwt.compress.calibration import allocate, draw_tiles, expand_sources, load_calibration
 from pathtwt.errors import ConfigError
 from pathtwt.io.h5 import write_coords
 
@@ -44,14 +44,14 @@ def test_allocate_is_proportional_and_capped():
 def test_image_sources_are_cut_resized_and_seeded(image_dir):
     _, coords, images = expand_sources([image_dir])
     assert not coords and [p.name for p in images] == ["big.png", "small.tif"]
-    everything = draw_tiles([], images, n_tiles=100, seed=0, holdout=0.0, patch_size=64)
+    everything = draw_tiles([], images, n_tiles=100, seed=0, holdout=0.0, resize_to=64)
     assert everything.tiles.shape == (13, 64, 64, 3)
     big = np.asarray(Image.open(image_dir / "big.png"))
     x, y = everything.origins[0]
     np.testing.assert_array_equal(everything.tiles[0], big[y : y + 64, x : x + 64])
 
-    a = load_calibration([image_dir], n_tiles=5, seed=3, holdout=0.4, patch_size=64)
-    b = load_calibration([image_dir], n_tiles=5, seed=3, holdout=0.4, patch_size=64)
+    a = load_calibration([image_dir], n_tiles=5, seed=3, holdout=0.4, resize_to=64)
+    b = load_calibration([image_dir], n_tiles=5, seed=3, holdout=0.4, resize_to=64)
     assert (len(a.fit), len(a.select), len(a.report)) == (3, 1, 1)
     assert a.splits_record() == {"fit": 3, "select": 1, "report": 1, "seed": 3}
     for part in ("fit", "select", "report"):
@@ -59,7 +59,7 @@ def test_image_sources_are_cut_resized_and_seeded(image_dir):
     # disjoint: the 5 tiles (distinct crops of distinct images) appear once across the parts
     assert len({t.tobytes() for t in a.all}) == 5
     draws = {
-        load_calibration([image_dir], n_tiles=5, seed=s, holdout=0.4, patch_size=64).fit.tobytes() for s in range(6)
+        load_calibration([image_dir], n_tiles=5, seed=s, holdout=0.4, resize_to=64).fit.tobytes() for s in range(6)
     }
     assert len(draws) > 1  # the seed matters
 
@@ -95,11 +95,17 @@ def test_calibrate_cli_reads_slide_tiles_and_round_trips(tmp_path, shared_slides
     assert back.splits_record() == {"fit": 15, "select": 3, "report": 2, "seed": 1}
     sub = load_calibration([out], n_tiles=8, seed=0)
     assert (len(sub.fit), len(sub.select), len(sub.report)) == (6, 1, 1)
-    held, honoured = load_part([out], part="report", n_tiles=100)
-    assert honoured and held.shape[0] == 2
-    assert {t.tobytes() for t in held} == {t.tobytes() for t in tiles[split == 2]}
-    assert load_part([out], part="fit", n_tiles=4)[0].shape[0] == 4
-    assert load_part([image_dir], part="report", n_tiles=4)[1] is False  # raw sources have no split
+    # one stored part alone, as fit
+    held = load_calibration([out], part="report", n_tiles=100)
+    assert held.provenance["part"] == "report" and held.fit.shape[0] == 2 and len(held.select) == len(held.report) == 0
+    assert {t.tobytes() for t in held.fit} == {t.tobytes() for t in tiles[split == 2]}
+    assert len(load_calibration([out], part="fit", n_tiles=4).fit) == 4
+    assert len(load_calibration([out], part="all", n_tiles=None).fit) == 20
+    with pytest.raises(ConfigError, match="calibration part 'train'"):
+        load_calibration([out], part="train")
+    # raw sources have no split: a fresh draw, all of it, which the caller can tell
+    fresh = load_calibration([image_dir], part="report", n_tiles=2)
+    assert fresh.provenance["part"] == "all" and len(fresh.fit) == 2
     # a file of the old fit/holdout format is refused with what to do
     old = tmp_path / "old.h5"
     import shutil
@@ -138,6 +144,6 @@ def test_bad_sources_give_one_line_errors(tmp_path, image_dir, shared_slides):
     write_slide_coords(tmp_path / "c" / "b.h5", shared_slides / "CMU-1-Small-Region.svs", [(0, 0)], patch_size=32)
     with pytest.raises(ConfigError, match="patch_size"):
         load_calibration([tmp_path / "c"])
-    resized = load_calibration([tmp_path / "c"], patch_size=48, holdout=0)  # the backbone's size wins
+    resized = load_calibration([tmp_path / "c"], resize_to=48, holdout=0)  # the backbone's size wins
     assert resized.fit.shape == (2, 48, 48, 3)
     assert main(["calibrate", "--images", str(tmp_path / "c"), "--out", str(tmp_path / "x.h5")]) == 1

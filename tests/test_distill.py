@@ -164,7 +164,7 @@ def test_tiny_end_to_end_discover_compress_extract(teacher, shared_tiles, shared
     assert main(["compress", *common, "--method", "twt", "--plan", str(tmp_path / "plan" / "plan.json"),
                  "--steps", "4", "--audition-steps", "2", "--no-progress", "--out", str(twt)]) == 0
     meta = json.loads((twt / "model.json").read_text())
-    assert meta["name"] == "vit-s14-tiny/twt-4" and meta["depth"] == 4 and meta["method"] == "twt"
+    assert meta["name"] == "vit-s14-tiny/twt-4" and meta["timm_kwargs"]["depth"] == 4 and meta["method"] == "twt"
     assert meta["plan"]["blocks"] == plan["blocks"] and len(meta["audition"]) == 4
     assert meta["teacher_weights_sha256"] and meta["layer_patches"] == {}
     assert not (twt / "checkpoint.pt").exists()

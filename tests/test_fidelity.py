@@ -95,7 +95,7 @@ def test_fitted_student_beats_random_init_on_real_tiles(shared_tiles, vit_s_weig
     from pathtwt.compress.methods.linear import build_linear_student, fit_linear_maps
 
     teacher = create_backbone("vit-s14-imgfocus", weights=vit_s_weights)
-    calib = load_calibration([shared_tiles / "he-images"], n_tiles=32, seed=0, holdout=0.5, patch_size=224)
+    calib = load_calibration([shared_tiles / "he-images"], n_tiles=32, seed=0, holdout=0.5, resize_to=224)
     blocks = [(i, i) for i in range(1, 7)] + [(7, 12)]
     (w_b,) = fit_linear_maps(teacher.model, teacher.transform, calib.fit, [(7, 12)], ridge=1e-3, batch_size=8)
     student, _ = build_linear_student(teacher, blocks, [None] * 6 + [w_b])

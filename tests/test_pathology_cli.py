@@ -42,7 +42,7 @@ def test_discover_compress_extract_on_a_pathology_encoder(backbone, shared_tiles
     assert main(["compress", *common, "--method", "twt", "--plan", str(tmp_path / "plan" / "plan.json"),
                  "--steps", "3", "--audition-steps", "1", "--no-progress", "--out", str(twt)]) == 0
     meta = json.loads((twt / "model.json").read_text())
-    assert meta["name"] == f"{backbone}/twt-6" and meta["depth"] == 6 and meta["layer_patches"] == {}
+    assert meta["name"] == f"{backbone}/twt-6" and meta["timm_kwargs"]["depth"] == 6 and meta["layer_patches"] == {}
     assert meta["num_prefix_tokens"] == spec.num_prefix_tokens and meta["licence"] == spec.licence
     assert meta["timm_kwargs"]["patch_size"] == spec.timm_kwargs["patch_size"]
 

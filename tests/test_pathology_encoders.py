@@ -423,7 +423,7 @@ def test_exported_variant_loads_with_timm_alone_through_local_dir(name, tmp_path
     card = (out / "README.md").read_text()
     rows = dict(re.findall(r"^\| ([^|]+?) \| ([^|]+?) \|$", card, flags=re.M))
     assert int(rows["params"]) == meta["params"] and int(rows["MACs per tile"]) == meta["macs_per_tile"]
-    assert rows["depth"].startswith(f"{meta['depth']} of ") and rows["method"] == "truncation"
+    assert rows["depth"].startswith(f"{meta['timm_kwargs']['depth']} of ") and rows["method"] == "truncation"
     assert float(rows["fidelity R2"]) == pytest.approx(0.91234, abs=1e-4)
     assert float(rows["fidelity cosine"]) == pytest.approx(0.98765, abs=1e-4)
     assert f"license: {BACKBONES[name].licence.split()[0]}" in card and "local-dir:" in card

@@ -75,7 +75,9 @@ def test_every_model_json_has_the_shared_keys_in_the_same_places(exported):
     assert len({tuple(s) for s in shapes.values()}) == 1, shapes
     # the architecture part (models.registry.variant_metadata) is the same set of keys for all
     common = set.intersection(*(set(meta) for meta in exported.values()))
-    assert {"format", "depth", "timm_name", "timm_kwargs", "input_size", "embed_dim"} <= common
+    assert {"format", "timm_name", "timm_kwargs", "input_size", "embed_dim"} <= common
+    # the depth once, where timm reads it
+    assert all("depth" not in meta and "depth" in meta["timm_kwargs"] for meta in exported.values())
 
 
 def test_the_budget_is_the_steps_the_run_took_on_its_training_source(exported, calib):

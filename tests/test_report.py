@@ -81,7 +81,7 @@ def _fabricate(results: Path, random_init: bool = True) -> None:
                     g.attrs["label"], g.attrs["prediction"] = 3, 2
     write_json_atomic(
         results / "models" / "vit-s14-tiny" / "twt-6" / "model.json",
-        {"method": "twt", "depth": 6, "params": 1_234_567, "macs_per_tile": 2_500_000_000,
+        {"method": "twt", "timm_kwargs": {"depth": 6}, "params": 1_234_567, "macs_per_tile": 2_500_000_000,
          "teacher_weights_sha256": None, "provenance": {"teacher": "vit-s14-tiny", "teacher_source": "random init",
                                                         "options": {"distill": {"precision": "bf16"}}}},
     )

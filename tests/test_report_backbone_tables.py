@@ -41,7 +41,7 @@ def _fabricate(results: Path) -> None:
         })
     models = results / "models" / BACKBONE
     write_json_atomic(models / "twt-6" / "model.json", {
-        "method": "twt", "depth": 6, "params": 11_000_000, "macs_per_tile": 3_000_000_000,
+        "method": "twt", "timm_kwargs": {"depth": 6}, "params": 11_000_000, "macs_per_tile": 3_000_000_000,
         "plan": {"blocks": [[1, 4], [5, 8], [9, 12]]},
         "fidelity": {
             "on": "report", "splits": {"fit": 80, "select": 24, "report": 24, "seed": 0},
@@ -51,7 +51,8 @@ def _fabricate(results: Path) -> None:
                            "random_init": _metrics(-3.5, 0.05, 0.12, 0.2, blocks=[-float(i) for i in range(1, 13)])},
         },
     })
-    # written before the centred measures: only the uncentred cosine under its old name
+    # written before the centred measures: only the uncentred cosine under its old name, and
+    # the depth at the top level, as model.json files of that time also had it
     write_json_atomic(models / "twt-4" / "model.json", {
         "method": "twt", "depth": 4, "params": 7_400_000, "macs_per_tile": 2_080_000_000,
         "fidelity": {"holdout_tiles": 16, "on": "holdout", "initial": {"embedding_cosine_mean": 0.68},

@@ -71,10 +71,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tiles(args: argparse.Namespace):
-    from pathtwt.compress.calibration import load_part
+    from pathtwt.compress.calibration import load_calibration
 
-    tiles, honoured = load_part(args.calibration, part=args.part, n_tiles=args.n_tiles, seed=args.seed)
-    if not honoured:
+    calib = load_calibration(args.calibration, part=args.part, n_tiles=args.n_tiles, seed=args.seed)
+    tiles = calib.fit
+    if calib.provenance["part"] != args.part:
         print(f"note: coords/image sources carry no fit/select/report split; --part {args.part} needs a calib.h5 "
               f"from `pathtwt calibrate`, so all {len(tiles)} drawn tiles are analysed", file=sys.stderr)
     return tiles

@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the draw (default 0)")
     parser.add_argument(
         "--patch-size", type=int, default=None,
-        help="tile side in pixels (default: the coords files' patch_size, else 224); slide tiles are resized to it",
+        help="side in pixels the drawn tiles are resized to, the teacher's input size (default: the coords files' "
+        "tiling size, their patch_size, else 224)",
     )
     parser.add_argument(
         "--labels", type=Path, default=None,
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"no images found in --images {' '.join(args.images)}")
     with progress_bar(args, args.n_tiles, "calibration tiles") as bar:
         drawn = draw_tiles(
-            coords, images, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout, patch_size=args.patch_size,
+            coords, images, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout, resize_to=args.patch_size,
             holdout_by=args.holdout_by,
             progress=bar.update,
         )

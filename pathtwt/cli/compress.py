@@ -17,9 +17,10 @@ def _on_off(value: str) -> bool:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pathtwt.cli.options import add_backbone_arguments
-    from pathtwt.compress.defaults import LR
+    from pathtwt.compress.defaults import BATCH_SIZE, LR
 
-    add_backbone_arguments(parser)
+    # here --batch-size is distillation's micro-batch, whose default is the distillation one
+    add_backbone_arguments(parser, batch_size=BATCH_SIZE)
     parser.add_argument("--method", default="twt", help="twt, truncation, or a comparison method "
                         "(raptor, wdpruning, nose, linear, subset)")
     parser.add_argument("--out", required=True, type=Path, help="variant folder to write")
@@ -151,7 +152,7 @@ def _run(args: argparse.Namespace) -> int:
     teacher = create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init,
                               device=device, precision="fp32", **normalisation(args))
     calib = load_calibration(args.calibration, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout,
-                             patch_size=teacher.spec.input_size)
+                             resize_to=teacher.spec.input_size)
     workers = args.workers
     if args.train_coords:
         from pathtwt.compress.training_tiles import with_streamed_training

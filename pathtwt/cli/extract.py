@@ -36,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tile embedding: concat(CLS, mean of patch tokens) (2 x width, the paper's) or the CLS token alone "
         "(1 x width, as TRIDENT)",
     )
-    parser.add_argument("--batch-size", type=int, default=32, help="tiles per forward pass")
+    from pathtwt.models.defaults import FORWARD_BATCH_SIZE
+
+    parser.add_argument("--batch-size", type=int, default=FORWARD_BATCH_SIZE, help="tiles per forward pass")
     add_device_argument(parser)
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                         help="auto: bf16 autocast over fp32 weights where the device has native bf16, kept "

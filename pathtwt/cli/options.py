@@ -156,8 +156,11 @@ def normalisation(args: argparse.Namespace) -> dict[str, Any]:
     return {"mean": getattr(args, "mean", None), "std": getattr(args, "std", None)}
 
 
-def add_backbone_arguments(parser: argparse.ArgumentParser, n_tiles: int = 10_000) -> None:
-    """Teacher and calibration options shared with `pathtwt analyze`."""
+def add_backbone_arguments(parser: argparse.ArgumentParser, n_tiles: int = 10_000, batch_size: int | None = None) -> None:
+    """Teacher and calibration options shared with `pathtwt analyze`. ``batch_size``: the
+    --batch-size default (None: the forward-pass one, pathtwt.models.defaults)."""
+    from pathtwt.models.defaults import FORWARD_BATCH_SIZE
+
     parser.add_argument("--backbone", required=True, help=backbone_help())
     add_normalisation_arguments(parser)
     parser.add_argument(
@@ -175,7 +178,8 @@ def add_backbone_arguments(parser: argparse.ArgumentParser, n_tiles: int = 10_00
     )
     parser.add_argument("--n-tiles", type=int, default=n_tiles, help="calibration tiles to use")
     parser.add_argument("--seed", type=int, default=0, help="seed of the calibration draw")
-    parser.add_argument("--batch-size", type=int, default=32, help="tiles per forward pass")
+    parser.add_argument("--batch-size", type=int, default=FORWARD_BATCH_SIZE if batch_size is None else batch_size,
+                        help="tiles per forward pass")
     add_device_argument(parser)
     add_progress_argument(parser)
 

@@ -38,7 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep at most N tiles per class in each split, drawn with --seed (quick runs; default: every tile)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the drawn split, subsampling and bootstrap (default 0)")
-    parser.add_argument("--batch-size", type=int, default=32, help="tiles per forward pass (default 32)")
+    from pathtwt.models.defaults import FORWARD_BATCH_SIZE
+
+    parser.add_argument("--batch-size", type=int, default=FORWARD_BATCH_SIZE,
+                        help=f"tiles per forward pass (default {FORWARD_BATCH_SIZE})")
     add_device_argument(parser)
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                         help="inference precision (auto: the backbone's own default precision)")

@@ -216,12 +216,12 @@ def _read_image(path: Path, size_only: bool = False) -> Any:
         raise PathtwtError(f"{path}: cannot read image ({exc}); remove it from the calibration sources") from None
 
 
-def _image_group(path: Path, patch_size: int) -> _Group:
+def _image_group(path: Path, size: int) -> _Group:
     w, h = _read_image(path, size_only=True)
     # a non-overlapping grid of squares of the image's own pixels; an image smaller than
     # the tile size contributes one square (its centre) resized up
-    if min(w, h) >= patch_size:
-        side = patch_size
+    if min(w, h) >= size:
+        side = size
         xs, ys = range(0, w - side + 1, side), range(0, h - side + 1, side)
     else:
         side = min(w, h)
@@ -297,28 +297,28 @@ def _split_by_source(source_index: np.ndarray, holdout: float, rng: np.random.Ge
     return split
 
 
-def _read_coords_tiles(group: _Group, indices: list[int], attrs: dict[str, Any], patch_size: int) -> np.ndarray:
+def _read_coords_tiles(group: _Group, indices: list[int], attrs: dict[str, Any], size: int) -> np.ndarray:
     from pathtwt.wsi.coords_tiles import CoordsTileReader, TileGeometry
 
     geometry = TileGeometry.from_attrs(group.source, attrs)
-    out = np.empty((len(indices), patch_size, patch_size, 3), dtype=np.uint8)
+    out = np.empty((len(indices), size, size, 3), dtype=np.uint8)
     # resampled to the backbone's input size where it differs from the tiling's
-    with CoordsTileReader(geometry, group.origins[indices], size=patch_size) as reader:
+    with CoordsTileReader(geometry, group.origins[indices], size=size) as reader:
         for k in range(len(indices)):
             out[k] = reader.read(k)
     return out
 
 
-def _read_image_tiles(group: _Group, indices: list[int], patch_size: int) -> np.ndarray:
+def _read_image_tiles(group: _Group, indices: list[int], size: int) -> np.ndarray:
     import cv2
 
     image = _read_image(Path(group.source))
-    out = np.empty((len(indices), patch_size, patch_size, 3), dtype=np.uint8)
+    out = np.empty((len(indices), size, size, 3), dtype=np.uint8)
     for k, i in enumerate(indices):
         x, y = group.origins[i]
         crop = image[y : y + group.size, x : x + group.size]
-        if group.size != patch_size:
-            crop = cv2.resize(crop, (patch_size, patch_size), interpolation=cv2.INTER_CUBIC)
+        if group.size != size:
+            crop = cv2.resize(crop, (size, size), interpolation=cv2.INTER_CUBIC)
         out[k] = crop
     return out
 
@@ -340,13 +340,16 @@ def draw_tiles(
     n_tiles: int,
     seed: int,
     holdout: float,
-    patch_size: int | None = None,
+    resize_to: int | None = None,
     progress: Callable[[int], Any] | None = None,
     holdout_by: str = "tile",
 ) -> _Drawn:
     """Draw and read the tiles (in a fixed order: by source, then by tile index).
-    ``progress`` is called with the number of tiles read from each source. ``holdout_by``:
-    "tile" (a random fraction of the tiles) or "slide" (whole slides)."""
+    ``resize_to`` is the side in pixels every drawn tile is resampled to (the teacher's
+    input size); None keeps the coords files' tiling size (their ``patch_size`` attribute,
+    which must then agree), else 224. ``progress`` is called with the number of tiles read
+    from each source. ``holdout_by``: "tile" (a random fraction of the tiles) or "slide"
+    (whole slides)."""
     if holdout_by not in ("tile", "slide"):
         raise ConfigError(f"--holdout-by {holdout_by!r}: use tile or slide")
     if n_tiles < 1:
@@ -355,8 +358,8 @@ def draw_tiles(
         raise ConfigError(f"--holdout must be in [0, 1), got {holdout}")  # checked before any slide is read
     groups: list[_Group] = []
     attrs_of: dict[str, dict[str, Any]] = {}
-    # an explicit patch_size resizes slide tiles to it; otherwise the coords files set it
-    # and must agree with each other
+    # an explicit resize_to resizes slide tiles to it; otherwise the coords files' tiling
+    # size sets it and must agree between them
     coords_size: int | None = None
     for path in coords_files:
         group, attrs = _coords_group(path)
@@ -364,23 +367,22 @@ def draw_tiles(
             continue  # status no_tissue: nothing to draw
         if coords_size is None:
             coords_size = int(attrs["patch_size"])
-        elif int(attrs["patch_size"]) != coords_size and patch_size is None:
+        elif int(attrs["patch_size"]) != coords_size and resize_to is None:
             raise ConfigError(
                 f"{path}: patch_size {attrs['patch_size']} differs from {coords_size}; calibrate with coords "
                 "files of one tile geometry"
             )
         groups.append(group)
         attrs_of[group.source] = attrs
-    patch_size = patch_size or coords_size
-    patch_size = int(patch_size or DEFAULT_PATCH_SIZE)
-    groups += [g for g in (_image_group(p, patch_size) for p in image_files) if len(g.origins)]
+    size = int(resize_to or coords_size or DEFAULT_PATCH_SIZE)
+    groups += [g for g in (_image_group(p, size) for p in image_files) if len(g.origins)]
     if not groups:
         raise ConfigError("calibration sources hold no tiles (no coords with status ok and no images)")
     rng = np.random.default_rng(seed)
     picks = _draw(groups, n_tiles, rng)
     if len(picks) < n_tiles:
         log.warning("asked for %d calibration tiles, the sources hold only %d; using all", n_tiles, len(picks))
-    tiles = np.empty((len(picks), patch_size, patch_size, 3), dtype=np.uint8)
+    tiles = np.empty((len(picks), size, size, 3), dtype=np.uint8)
     source_index = np.array([gi for gi, _ in picks], dtype=np.int32)
     origins = np.array([groups[gi].origins[i] for gi, i in picks], dtype=np.int64).reshape(-1, 2)
     for gi, g in enumerate(groups):
@@ -389,13 +391,13 @@ def draw_tiles(
             continue
         indices = [picks[r][1] for r in rows]
         if g.kind == "coords":
-            tiles[rows] = _read_coords_tiles(g, indices, attrs_of[g.source], patch_size)
+            tiles[rows] = _read_coords_tiles(g, indices, attrs_of[g.source], size)
         else:
-            tiles[rows] = _read_image_tiles(g, indices, patch_size)
+            tiles[rows] = _read_image_tiles(g, indices, size)
         if progress is not None:
             progress(len(rows))
     split = split_codes(len(picks), holdout, rng) if holdout_by == "tile" else _split_by_source(source_index, holdout, rng)
-    return _Drawn(tiles, split, source_index, origins, [g.source for g in groups], patch_size)
+    return _Drawn(tiles, split, source_index, origins, [g.source for g in groups], size)
 
 
 def write_calibration(path: str | os.PathLike, drawn: _Drawn, provenance: dict[str, Any]) -> None:
@@ -430,63 +432,51 @@ def _stored_split(path: Path) -> np.ndarray:
         return h5["split"][()]
 
 
-def read_calibration_files(paths: Sequence[Path], *, n_tiles: int | None, seed: int) -> CalibrationSet:
+PARTS = (*SPLITS, "all")  # what load_calibration's ``part`` may name
+
+
+def _read_files(paths: Sequence[Path], *, n_tiles: int | None, seed: int, part: str | None = None) -> CalibrationSet:
     """Concatenate calibration files, keeping their stored split. With ``n_tiles`` below
-    the stored count, a seeded subset, proportional over files and over the three parts."""
+    the stored count, a seeded subset, proportional over files and over the three parts.
+    With ``part``, up to ``n_tiles`` tiles of that stored part alone (every part for
+    "all"), proportional over files, as ``fit``."""
     import json
 
     splits = [_stored_split(p) for p in paths]
-    want = allocate([len(s) for s in splits], sum(map(len, splits)) if n_tiles is None else n_tiles)
     rng = np.random.default_rng(seed)
+    # the rows of each file to read, per part (sorted: h5py reads only the chosen one-tile chunks)
+    picks: list[list[np.ndarray]] = []
+    if part is None:
+        want = allocate([len(s) for s in splits], sum(map(len, splits)) if n_tiles is None else n_tiles)
+        for split, n in zip(splits, want):
+            counts = allocate([int((split == code).sum()) for code in range(len(SPLITS))], n)
+            picks.append([_subsample(np.flatnonzero(split == code), count, rng) for code, count in enumerate(counts)])
+    else:
+        wanted = tuple(range(len(SPLITS))) if part == "all" else (SPLITS.index(part),)
+        pools = [np.flatnonzero(np.isin(split, wanted)) for split in splits]
+        want = allocate([len(p) for p in pools], sum(map(len, pools)) if n_tiles is None else n_tiles)
+        none = np.zeros(0, dtype=np.int64)
+        picks = [[_subsample(pool, n, rng), none, none] for pool, n in zip(pools, want)]
     parts: dict[int, list[np.ndarray]] = {code: [] for code in range(len(SPLITS))}
     sources, sizes, provenance, seeds = [], set(), {}, set()
-    for path, split, n in zip(paths, splits, want):
-        counts = allocate([int((split == code).sum()) for code in range(len(SPLITS))], n)
+    for path, rows in zip(paths, picks):
         with h5py.File(path, "r") as h5:
             sizes.add(int(h5.attrs["patch_size"]))
             sources += [s.decode() if isinstance(s, bytes) else str(s) for s in h5["sources"][()]]
             provenance[str(path)] = json.loads(h5.attrs.get("provenance", "{}"))
             seeds.add(provenance[str(path)].get("seed"))
-            # sorted indices: h5py reads only the chosen one-tile chunks
-            for code, count in enumerate(counts):
-                idx = _subsample(np.flatnonzero(split == code), count, rng)
+            for code, idx in enumerate(rows):
                 parts[code].append(h5["tiles"][idx] if len(idx) else np.zeros((0, *h5["tiles"].shape[1:]), np.uint8))
     if len(sizes) != 1:
         raise ConfigError(f"calibration files {', '.join(map(str, paths))} have different tile sizes {sorted(sizes)}")
     fit, select, report = (np.concatenate(parts[code]) for code in range(len(SPLITS)))
+    if part is not None and not len(fit):
+        raise ConfigError(f"calibration files {', '.join(map(str, paths))} hold no {part} tiles")
     return CalibrationSet(
         fit=fit, select=select, report=report, patch_size=sizes.pop(), sources=tuple(sources),
-        provenance={"calibration_files": provenance},
+        provenance={"calibration_files": provenance, **({"part": part} if part is not None else {})},
         seed=seeds.pop() if len(seeds) == 1 else None,  # files drawn with different seeds: see provenance
     )
-
-
-def load_part(
-    sources: Sequence[str | os.PathLike], *, part: str, n_tiles: int, seed: int = 0
-) -> tuple[np.ndarray, bool]:
-    """Up to ``n_tiles`` tiles of one stored part ("fit", "select", "report" or "all") of
-    calibration files, reading only those tiles; or, for coords/image sources, which carry
-    no split, a fresh draw of ``n_tiles``. Returns (tiles, whether the part was honoured)."""
-    calib, coords, images = expand_sources(sources)
-    if not calib:
-        drawn = load_calibration(sources, n_tiles=n_tiles, seed=seed, holdout=0.0)
-        return drawn.fit, part == "all"
-    if coords or images:
-        raise ConfigError("mix of calibration files and coords/images; pass either calib.h5 files or raw sources")
-    if part not in (*SPLITS, "all"):
-        raise ConfigError(f"calibration part {part!r}: expected one of {', '.join(SPLITS)}, all")
-    wanted = tuple(range(len(SPLITS))) if part == "all" else (SPLITS.index(part),)
-    pools = [np.flatnonzero(np.isin(_stored_split(p), wanted)) for p in calib]
-    rng = np.random.default_rng(seed)
-    out = []
-    for path, pool, n in zip(calib, pools, allocate([len(p) for p in pools], n_tiles)):
-        idx = _subsample(pool, n, rng)
-        if len(idx):
-            with h5py.File(path, "r") as h5:
-                out.append(h5["tiles"][idx])
-    if not out:
-        raise ConfigError(f"calibration files {', '.join(map(str, calib))} hold no {part} tiles")
-    return np.concatenate(out), True
 
 
 def load_calibration(
@@ -495,21 +485,36 @@ def load_calibration(
     n_tiles: int | None = 10_000,
     seed: int = 0,
     holdout: float = 0.1,
-    patch_size: int | None = None,
+    resize_to: int | None = None,
+    part: str | None = None,
 ) -> CalibrationSet:
-    """A CalibrationSet from calibration files, or drawn fresh from coords/image sources."""
+    """A CalibrationSet from calibration files (``pathtwt calibrate``, their stored split
+    kept), or drawn fresh from coords/image sources.
+
+    ``resize_to`` is the side in pixels freshly drawn tiles are resampled to (the teacher's
+    input size; None: the coords files' tiling size, else 224); calibration files hold
+    tiles already drawn at a size. ``part`` ("fit", "select", "report" or "all") reads
+    only up to ``n_tiles`` tiles of that stored part of calibration files, returned as
+    ``fit`` with ``select`` and ``report`` empty; coords/image sources carry no split, so
+    they give a fresh draw of ``n_tiles`` with nothing held out. ``provenance["part"]``
+    then says which part the tiles are: ``part`` itself, or "all" for a fresh draw."""
+    if part is not None and part not in PARTS:
+        raise ConfigError(f"calibration part {part!r}: expected one of {', '.join(PARTS)}")
     calib, coords, images = expand_sources(sources)
     if calib and (coords or images):
         raise ConfigError(
             "mix of calibration files and coords/images in --calibration; pass either calib.h5 files or raw sources"
         )
     if calib:
-        return read_calibration_files(calib, n_tiles=n_tiles, seed=seed)
+        return _read_files(calib, n_tiles=n_tiles, seed=seed, part=part)
     if not coords and not images:
         raise ConfigError(f"no coords files or images found in {', '.join(map(str, sources))}")
-    drawn = draw_tiles(coords, images, n_tiles=n_tiles or 10_000, seed=seed, holdout=holdout, patch_size=patch_size)
+    if part is not None:
+        holdout = 0.0  # no stored part to take: every drawn tile is one of "all"
+    drawn = draw_tiles(coords, images, n_tiles=n_tiles or 10_000, seed=seed, holdout=holdout, resize_to=resize_to)
     fit, select, report = (drawn.tiles[drawn.split == code] for code in range(len(SPLITS)))
     return CalibrationSet(
         fit=fit, select=select, report=report, patch_size=drawn.patch_size, sources=tuple(drawn.sources), seed=seed,
-        provenance={"seed": seed, "holdout": holdout, "n_tiles": len(drawn.tiles), "sources": drawn.sources},
+        provenance={"seed": seed, "holdout": holdout, "n_tiles": len(drawn.tiles), "sources": drawn.sources,
+                    **({"part": "all"} if part is not None else {})},
     )

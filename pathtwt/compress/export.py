@@ -99,7 +99,8 @@ def export_backbone(
     }
     if params is not None:
         own["params"] = int(params)
-    clash = sorted(set(extra or {}) & (set(meta) | set(own) | {"provenance"}))
+    # "depth" too: model.json records it once, in timm_kwargs (pathtwt.models.registry.variant_depth)
+    clash = sorted(set(extra or {}) & (set(meta) | set(own) | {"provenance", "depth"}))
     if clash:
         raise ValueError(f"{method}: extra keys {clash} would overwrite the variant's own model.json entries")
     meta.update({**own, **(extra or {})})

@@ -63,9 +63,11 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 def card_numbers(meta: Mapping[str, Any]) -> dict[str, Any]:
     """The numbers the card prints, read from ``meta`` (tests compare them with model.json)."""
+    from pathtwt.models.registry import variant_depth
+
     final = (meta.get("fidelity") or {}).get("final") or {}
     return {
-        "depth": meta.get("depth"),
+        "depth": variant_depth(meta),
         "params": meta.get("params"),
         "macs_per_tile": meta.get("macs_per_tile"),
         "fidelity_r2": final.get("r2"),

@@ -346,6 +346,7 @@ def spec_from_variant(folder: str | os.PathLike) -> BackboneSpec:
         raise WeightsError(f"{meta_path}: missing keys {missing}; re-run `pathtwt compress` for this variant")
     base = BACKBONES.get(meta.get("base_backbone", ""))
     kwargs = dict(meta["timm_kwargs"])
+    depth = variant_depth(meta)
     return BackboneSpec(
         name=str(meta["name"]),
         timm_name=str(meta["timm_name"]),
@@ -356,7 +357,7 @@ def spec_from_variant(folder: str | os.PathLike) -> BackboneSpec:
         num_prefix_tokens=int(meta["num_prefix_tokens"]),
         num_register_tokens=int(meta.get("num_register_tokens", int(meta["num_prefix_tokens"]) - 1)),
         embed_dim=int(meta["embed_dim"]),
-        depth=int(meta.get("depth", kwargs.get("depth", 12))),
+        depth=12 if depth is None else depth,
         default_precision=meta.get("default_precision", base.default_precision if base else "fp32"),
         pathology=bool(meta.get("pathology", base.pathology if base else True)),
         default_weights=str(folder / "model.safetensors"),
@@ -372,11 +373,12 @@ def spec_from_variant(folder: str | os.PathLike) -> BackboneSpec:
 
 def variant_metadata(spec: BackboneSpec, depth: int, **extra: Any) -> dict[str, Any]:
     """The architecture part of a variant's ``model.json`` for a depth-``depth`` student
-    of ``spec``; exporters add params, MACs, hashes, plan and provenance via ``extra``."""
+    of ``spec``; exporters add params, MACs, hashes, plan and provenance via ``extra``.
+    The depth is written once, in ``timm_kwargs`` (timm builds the model from there); read
+    it with :func:`variant_depth`."""
     meta: dict[str, Any] = {
         "format": VARIANT_FORMAT,
         "base_backbone": spec.base_backbone or spec.name,
-        "depth": int(depth),
         "timm_name": spec.timm_name,
         "timm_kwargs": {**spec.timm_kwargs, "depth": int(depth)},
         "input_size": spec.input_size,
@@ -392,6 +394,17 @@ def variant_metadata(spec: BackboneSpec, depth: int, **extra: Any) -> dict[str, 
     }
     meta.update(extra)
     return meta
+
+
+def variant_depth(meta: Mapping[str, Any]) -> int | None:
+    """The number of blocks of the variant a ``model.json`` describes: ``timm_kwargs.depth``,
+    else the top-level ``depth`` that model.json files of earlier versions carried as a
+    second copy (so they still read); None when neither is recorded."""
+    kwargs = meta.get("timm_kwargs")
+    depth = kwargs.get("depth") if isinstance(kwargs, Mapping) else None
+    if depth is None:
+        depth = meta.get("depth")
+    return None if depth is None else int(depth)
 
 
 def resolve_timm_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:

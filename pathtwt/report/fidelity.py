@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pathtwt.errors import PathtwtError
+from pathtwt.models.registry import variant_depth
 
 REFERENCES = (("teacher", "teacher (reference)"), ("constant", "constant (reference)"),
               ("random_init", "random-init (reference)"))
@@ -115,7 +116,7 @@ def fidelity_table(results: Path, cost_of: Callable[[str, str], Any]) -> tuple[l
     depths = {b: teacher_depth(b) for b in models}
     depth = max(depths.values(), default=0)
     for backbone in sorted(models):
-        variants = sorted(models[backbone], key=lambda vm: (-(vm[1].get("depth") or 0), vm[0]))
+        variants = sorted(models[backbone], key=lambda vm: (-(variant_depth(vm[1]) or 0), vm[0]))
         fids = {v: (m.get("fidelity") or {}) for v, m in variants}
         with_refs = [v for v, f in fids.items() if isinstance(f.get("references"), dict)]
         refs = fids[with_refs[0]]["references"] if with_refs else {}

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from pathtwt.errors import PathtwtError
+from pathtwt.models.registry import variant_depth
 from pathtwt.report.markdown import markdown_table
 
 UNCOMPRESSED = "uncompressed"
@@ -142,7 +143,7 @@ def _architecture_cost(results: Path, backbone: str, variant: str) -> Cost:
         prov = meta.get("provenance", {})
         if meta.get("params") is not None or not is_random_init(variant, meta.get("method")):
             return Cost(
-                params=meta.get("params"), macs=meta.get("macs_per_tile"), depth=meta.get("depth"),
+                params=meta.get("params"), macs=meta.get("macs_per_tile"), depth=variant_depth(meta),
                 method=meta.get("method", variant), teacher=prov.get("teacher", meta.get("base_backbone", backbone)),
                 weights_sha256=meta.get("teacher_weights_sha256"), source=str(prov.get("teacher_source", "")),
             )

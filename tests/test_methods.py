@@ -1,5 +1,7 @@
-"""The comparison methods on a tiny backbone: the closed-form linear surrogate (exact on a
-block that is itself linear), the layer patches, and every method end to end (a few
+"""The comparison methods (pathtwt.compress.methods: linear, raptor, wdpruning, nose,
+subset) on a tiny backbone: the closed-form linear surrogate (exact on a block that is
+itself linear), the layer patches their variants are exported with
+(pathtwt.models.variant_layers), and every method end to end (a few
 distillation steps, the variant folder, its parameter and MAC accounting, and the round
 trip through ``create_backbone``: the reloaded model reproduces the fidelity measured at
 export)."""
@@ -193,7 +195,7 @@ def test_raptor_shares_one_layer_per_block_and_costs_teacher_macs(teacher, calib
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"blocks": [[1, 2], [3, 7], [8, 12]]}))
     folder, meta = _compress("raptor", teacher, calib, tmp_path / "raptor", plan=plan)
-    assert meta["name"] == "vit-s14-tiny/raptor-3" and meta["depth"] == L
+    assert meta["name"] == "vit-s14-tiny/raptor-3" and meta["timm_kwargs"]["depth"] == L
     assert meta["shared_blocks"] == [[1, 2], [3, 7], [8, 12]] and meta["recurrence"] == [2, 5, 5]
     per_block = 16 + 16 + 16 * 3 * D + 3 * D  # the layer-number conditioning g of each shared layer
     assert meta["params"] == count_params(_plain(teacher, 3)) + 3 * per_block  # one layer per block
@@ -250,7 +252,7 @@ def test_raptor_stage1_objective_is_zero_when_the_block_really_repeats(teacher):
 
 def test_wdpruning_probe_is_part_of_the_exported_model(teacher, calib, tmp_path):
     folder, meta = _compress("wdpruning", teacher, calib, tmp_path / "wd", depth=4, extra={"probe_hidden": 32})
-    assert meta["name"] == "vit-s14-tiny/wdpruning-4" and meta["depth"] == 4
+    assert meta["name"] == "vit-s14-tiny/wdpruning-4" and meta["timm_kwargs"]["depth"] == 4
     assert meta["layer_patches"] == {"embedding_probe": {"hidden": 32}}
     probe = 2 * (2 * D) * 32 + 32 + 2 * D
     assert meta["params"] == count_params(_plain(teacher, 4)) + probe and meta["probe"]["params"] == probe
@@ -295,7 +297,7 @@ def _attention_cost():
 def test_nose_removes_attention_from_every_layer_by_default(teacher, calib, tmp_path):
     folder, meta = _compress("nose", teacher, calib, tmp_path / "nose")
     assert meta["layer_patches"]["attention_free"] == list(range(L))
-    assert meta["name"] == "vit-s14-tiny/nose" and meta["depth"] == L and meta["attention_layers"] == 0
+    assert meta["name"] == "vit-s14-tiny/nose" and meta["timm_kwargs"]["depth"] == L and meta["attention_layers"] == 0
     assert meta["selection_split"] is None and meta["selection_trace"] == []  # nothing to choose
     assert meta["budget"]["paper"] == {"epochs": 2.0}
     attn_params, attn_macs = _attention_cost()
@@ -371,7 +373,7 @@ def test_linear_replaces_multi_layer_blocks_only(teacher, calib, tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"blocks": [[1, 1], [2, 6], [7, 12]]}))
     folder, meta = _compress("linear", teacher, calib, tmp_path / "lin", plan=plan)
-    assert meta["layer_patches"] == {"linear_blocks": [1, 2]} and meta["depth"] == 3
+    assert meta["layer_patches"] == {"linear_blocks": [1, 2]} and meta["timm_kwargs"]["depth"] == 3
     assert meta["params"] == count_params(_plain(teacher, 1)) + 2 * (D * D + D)
     assert meta["macs_per_tile"] == count_macs(_plain(teacher, 1)) + 2 * TOKENS * D * D
     back = _assert_round_trip(folder, meta, teacher, calib)
@@ -381,7 +383,7 @@ def test_linear_replaces_multi_layer_blocks_only(teacher, calib, tmp_path):
 
 def test_subset_search_exports_the_chosen_layers(teacher, calib, tmp_path):
     # candidates scored without distillation here (search_steps 0): the search logic itself
-    # is tested on a planted landscape in test_baselines.py
+    # is tested on a planted landscape in test_methods_subset_search.py
     extra = {"search_budget": L + 3, "search_steps": 0}
     folder, meta = _compress("subset", teacher, calib, tmp_path / "sub", depth=3, extra=extra)
     record = meta["subset_search"]
@@ -421,7 +423,7 @@ def test_linear_fold_exports_a_plain_layer_with_the_unfolded_fidelity(teacher, c
     folder, meta = _compress("linear", teacher, calib, tmp_path / "fold", plan=plan, extra={"fold": True})
     # [2, 6] folds into layer 1; [7, 12] follows a folded block, so it stays a linear block
     assert meta["linear"]["fold"]["folded_blocks"] == [[2, 6]] and meta["linear"]["fold"]["into_layers"] == [1]
-    assert meta["depth"] == 2 and meta["layer_patches"] == {"linear_blocks": [1]}
+    assert meta["timm_kwargs"]["depth"] == 2 and meta["layer_patches"] == {"linear_blocks": [1]}
     assert meta["params"] == count_params(_plain(teacher, 1)) + D * D + D
     unfolded = meta["linear"]["fold"]["unfolded_fidelity"]["r2"]
     assert meta["fidelity"]["final"]["r2"] == pytest.approx(unfolded, abs=1e-5)

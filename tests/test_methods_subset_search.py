@@ -1,5 +1,6 @@
-"""The layer-subset search on a synthetic fidelity landscape with planted interactions
-(super-additive deletion costs), where ranking single-layer deletions fails."""
+"""The layer-subset search (pathtwt.compress.methods.subset) on a synthetic fidelity
+landscape with planted interactions (super-additive deletion costs), where ranking
+single-layer deletions fails."""
 
 from __future__ import annotations
 
