@@ -37,9 +37,9 @@ class Bf16Check:
 def check_bf16_first_step(student: nn.Module, teacher: nn.Module, x: torch.Tensor, objective,
                           tolerance: float = BF16_LOSS_TOLERANCE, step: int = 0) -> Bf16Check:
     """Compare the first-step loss of ``objective`` (``targets(teacher, x)`` and
-    ``loss(student, x, targets, step)``, as in :func:`pathtwt.compress.distill.distill`)
+    ``loss(student, x, targets, step)``, as the distillation loop computes them)
     in fp32 and under bf16 autocast on the batch ``x``; see the module docstring."""
-    from pathtwt.compress.distill import teacher_targets
+    from pathtwt.compress.autocast import teacher_targets
 
     device_type = x.device.type
     was_training = student.training

@@ -38,6 +38,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from pathtwt.compress.autocast import autocast as _autocast
+from pathtwt.compress.autocast import teacher_targets
 from pathtwt.compress.defaults import BATCH_SIZE, LR
 from pathtwt.errors import NumericsError, PathtwtError
 from pathtwt.io.atomic import atomic_output
@@ -203,20 +205,6 @@ class TargetCache:
 
     def get(self, idx: torch.Tensor, device: str) -> list[torch.Tensor]:
         return [t.index_select(0, idx.cpu()).to(device) for t in self.tensors]
-
-
-def _autocast(device: str, precision: str):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
-
-
-def teacher_targets(objective: Objective, teacher: nn.Module, x: torch.Tensor, precision: str) -> list[torch.Tensor]:
-    """The teacher's targets under inference mode (no autograd bookkeeping at all), returned
-    as ordinary float32 tensors so the loss may save them for its backward pass."""
-    with torch.inference_mode(), _autocast(str(x.device), precision):
-        targets = objective.targets(teacher, x)
-    return [t.to(torch.float32, copy=True) for t in targets]
 
 
 def _estimate_target_bytes(teacher: nn.Module, tiles: np.ndarray, transform: Transform, objective: Objective, device: str) -> int:
