@@ -38,17 +38,21 @@ PHASES = [
     ("pathtwt.models.registry", "create_backbone", "teacher build"),
     ("pathtwt.compress.calibration", "load_calibration", "load calibration"),
     ("pathtwt.compress.similarity", "similarity_matrix", "similarity matrix (plan)"),
-    ("pathtwt.compress.audition", "audition", "audition"),
+    ("pathtwt.compress.teacher_cache", "fit_layer_outputs", "teacher layer outputs of the fit tiles (shared)"),
+    ("pathtwt.compress.audition", "audition", "audition (rest)"),
+    ("pathtwt.compress.audition", "teacher_states", "audition: teacher states"),
+    ("pathtwt.compress.audition", "_fit", "audition: fitting candidates"),
+    ("pathtwt.compress.audition", "_mse", "audition: scoring candidates"),
     ("pathtwt.compress.fidelity", "teacher_centre", "teacher fit means"),
     ("pathtwt.compress.fidelity", "tile_embeddings", "teacher select embeddings"),
     ("pathtwt.compress.pipeline", "report_fidelity", "student fidelity on report"),
     ("pathtwt.compress.fidelity", "references", "reference rows"),
     ("pathtwt.compress.distill", "normalised_objective", "loss normalisation"),
-    ("pathtwt.compress.distill", "_build_target_cache", "teacher targets"),
+    ("pathtwt.compress.distill", "_check_bf16", "bf16 first-step check"),
     ("pathtwt.compress.distill", "distill", "training steps"),
     ("pathtwt.compress.export", "export_backbone", "export"),
 ]
-OPTIONAL = {"_build_target_cache", "tile_embeddings"}  # absent in some versions: skipped
+OPTIONAL = {"tile_embeddings", "_check_bf16", "fit_layer_outputs"}  # absent in some versions: skipped
 
 
 class PhaseClock:
@@ -82,10 +86,13 @@ def install(clock: PhaseClock) -> None:
     import pathtwt.cli  # noqa: F401
 
     for module_name, attr, phase in PHASES:
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            if attr in OPTIONAL:
+                continue
+            raise
         owner, name = module, attr
-        if attr == "_build_target_cache" and not hasattr(module, attr):
-            continue
         if not hasattr(owner, name):
             if attr in OPTIONAL:
                 continue
@@ -110,17 +117,18 @@ def startup_seconds() -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def run_job(argv: list[str]) -> tuple[float, dict[str, float], dict[str, int]]:
+def run_job(clock: PhaseClock, argv: list[str]) -> tuple[float, dict[str, float], dict[str, int]]:
+    """One job's wall time and its phases (the clock's totals after the job less before)."""
     from pathtwt.cli import main
 
-    clock = PhaseClock()
-    install(clock)
+    seconds, calls = dict(clock.seconds), dict(clock.calls)
     start = time.perf_counter()
     rc = main(["compress", *argv])
     wall = time.perf_counter() - start
     if rc not in (0, None):
         raise SystemExit(f"pathtwt compress exited {rc}")
-    return wall, clock.seconds, clock.calls
+    return (wall, {k: v - seconds.get(k, 0.0) for k, v in clock.seconds.items() if v - seconds.get(k, 0.0) > 0},
+            {k: v - calls.get(k, 0) for k, v in clock.calls.items() if v - calls.get(k, 0) > 0})
 
 
 def main() -> int:
@@ -132,14 +140,16 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(torch.get_num_threads())
+    clock = PhaseClock()
+    install(clock)  # once: the later jobs run the same wrapped functions
     results = []
-    for i, job in enumerate(args.job):
-        wall, seconds, calls = run_job(shlex.split(job))
+    for job in args.job:
+        wall, seconds, calls = run_job(clock, shlex.split(job))
         results.append({"job": job, "wall_s": wall, "phases": seconds, "calls": calls})
     startup = startup_seconds()
 
-    names = [phase for _, _, phase in PHASES if any(phase in r["phases"] for r in results)]
-    names = list(dict.fromkeys(names))
+    listed = [phase for _, _, phase in PHASES] + ["teacher targets"]
+    names = [phase for phase in dict.fromkeys(listed) if any(phase in r["phases"] for r in results)]
     header = "| phase | " + " | ".join(f"job {i + 1} s | share" for i in range(len(results))) + " |"
     print(header)
     print("|---|" + "---|---|" * len(results))

@@ -78,7 +78,7 @@ def test_a_second_job_reads_what_the_first_computed(calibration_file, counted):
     centre1, refs1 = _job(teacher, calibration_file)
     assert counted == {"centre": 1, "random_init": 1}
     cache = calibration_file.with_name("b" + SUFFIX)
-    assert sorted(p.name.split("-")[0] for p in cache.iterdir()) == ["centre", "references"]
+    assert sorted(p.name.rsplit("-", 1)[0] for p in cache.iterdir()) == ["centre", "fit-outputs", "references"]
     centre2, refs2 = _job(_teacher(), calibration_file)  # a new process: same teacher, same file
     assert counted == {"centre": 1, "random_init": 1}  # nothing recomputed
     assert torch.equal(centre1.layers, centre2.layers) and torch.equal(centre1.embedding, centre2.embedding)
@@ -111,3 +111,58 @@ def test_the_cache_can_be_switched_off(calibration_file, counted, monkeypatch):
     _job(_teacher(), calibration_file)
     assert counted["centre"] == 2
     assert not calibration_file.with_name("b" + SUFFIX).exists()
+
+
+def test_shared_fit_outputs_give_what_each_consumer_computes_itself(calibration_file):
+    """The fit means, the similarity matrix and auditioning read the teacher's layer outputs
+    of the fit tiles from one pass; each gets what its own pass would give."""
+    from pathtwt.compress.audition import AuditionOptions, audition
+    from pathtwt.compress.similarity import similarity_from_outputs, similarity_matrix
+    from pathtwt.compress.teacher_cache import fit_layer_outputs
+
+    teacher = _teacher()
+    calib = load_calibration([calibration_file], n_tiles=None, seed=0)
+    outputs = fit_layer_outputs(teacher, calib, n_tiles=128, batch_size=8)
+    assert len(outputs) == 13 and outputs[0].shape[0] == len(calib.fit) == 24
+    kw = dict(transform=teacher.transform, num_prefix_tokens=1, batch_size=8)
+    own = fidelity.teacher_centre(teacher.model, calib.fit, **kw)
+    shared = fidelity.teacher_centre(teacher.model, calib.fit, outputs=outputs, **kw)
+    assert torch.equal(own.layers, shared.layers) and torch.equal(own.embedding, shared.embedding)
+    S = similarity_matrix(teacher.model, teacher.transform, calib.fit, num_prefix_tokens=1, batch_size=8)
+    assert np.array_equal(similarity_from_outputs(outputs[1:], num_prefix_tokens=1, batch_size=8), S)
+    blocks, opts = [[1, 4], [5, 8], [9, 12]], AuditionOptions(steps=2, batch_size=8)
+    _, report_own = audition(teacher.model, blocks, calib.fit, calib.select, transform=teacher.transform, options=opts)
+    _, report_shared = audition(teacher.model, blocks, calib.fit, calib.select, transform=teacher.transform,
+                                options=opts, fit_outputs=outputs)
+    assert report_shared == report_own
+
+
+def test_a_second_job_reads_the_fit_outputs(calibration_file, monkeypatch):
+    import pathtwt.compress.teacher_cache as teacher_cache_module
+    from pathtwt.compress.teacher_cache import fit_layer_outputs
+
+    first = fit_layer_outputs(_teacher(), load_calibration([calibration_file], n_tiles=None, seed=0), n_tiles=128,
+                              batch_size=8)
+    monkeypatch.setattr("pathtwt.compress.student.block_outputs", lambda *a, **k: pytest.fail("recomputed"))
+    second = fit_layer_outputs(_teacher(), load_calibration([calibration_file], n_tiles=None, seed=0), n_tiles=128,
+                               batch_size=8)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    monkeypatch.setattr(teacher_cache_module, "FIT_OUTPUTS_LIMIT", 1000)  # too large to keep: the consumers' own passes
+    assert fit_layer_outputs(_teacher(), load_calibration([calibration_file], n_tiles=None, seed=0), n_tiles=128,
+                             batch_size=8) is None
+
+
+def test_the_loss_normalisation_reads_the_shared_outputs(calibration_file, monkeypatch):
+    from pathtwt.compress.distill import DeepSupervision, DistillOptions, normalised_objective
+    from pathtwt.compress.teacher_cache import fit_layer_outputs
+    from pathtwt.compress.training_tiles import ArrayTiles
+
+    teacher = _teacher()
+    calib = load_calibration([calibration_file], n_tiles=None, seed=0)
+    opts = DistillOptions(batch_size=8, loss_norm="variance")
+    objective = DeepSupervision([4, 8, 12])
+    own = normalised_objective(objective, teacher.model, ArrayTiles(calib.fit), teacher.transform, opts)
+    outputs = fit_layer_outputs(teacher, calib, n_tiles=128, batch_size=8)
+    monkeypatch.setattr("pathtwt.compress.distill.term_variances", lambda *a, **k: pytest.fail("forward pass run"))
+    shared = normalised_objective(objective, teacher.model, ArrayTiles(calib.fit), teacher.transform, opts, outputs)
+    assert shared.term_scales == own.term_scales and len(own.term_scales) == 4

@@ -28,6 +28,7 @@ from torch import nn
 from pathtwt.compress.distill import Transform
 from pathtwt.compress.intermediates import tiles_to_batch
 from pathtwt.compress.student import block_outputs
+from pathtwt.compress.teacher_cache import FIT_OUTPUTS_TILES
 
 
 @dataclass
@@ -35,7 +36,7 @@ class AuditionOptions:
     steps: int = 50  # fitting steps per candidate (0: rank the candidates as they are)
     lr: float = 1e-4
     batch_size: int = 16
-    max_fit_tiles: int = 128  # teacher states are held in memory: keep these modest
+    max_fit_tiles: int = FIT_OUTPUTS_TILES  # teacher states are held in memory: keep these modest
     max_select_tiles: int = 64
     seed: int = 0
     device: str = "cpu"
@@ -113,15 +114,21 @@ def audition(
     *,
     transform: Transform,
     options: AuditionOptions,
+    fit_outputs: Sequence[torch.Tensor] | None = None,
 ) -> tuple[list[nn.Module], list[dict]]:
     """The winning (fitted) layer of every block and the ranking report, one entry per block:
     ``{"block": [s, e], "winner": name, "ranking": [{"candidate", "layer", "select_mse",
-    "select_mse_unfitted"}, ...]}`` best first."""
+    "select_mse_unfitted"}, ...]}`` best first. ``fit_outputs``: the teacher's layer outputs
+    of the fit tiles used here, in batches of ``options.batch_size``
+    (:func:`pathtwt.compress.teacher_cache.fit_layer_outputs`), sparing their pass."""
     fit = fit_tiles[: options.max_fit_tiles]
     held = select_tiles[: options.max_select_tiles] if len(select_tiles) else fit
     needed = [l for s, e in blocks for l in (s - 1, e)]
     kw = dict(transform=transform, device=options.device, batch_size=options.batch_size)
-    fit_states = teacher_states(teacher, fit, needed, **kw)
+    if fit_outputs is not None and len(fit_outputs[0]) != len(fit):
+        raise ValueError(f"fit_outputs of {len(fit_outputs[0])} tiles given for {len(fit)} fit tiles")
+    fit_states = (teacher_states(teacher, fit, needed, **kw) if fit_outputs is None
+                  else {l: fit_outputs[l] for l in sorted(set(needed))})
     held_states = teacher_states(teacher, held, needed, **kw)
     winners, report = [], []
     for s, e in blocks:

@@ -73,6 +73,7 @@ class DerivedValues:
     references: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     subset_scores: dict[tuple[Any, ...], dict[tuple[int, ...], float]] = field(default_factory=dict)
     teacher_caches: dict[int, Any] = field(default_factory=dict)  # pathtwt.compress.teacher_cache.TeacherCache
+    fit_outputs: dict[tuple[int, int, int], list["torch.Tensor"]] = field(default_factory=dict)  # ... fit_layer_outputs
 
 
 @dataclass(frozen=True, eq=False)

@@ -126,7 +126,10 @@ class DeepSupervision:
         return DeepSupervision(self.boundaries, self.alphas, [float(v) for v in scales])
 
     def targets(self, teacher: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-        outs = block_outputs(teacher, x)
+        return self.targets_from_outputs(teacher, block_outputs(teacher, x))
+
+    def targets_from_outputs(self, teacher: nn.Module, outs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The targets from the teacher's layer outputs ``[h_0, ..., h_L]`` of the batch."""
         picked = [outs[e] for e in self.boundaries] if self.boundaries is not None else []
         return picked + [teacher.norm(outs[-1])]
 
@@ -152,16 +155,23 @@ NORM_SAMPLE_TILES = 64  # first training tiles (index order) measuring the term 
 
 @torch.no_grad()
 def term_variances(objective: Objective, teacher: nn.Module, batches: Iterable[torch.Tensor]) -> list[float]:
-    """Per loss term, the variance of the teacher's target over the tiles of ``batches``:
+    """Per loss term, the variance of the teacher's target over the tiles of ``batches``
+    (:func:`target_variances` of their fp32 targets)."""
+    return target_variances(teacher_targets(objective, teacher, x, "fp32") for x in batches)
+
+
+@torch.no_grad()
+def target_variances(target_batches: Iterable[Sequence[torch.Tensor]]) -> list[float]:
+    """Per loss term, the variance of the teacher's target over the tiles of the batches:
     mean over tokens and channels of the squared deviation from the per-position mean over
     tiles (the denominator of fidelity's block R^2, so a normalised term reads as
     1 - R^2); a single tile gives its mean squared value."""
     n, sums, squares = 0, [], []
-    for x in batches:
-        targets = [t.double() for t in teacher_targets(objective, teacher, x, "fp32")]
+    for batch in target_batches:
+        targets = [t.double() for t in batch]
         sums = [t.sum(0) for t in targets] if not sums else [a + t.sum(0) for a, t in zip(sums, targets)]
         squares = [t.pow(2).sum(0) for t in targets] if not squares else [a + t.pow(2).sum(0) for a, t in zip(squares, targets)]
-        n += len(x)
+        n += len(targets[0])
     if n == 0:
         raise PathtwtError("no tiles to measure the loss normalisation on")
     out = []
@@ -172,16 +182,23 @@ def term_variances(objective: Objective, teacher: nn.Module, batches: Iterable[t
 
 
 def normalised_objective(objective: Objective, teacher: nn.Module, source: Any, transform: Transform,
-                         options: DistillOptions) -> Objective:
+                         options: DistillOptions, teacher_outputs: Sequence[torch.Tensor] | None = None) -> Objective:
     """``objective`` with its terms divided by their teacher variances (``loss_norm
     variance``), measured on the first tiles of ``source`` (index order, no augmentation),
     so a resumed run gets the same divisors. Objectives without per-term scales are
-    returned unchanged."""
+    returned unchanged. ``teacher_outputs``: see :func:`distill`."""
     if options.loss_norm not in LOSS_NORMS:
         raise PathtwtError(f"--loss-norm {options.loss_norm!r}: use one of {', '.join(LOSS_NORMS)}")
     if options.loss_norm == "none" or not hasattr(objective, "with_term_scales"):
         return objective
     n, chunk = min(len(source), NORM_SAMPLE_TILES), max(1, int(options.batch_size))
+    if teacher_outputs is not None and len(teacher_outputs[0]) >= n and hasattr(objective, "targets_from_outputs"):
+        # the same batches the forward pass below would run, already computed
+        with torch.inference_mode():
+            batches = [[t.to(torch.float32, copy=True) for t in
+                        objective.targets_from_outputs(teacher, [o[i : min(n, i + chunk)].to(options.device) for o in teacher_outputs])]
+                       for i in range(0, n, chunk)]
+        return objective.with_term_scales(target_variances(batches))
     batches = (tiles_to_batch(transform, np.stack([source.read(j) for j in range(i, min(n, i + chunk))]), options.device)
                for i in range(0, n, chunk))
     return objective.with_term_scales(term_variances(objective, teacher, batches))
@@ -336,13 +353,17 @@ def distill(
     objective: Objective,
     options: DistillOptions,
     description: str = "distill",
+    teacher_outputs: Sequence[torch.Tensor] | None = None,
 ) -> DistillResult:
     """Train ``student`` (in place) to match ``teacher`` under ``objective``; see module doc.
 
     ``tiles``: uint8 tiles in memory (N, P, P, 3) or a streamed source
     (:class:`pathtwt.compress.training_tiles.SlideTiles`). Run under torch.distributed,
     each rank trains on its slice of every global micro-batch (DistributedDataParallel)
-    and only rank 0 writes the checkpoint."""
+    and only rank 0 writes the checkpoint. ``teacher_outputs``: the teacher's layer outputs
+    ``[h_0, ..., h_L]`` of the first in-memory tiles, computed in batches of
+    ``options.batch_size`` (:func:`pathtwt.compress.teacher_cache.kept_fit_outputs`), which
+    spares the loss normalisation its forward pass."""
     from tqdm.auto import tqdm
 
     from pathtwt.compress import ranks
@@ -360,7 +381,8 @@ def distill(
     accumulate = max(1, int(options.accumulate))
     total = options.resolved_steps(n_tiles)
     teacher.eval().requires_grad_(False).to(device)
-    objective = normalised_objective(objective, teacher, source, transform, options)
+    objective = normalised_objective(objective, teacher, source, transform, options,
+                                     teacher_outputs if isinstance(tiles, np.ndarray) else None)
     student.to(device).train()
     bf16_check = None
     if precision == "bf16":

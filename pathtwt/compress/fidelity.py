@@ -54,15 +54,22 @@ def _embed(model: nn.Module, outs: list[torch.Tensor], num_prefix_tokens: int) -
 
 @torch.no_grad()
 def teacher_centre(teacher: nn.Module, fit_tiles: np.ndarray, *, transform: Transform, num_prefix_tokens: int,
-                   device: str = "cpu", batch_size: int = 32, max_tiles: int = MAX_MEAN_TILES) -> TeacherCentre:
-    """The teacher's fit means (the first ``max_tiles`` fit tiles: the draw is already random)."""
+                   device: str = "cpu", batch_size: int = 32, max_tiles: int = MAX_MEAN_TILES,
+                   outputs: Sequence[torch.Tensor] | None = None) -> TeacherCentre:
+    """The teacher's fit means (the first ``max_tiles`` fit tiles: the draw is already random).
+    ``outputs``: the teacher's layer outputs of exactly those tiles, computed in batches of
+    ``batch_size`` (:func:`pathtwt.compress.teacher_cache.fit_layer_outputs`), which spares
+    the forward pass and gives the same sums."""
     tiles = fit_tiles[:max_tiles]
     if len(tiles) == 0:
         raise ValueError("no fit tiles to centre fidelity on")
+    if outputs is not None and len(outputs[0]) != len(tiles):
+        raise ValueError(f"outputs of {len(outputs[0])} tiles given for {len(tiles)} fit tiles")
     teacher.eval().to(device)
     emb_sum, layer_sum = None, None
     for i in range(0, len(tiles), batch_size):
-        outs = block_outputs(teacher, tiles_to_batch(transform, tiles[i : i + batch_size], device))
+        outs = (block_outputs(teacher, tiles_to_batch(transform, tiles[i : i + batch_size], device)) if outputs is None
+                else [o[i : i + batch_size].to(device) for o in outputs])
         emb = _embed(teacher, outs, num_prefix_tokens).double().sum(0)
         lay = torch.stack([o.double().sum(0) for o in outs])
         emb_sum = emb if emb_sum is None else emb_sum + emb
@@ -204,11 +211,17 @@ def fit_centre(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu",
     once per teacher cache on disk (:mod:`pathtwt.compress.teacher_cache`)."""
     from pathtwt.compress.teacher_cache import teacher_cache
 
+    from pathtwt.compress.teacher_cache import FIT_OUTPUTS_TILES, fit_layer_outputs
+
     store, key = calib.derived.teacher_centres, id(teacher.model)
     if key not in store:
         def compute() -> dict[str, Any]:
+            # a fit split no larger than auditioning's: the shared layer outputs hold it all
+            outputs = (fit_layer_outputs(teacher, calib, n_tiles=len(calib.fit), batch_size=batch_size)
+                       if len(calib.fit) <= min(FIT_OUTPUTS_TILES, MAX_MEAN_TILES) else None)
             c = teacher_centre(teacher.model, calib.fit, transform=teacher.transform,
-                               num_prefix_tokens=teacher.spec.num_prefix_tokens, device=device, batch_size=batch_size)
+                               num_prefix_tokens=teacher.spec.num_prefix_tokens, device=device, batch_size=batch_size,
+                               outputs=outputs)
             return {"embedding": c.embedding, "layers": c.layers, "n_tiles": c.n_tiles}
 
         value = teacher_cache(teacher, calib).get("centre", compute, batch_size=batch_size, max_tiles=MAX_MEAN_TILES)

@@ -132,10 +132,15 @@ def resolve_plan(teacher: "Backbone", calib: "CalibrationSet", options: Compress
     if options.depth is not None and not 1 <= options.depth <= num_layers:
         raise ConfigError(f"--depth {options.depth}: must be between 1 and the backbone's {num_layers} layers")
     from pathtwt.compress.partition import default_eps_grid, eps_sweep, partition_exact_k, partition_min_blocks
-    from pathtwt.compress.similarity import similarity_matrix
+    from pathtwt.compress.similarity import similarity_from_outputs, similarity_matrix
+    from pathtwt.compress.teacher_cache import FIT_OUTPUTS_TILES, fit_layer_outputs
 
-    S = similarity_matrix(teacher.model, teacher.transform, calib.fit, num_prefix_tokens=teacher.spec.num_prefix_tokens,
-                          tokens=options.tokens, batch_size=options.batch_size, device=options.device)
+    kw = dict(num_prefix_tokens=teacher.spec.num_prefix_tokens, tokens=options.tokens, batch_size=options.batch_size)
+    # a fit split no larger than auditioning's: from the teacher's shared layer outputs
+    outputs = (fit_layer_outputs(teacher, calib, n_tiles=len(calib.fit), batch_size=options.batch_size)
+               if len(calib.fit) <= FIT_OUTPUTS_TILES else None)
+    S = (similarity_matrix(teacher.model, teacher.transform, calib.fit, device=options.device, **kw) if outputs is None
+         else similarity_from_outputs(outputs[1:], **kw))
     part = partition_exact_k(S, options.depth) if options.depth is not None else partition_min_blocks(S, options.eps)
     grid = default_eps_grid(S)
     return {"eps": options.eps, "depth": options.depth, "num_layers": num_layers, **part.to_dict(),
@@ -167,11 +172,16 @@ def distill_student(student: "nn.Module", teacher: "Backbone", calib: "Calibrati
 
     from pathtwt.compress.distill import distill
 
+    from pathtwt.compress.teacher_cache import kept_fit_outputs
+
     dopts = distill_options(options)
     if steps is not None:
         dopts = dataclasses.replace(dopts, steps=int(steps), epochs=None)
+    # the teacher's outputs of the first fit tiles, when this job already has them in the
+    # loop's batches (auditioning computed them): the loss normalisation reads them
+    outputs = kept_fit_outputs(teacher, calib, batch_size=dopts.batch_size) if calib.training is None else None
     return distill(student, teacher.model, calib.training_tiles(), transform=teacher.transform, objective=objective,
-                   options=dopts, description=description)
+                   options=dopts, description=description, teacher_outputs=outputs)
 
 
 def distillation_record(run: "DistillResult | None", calib: "CalibrationSet", earlier_steps: int = 0) -> dict[str, Any]:

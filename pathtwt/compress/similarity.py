@@ -90,6 +90,16 @@ def similarity_matrix(
     return acc.matrix()
 
 
+def similarity_from_outputs(outputs: Sequence[torch.Tensor], *, num_prefix_tokens: int, tokens: str = "all",
+                            batch_size: int = 32) -> np.ndarray:
+    """S from the L layer outputs (each (N, T, D)) of the tiles, summed in batches of
+    ``batch_size`` as :func:`similarity_matrix` sums them."""
+    acc = SimilarityAccumulator(len(outputs), tokens=tokens, num_prefix_tokens=num_prefix_tokens)
+    for i in range(0, len(outputs[0]), batch_size):
+        acc.update([o[i : i + batch_size] for o in outputs])
+    return acc.matrix()
+
+
 def save_similarity(directory: str | os.PathLike, S: np.ndarray) -> None:
     """``similarity.npy`` and ``similarity.csv`` (layers labelled 1..L)."""
     from pathlib import Path

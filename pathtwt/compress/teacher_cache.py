@@ -2,7 +2,9 @@
 calibration file, so that every compress job of the same teacher and tiles (the
 workflow's variants of a backbone, a rerun after a failure) computes it once.
 
-The values kept are those that depend on nothing but the teacher and the tiles: the
+The values kept are those that depend on nothing but the teacher and the tiles: every
+layer's output on the first fit tiles (:func:`fit_layer_outputs`: auditioning's teacher
+states, and the fit means and similarity matrix when the fit split is no larger), the
 teacher's fit means (:func:`pathtwt.compress.fidelity.fit_centre`) and the reference rows
 (teacher, constant, random-init architecture) on the report tiles
 (:func:`pathtwt.compress.fidelity.references`). A student's own numbers are never cached.
@@ -136,3 +138,52 @@ def teacher_cache(teacher: "Backbone", calib: "CalibrationSet") -> TeacherCache:
         base = {"teacher": teacher_identity(teacher), "tiles": _tiles_digest(calib) if directory is not None else None}
         store[key] = TeacherCache(directory, base)
     return store[key]
+
+
+# the first fit tiles whose layer outputs are shared: auditioning's fit tiles
+FIT_OUTPUTS_TILES = 128
+# the layer outputs of at most this many bytes are kept (ViT-S on 128 tiles: 0.6 GB;
+# H0-mini: 1.3 GB); a larger teacher makes each consumer run its own pass as before
+FIT_OUTPUTS_LIMIT = 2 * 2**30
+
+
+def fit_layer_outputs(teacher: "Backbone", calib: "CalibrationSet", *, n_tiles: int,
+                      batch_size: int) -> "list[torch.Tensor] | None":
+    """``[h_0, ..., h_L]``, each (n, T, D) float32 on CPU, of the first ``n`` =
+    min(``n_tiles``, fit) fit tiles, from one fp32 pass in batches of ``batch_size``
+    (the batches every consumer would run, so the values are the ones it would compute);
+    kept in the process and in the teacher cache. None when they would exceed
+    :data:`FIT_OUTPUTS_LIMIT`."""
+    import torch
+
+    from pathtwt.compress.intermediates import tiles_to_batch
+    from pathtwt.compress.student import block_outputs
+
+    n = min(int(n_tiles), len(calib.fit))
+    model = teacher.model
+    spec = teacher.spec
+    side = spec.input_size // int(model.patch_embed.patch_size[0])
+    tokens = side * side + spec.num_prefix_tokens
+    width = int(model.embed_dim)
+    if n == 0 or (len(model.blocks) + 1) * n * tokens * width * 4 > FIT_OUTPUTS_LIMIT:
+        return None
+    store, key = calib.derived.fit_outputs, (id(model), n, int(batch_size))
+    if key not in store:
+        @torch.no_grad()
+        def compute() -> list[torch.Tensor]:
+            model.eval()
+            parts: list[list[torch.Tensor]] = []
+            for i in range(0, n, batch_size):
+                x = tiles_to_batch(teacher.transform, calib.fit[i : min(n, i + batch_size)], teacher.device)
+                parts.append([o.float().cpu() for o in block_outputs(model, x)])
+            return [torch.cat(col) for col in zip(*parts)]
+
+        store[key] = teacher_cache(teacher, calib).get("fit-outputs", compute, n_tiles=n, batch_size=int(batch_size))
+    return store[key]
+
+
+def kept_fit_outputs(teacher: "Backbone", calib: "CalibrationSet", *, batch_size: int) -> "list[torch.Tensor] | None":
+    """The layer outputs :func:`fit_layer_outputs` already holds in this process for
+    ``teacher`` in batches of ``batch_size`` (the most tiles), else None: nothing is computed."""
+    kept = [(n, v) for (model, n, b), v in calib.derived.fit_outputs.items() if model == id(teacher.model) and b == int(batch_size)]
+    return max(kept, key=lambda nv: nv[0])[1] if kept else None

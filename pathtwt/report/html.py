@@ -209,9 +209,15 @@ def _table_html(header: list[str], body: list[list[str]], css: str = "", referen
     """``references``: indices of rows drawn as reference rows (muted); ``flagged``: (row,
     column) of cells drawn as warnings."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+
+    def cell(text: str) -> str:
+        # the interval on its own line under "mean ± std": an 18-column MIL table then fits
+        # a laptop screen instead of hiding its external cohorts behind a scrollbar
+        return html.escape(text).replace(" [", "<br>[")
+
     rows = "".join(
         ("<tr class='reference'>" if i in references else "<tr>")
-        + "".join(("<td class='flag'>" if (i, j) in flagged else "<td>") + f"{html.escape(c)}</td>"
+        + "".join(("<td class='flag'>" if (i, j) in flagged else "<td>") + f"{cell(c)}</td>"
                   for j, c in enumerate(cells)) + "</tr>"
         for i, cells in enumerate(body)
     )
