@@ -45,8 +45,8 @@ T = TypeVar("T")
 
 def _tiles_digest(calib: "CalibrationSet") -> str:
     h = hashlib.sha256()
-    for name in ("fit", "select", "report"):
-        part = np.ascontiguousarray(getattr(calib, name))
+    for name, tiles in (("fit", calib.fit), ("select", calib.select), ("report", calib.report)):
+        part = np.ascontiguousarray(tiles)
         h.update(f"{name}:{part.shape}:{part.dtype};".encode())
         h.update(memoryview(part).cast("B"))
     return h.hexdigest()
