@@ -328,3 +328,12 @@ def test_distilled_precision_is_what_the_loop_trained_in(tmp_path):
     assert distill_precision(tmp_path, "b", "v") == "fp32"
     (folder / "model.json").write_text(json.dumps({**asked, "distillation": {"precision": None}}))
     assert distill_precision(tmp_path, "b", "v") == "-"  # a method that did not train
+
+
+def test_html_mil_cells_put_the_interval_under_the_mean_and_markdown_keeps_one_line(report):
+    header, body = _body(report[1])
+    cell = dict(zip(header, body[0]))["QWK internal test [95% CI]"]
+    mean, _, interval = cell.partition(" [")
+    assert interval and "<br>" not in cell  # Markdown: one line
+    page = (report[1] / "index.html").read_text()
+    assert f"{mean}<br>[{interval}" in page and f"{mean} [{interval}" not in page

@@ -211,9 +211,9 @@ def _table_html(header: list[str], body: list[list[str]], css: str = "", referen
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
 
     def cell(text: str) -> str:
-        # the interval on its own line under "mean ± std": an 18-column MIL table then fits
-        # a laptop screen instead of hiding its external cohorts behind a scrollbar
-        return html.escape(text).replace(" [", "<br>[")
+        # MIL cells: the interval on its own line under "mean ± std", so the 18-column
+        # table hides less of its external cohorts behind the scrollbar
+        return html.escape(text).replace(" [", "<br>[") if css == "mil" else html.escape(text)
 
     rows = "".join(
         ("<tr class='reference'>" if i in references else "<tr>")
