@@ -22,6 +22,7 @@ from pathtwt.compress.fidelity import (constant_fidelity, linear_cka, measure, r
                                        references, teacher_centre)
 from pathtwt.compress.pipeline import CompressOptions
 from pathtwt.models.registry import create_backbone
+from tiny_teacher import tiny_teacher
 
 
 def _tiles(n: int, seed: int) -> np.ndarray:
@@ -34,13 +35,7 @@ def _tiles(n: int, seed: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def teacher():
-    bb = create_backbone("vit-s14-tiny", pretrained=False, init_seed=5)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():  # random init leaves LayerScale at 1e-5: give every branch weight
-        for blk in bb.model.blocks:
-            for ls in (blk.ls1, blk.ls2):
-                ls.gamma.copy_(torch.rand(ls.gamma.shape, generator=g) * 0.8 + 0.2)
-    return bb
+    return tiny_teacher(5)
 
 
 def _calib(report: np.ndarray | None = None, select: np.ndarray | None = None) -> CalibrationSet:

@@ -28,6 +28,7 @@ from pathtwt.compress.intermediates import iter_layer_outputs
 from pathtwt.compress.pipeline import CompressOptions
 from pathtwt.compress.registry import get_method
 from pathtwt.errors import ConfigError, PathtwtError, WeightsError
+from tiny_teacher import tiny_teacher
 
 D, TOKENS, L = 64, 17, 12  # vit-s14-tiny: width 64, CLS + 16 patches, 12 layers
 
@@ -38,13 +39,7 @@ def _tiles(n: int, seed: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def teacher():
-    bb = create_backbone("vit-s14-tiny", pretrained=False, init_seed=7)
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():  # random init leaves LayerScale at 1e-5: give every branch weight
-        for blk in bb.model.blocks:
-            for ls in (blk.ls1, blk.ls2):
-                ls.gamma.copy_(torch.rand(ls.gamma.shape, generator=g) * 0.8 + 0.2)
-    return bb
+    return tiny_teacher(7)
 
 
 @pytest.fixture(scope="module")
