@@ -11,7 +11,7 @@ it). The phases are pathtwt's own functions, wrapped with a timer; a phase's tim
 exclusive of the phases called inside it (the distillation loop's time excludes the
 teacher-target pass and the loss normalisation it starts), so the rows add up to the job's
 wall time, with "other" the rest (argument parsing, teacher build, student stitching).
-"Training steps" is the optimiser loop; the issue's target is everything else <= 30 % of a
+"Training steps" is the optimiser loop; the target is everything else <= 30 % of a
 demo job. The process start-up (interpreter, torch and timm imports) is measured once in a
 fresh interpreter and printed beside the table: every workflow job pays it.
 """

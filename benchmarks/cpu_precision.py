@@ -21,7 +21,7 @@ so a drifting load on a shared machine favours no variant:
   cast once; bf16 autocast with explicit attention in teacher and student. FLOPs: teacher forward + 3 x student forward (``pathtwt.models.flops``).
 
 Each figure is GFLOP/s = 2 x MACs x tiles/s, and its fraction of the fp32 and of the bf16
-``mm`` peak. The targets of the issue this answers: bf16 extraction >= 0.8 of the bf16 peak,
+``mm`` peak. The targets: bf16 extraction >= 0.8 of the bf16 peak,
 fp32 extraction >= 0.9 of the fp32 peak, a train step >= 0.6 of the fp32 peak in fp32 and
 >= 1.5x that in bf16.
 """
