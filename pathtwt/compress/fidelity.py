@@ -209,16 +209,14 @@ def random_init_model(spec: BackboneSpec, seed: int = 0) -> nn.Module:
 def fit_centre(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu", batch_size: int = 32) -> TeacherCentre:
     """The teacher's fit means for this calibration set, computed once per process and
     once per teacher cache on disk (:mod:`pathtwt.compress.teacher_cache`)."""
-    from pathtwt.compress.teacher_cache import teacher_cache
-
-    from pathtwt.compress.teacher_cache import FIT_OUTPUTS_TILES, fit_layer_outputs
+    from pathtwt.compress.teacher_cache import teacher_cache, whole_fit_outputs
 
     store, key = calib.derived.teacher_centres, id(teacher.model)
     if key not in store:
         def compute() -> dict[str, Any]:
-            # a fit split no larger than auditioning's: the shared layer outputs hold it all
-            outputs = (fit_layer_outputs(teacher, calib, n_tiles=len(calib.fit), batch_size=batch_size)
-                       if len(calib.fit) <= min(FIT_OUTPUTS_TILES, MAX_MEAN_TILES) else None)
+            # the shared layer outputs when they hold the whole fit split (and so exactly the
+            # tiles the centre averages, the split being within MAX_MEAN_TILES too)
+            outputs = whole_fit_outputs(teacher, calib, batch_size=batch_size) if len(calib.fit) <= MAX_MEAN_TILES else None
             c = teacher_centre(teacher.model, calib.fit, transform=teacher.transform,
                                num_prefix_tokens=teacher.spec.num_prefix_tokens, device=device, batch_size=batch_size,
                                outputs=outputs)

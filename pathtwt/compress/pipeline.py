@@ -133,12 +133,11 @@ def resolve_plan(teacher: "Backbone", calib: "CalibrationSet", options: Compress
         raise ConfigError(f"--depth {options.depth}: must be between 1 and the backbone's {num_layers} layers")
     from pathtwt.compress.partition import default_eps_grid, eps_sweep, partition_exact_k, partition_min_blocks
     from pathtwt.compress.similarity import similarity_from_outputs, similarity_matrix
-    from pathtwt.compress.teacher_cache import FIT_OUTPUTS_TILES, fit_layer_outputs
+    from pathtwt.compress.teacher_cache import whole_fit_outputs
 
     kw = dict(num_prefix_tokens=teacher.spec.num_prefix_tokens, tokens=options.tokens, batch_size=options.batch_size)
-    # a fit split no larger than auditioning's: from the teacher's shared layer outputs
-    outputs = (fit_layer_outputs(teacher, calib, n_tiles=len(calib.fit), batch_size=options.batch_size)
-               if len(calib.fit) <= FIT_OUTPUTS_TILES else None)
+    # from the teacher's shared layer outputs when they hold the whole fit split
+    outputs = whole_fit_outputs(teacher, calib, batch_size=options.batch_size)
     S = (similarity_matrix(teacher.model, teacher.transform, calib.fit, device=options.device, **kw) if outputs is None
          else similarity_from_outputs(outputs[1:], **kw))
     part = partition_exact_k(S, options.depth) if options.depth is not None else partition_min_blocks(S, options.eps)

@@ -182,6 +182,15 @@ def fit_layer_outputs(teacher: "Backbone", calib: "CalibrationSet", *, n_tiles: 
     return store[key]
 
 
+def whole_fit_outputs(teacher: "Backbone", calib: "CalibrationSet", *, batch_size: int) -> "list[torch.Tensor] | None":
+    """:func:`fit_layer_outputs` of every fit tile, for a consumer that reads the whole fit
+    split (the fit means, the similarity matrix); None when the split is larger than the
+    shared :data:`FIT_OUTPUTS_TILES` (the consumer then runs its own pass)."""
+    if len(calib.fit) > FIT_OUTPUTS_TILES:
+        return None
+    return fit_layer_outputs(teacher, calib, n_tiles=len(calib.fit), batch_size=batch_size)
+
+
 def kept_fit_outputs(teacher: "Backbone", calib: "CalibrationSet", *, batch_size: int) -> "list[torch.Tensor] | None":
     """The layer outputs :func:`fit_layer_outputs` already holds in this process for
     ``teacher`` in batches of ``batch_size`` (the most tiles), else None: nothing is computed."""
