@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-import json
 import shlex
 import subprocess
 import sys
@@ -167,7 +166,9 @@ def main() -> int:
     print(f"jobs together {total:.1f} s; each workflow job also pays a process start-up of {startup:.1f} s "
           f"(interpreter, torch, timm) measured in a fresh interpreter")
     if args.json:
-        args.json.write_text(json.dumps({"jobs": results, "startup_s": startup}, indent=2))
+        from pathtwt.io.atomic import write_json_atomic
+
+        write_json_atomic(args.json, {"jobs": results, "startup_s": startup})
     return 0
 
 

@@ -11,7 +11,6 @@ side overlap, so the sums add up to more than the wall time on a machine with sp
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from datetime import datetime
@@ -74,7 +73,9 @@ def main() -> int:
     for rule, times in sorted(per_rule.items(), key=lambda kv: -sum(kv[1])):
         print(f"| {rule} | {len(times)} | {sum(times):.0f} | {max(times):.0f} | {sum(times) / total:.0%} |")
     if args.json:
-        args.json.write_text(json.dumps({"log": str(path), "wall_s": wall, "rules": per_rule}, indent=2))
+        from pathtwt.io.atomic import write_json_atomic
+
+        write_json_atomic(args.json, {"log": str(path), "wall_s": wall, "rules": per_rule})
     return 0
 
 
