@@ -36,6 +36,28 @@ def test_prepare_splits_and_lazy_bags(cohort):
     assert rows == sorted(rows) and (coords[rows] == sub_coords).all()
 
 
+def test_bags_read_once_then_from_memory_give_the_same_rows(cohort, monkeypatch):
+    import pathtwt.mil.data as mil_data
+
+    monkeypatch.setattr(mil_data, "_bag_cache", {})
+    bag = _prepare(cohort).train.bags[0]
+    subset_from_file = load_bag(bag, max_instances=3, rng=np.random.default_rng(5))
+    first = load_bag(bag)  # read from the file and kept
+    assert len(mil_data._bag_cache) == 1 and not first[0].flags.writeable
+    again = load_bag(bag)
+    assert again[0] is first[0]  # not read again
+    subset_from_memory = load_bag(bag, max_instances=3, rng=np.random.default_rng(5))
+    for a, b in zip(subset_from_file, subset_from_memory):
+        np.testing.assert_array_equal(a, b)
+    # a rewritten file is read anew, not served from memory
+    write_features(bag.path, np.full((2, 8), 7.0, np.float32), np.zeros((2, 2), np.int64), {})
+    assert (load_bag(bag)[0] == 7.0).all()
+    # over the budget nothing more is kept, and reads still work
+    monkeypatch.setattr(mil_data, "BAG_CACHE_BYTES", 0)
+    mil_data._bag_cache.clear()
+    assert load_bag(bag)[0].shape == (2, 8) and not mil_data._bag_cache
+
+
 def test_missing_features_listed_or_skipped_with_count(cohort):
     (cohort.features_dir / "train-001.h5").unlink()
     (cohort.features_dir / "val-000.h5").unlink()

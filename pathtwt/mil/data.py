@@ -1,8 +1,10 @@
 """Bags of tile features: one ``{slide_id}.h5`` per slide in a features folder (datasets
 ``features`` (N, D), ``coords`` (N, 2), attr ``status``) matched against a label table.
 
-Only shapes and attributes are held in memory; a bag's features are read from HDF5 when
-it is used, so cohorts of 50,000-tile slides never need to fit in memory at once. Every
+Only shapes and attributes are held in memory up front; a bag's features are read from
+HDF5 when it is first used and kept while all kept bags stay under ``BAG_CACHE_BYTES``, so
+small bags (a few hundred tiles, read every epoch) are read once per run, and cohorts of
+50,000-tile slides never need to fit in memory at once. Every
 inconsistency between table and folder is an error that lists the slides concerned;
 ``allow_missing`` turns the missing/unlisted cases into counted skips instead."""
 
@@ -21,6 +23,10 @@ from pathtwt.mil.labels import slide_listing
 
 SPLITS = ("train", "val", "test")
 SCAN_ROWS = 8192  # rows per read when scanning for NaN/inf: bounded memory per slide
+BAG_CACHE_BYTES = 1 << 30  # bags kept in memory after their first read, at most this much
+
+# (path, mtime_ns, size) -> (features, coords) of whole bags, filled first come first kept
+_bag_cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
 
 
 @dataclass(frozen=True)
@@ -153,19 +159,34 @@ def load_bag(
     """Read (features float32 (n, D), coords int64 (n, 2)) of one bag. With
     ``max_instances`` a random subset of that many tiles (kept in file order) is read;
     only training uses it."""
+    if max_instances is not None and rng is None:
+        raise ValueError("instance subsampling needs a random generator")
+    stat = os.stat(bag.path)
+    key = (str(bag.path), stat.st_mtime_ns, stat.st_size)
+    cached = _bag_cache.get(key)
+    if cached is not None:
+        features, coords = cached
+        n = len(features)
+        if max_instances is not None and n > max_instances:
+            # the same draw as from the file below: the same tiles in the same order
+            index = np.sort(rng.choice(n, size=max_instances, replace=False))
+            return features[index], coords[index]
+        return features, coords
     with h5py.File(bag.path, "r") as h5:
         feats = h5["features"]
         n = feats.shape[0]
         if max_instances is not None and n > max_instances:
-            if rng is None:
-                raise ValueError("instance subsampling needs a random generator")
             index = np.sort(rng.choice(n, size=max_instances, replace=False))
             features = feats[index]
             coords = h5["coords"][index] if "coords" in h5 else np.zeros((len(index), 2), np.int64)
-        else:
-            features = feats[()]
-            coords = h5["coords"][()] if "coords" in h5 else np.zeros((n, 2), np.int64)
-    return np.asarray(features, dtype=np.float32), np.asarray(coords, dtype=np.int64).reshape(-1, 2)
+            return np.asarray(features, dtype=np.float32), np.asarray(coords, dtype=np.int64).reshape(-1, 2)
+        features = np.asarray(feats[()], dtype=np.float32)
+        coords = np.asarray(h5["coords"][()] if "coords" in h5 else np.zeros((n, 2), np.int64), dtype=np.int64).reshape(-1, 2)
+    if sum(f.nbytes + c.nbytes for f, c in _bag_cache.values()) + features.nbytes + coords.nbytes <= BAG_CACHE_BYTES:
+        features.flags.writeable = False  # shared by every later read of this bag
+        coords.flags.writeable = False
+        _bag_cache[key] = (features, coords)
+    return features, coords
 
 
 def check_labels(cohorts: list[Cohort], n_classes: int, *, where: str) -> None:

@@ -43,7 +43,8 @@ class FeatureStandardizer(nn.Module):
         """Set the statistics from an iterable of (N, D) arrays or tensors."""
         total, total_sq, count = None, None, 0
         for bag in bags:
-            x = torch.as_tensor(bag, dtype=torch.float64).reshape(-1, self.mean.shape[0])
+            # a copy: cached bags are read-only arrays, which torch would only share with a warning
+            x = (bag if isinstance(bag, torch.Tensor) else torch.tensor(bag)).to(torch.float64).reshape(-1, self.mean.shape[0])
             total = x.sum(0) if total is None else total + x.sum(0)
             total_sq = (x * x).sum(0) if total_sq is None else total_sq + (x * x).sum(0)
             count += x.shape[0]

@@ -112,7 +112,7 @@ def train_epoch(
         bag = cohort.bags[index]
         features, _ = load_bag(bag, max_instances=config.max_instances, rng=subsample_rng)
         target = torch.tensor([bag.label], device=device)
-        logits, _ = model(torch.from_numpy(features).to(device))
+        logits, _ = model(torch.tensor(features, device=device))
         loss = F.cross_entropy(logits, target) * (weights[bag.label] if config.class_weighted else 1.0)
         if not torch.isfinite(loss):
             raise NumericsError(
@@ -140,7 +140,7 @@ def evaluate(model: torch.nn.Module, cohort: Cohort, *, n_classes: int, device: 
     attention = [] if keep_attention else None
     for i, bag in enumerate(cohort.bags):
         features, coords = load_bag(bag)
-        logits, scores = model(torch.from_numpy(features).to(device))
+        logits, scores = model(torch.tensor(features, device=device))
         probs[i] = torch.softmax(logits.double(), dim=-1)[0].cpu().numpy()
         if attention is not None:
             attention.append((scores.float().cpu().numpy(), coords))

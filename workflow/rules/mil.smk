@@ -23,7 +23,7 @@ rule train_mil:
     # (`group-components: train_mil=N` in the profiles), one after the other on one GPU
     group:
         "train_mil"
-    threads: 2
+    threads: config["mil"]["threads"]
     resources:
         mem_mb=8000,
         runtime=120,
