@@ -60,6 +60,26 @@ def _keep_cpu_stages_off_gpus():
 
 _keep_cpu_stages_off_gpus()
 
+
+def wake_local_scheduler_on_job_events_only():
+    """Snakemake's job rate limit (`--max-jobs-per-timespan`, 100/1s by default) wakes its
+    scheduler every second for as long as any job runs; each wake-up re-evaluates every
+    ready job and stats all its input files. With ready jobs of 200 inputs each (a
+    cohort's extraction waiting for the cores) that held half a core of a 2-core machine.
+    A local run is bounded by its cores, not by a submission rate, so with the default
+    limit it schedules on job events only (a job started or finished). An explicit
+    `--max-jobs-per-timespan`, and every cluster executor, keep the limit."""
+    scheduler = getattr(workflow, "scheduler", None)
+    limiter = getattr(scheduler, "job_rate_limiter", None)
+    if limiter is None or not workflow.local_exec:
+        return
+    if (limiter.max_jobs, limiter.timespan) == (100, 1):  # Snakemake's default: not chosen by the user
+        scheduler.job_rate_limiter = None
+
+
+onstart:
+    wake_local_scheduler_on_job_events_only()
+
 # The jobs' environment under --use-conda (relative to workflow/rules/, where the rules are).
 CONDA_ENV = f"../envs/{config['conda_env']}.yaml"
 
