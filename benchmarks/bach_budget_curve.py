@@ -37,7 +37,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -201,12 +200,15 @@ def build_student(method: str, teacher, data: Data, seed: int, depth: int = 6):
     from pathtwt.compress.methods.truncation import truncated_student
     from pathtwt.compress.pipeline import CompressOptions, resolve_plan
     from pathtwt.compress.student import add_branch_scales
-    from pathtwt.compress.twt import build_twt_student
+    from pathtwt.compress.methods.twt import build_twt_student
 
     if method == "truncation":
         return truncated_student(teacher, depth), DeepSupervision(None), None
     if "twt" not in _STUDENTS:  # discovery and audition once per process
-        calib = SimpleNamespace(fit=data.training(64, seed), choosing_tiles=lambda: data.val_middle, cache={})
+        from pathtwt.compress.calibration import CalibrationSet
+
+        # discovery on 64 training tiles; the auditions choose on the validation images
+        calib = CalibrationSet(fit=data.training(64, seed), select=data.val_middle, report=data.val_middle[:0], patch_size=TILE)
         opts = CompressOptions(out=Path("."), depth=depth, audition_steps=0, batch_size=16, seed=seed, device="cpu")
         plan = resolve_plan(teacher, calib, opts)
         student, _ = build_twt_student(teacher, calib, plan, opts)
@@ -241,10 +243,10 @@ def _memoise_targets() -> None:
             _MEMO[key] = cls([full.tensors[-1]]) if not boundaries and full is not None else build(cls, teacher, tiles, **kw)
         return _MEMO[key]
 
-    def cached_norm(objective, teacher, source, transform, options):
+    def cached_norm(objective, teacher, source, transform, options, teacher_outputs=None):
         key = ("norm", _MEMO["tiles"], tuple(objective.boundaries or ()), options.loss_norm)
         if key not in _MEMO:
-            _MEMO[key] = norm(objective, teacher, source, transform, options)
+            _MEMO[key] = norm(objective, teacher, source, transform, options, teacher_outputs)
         return _MEMO[key]
 
     d.TargetCache.build = classmethod(cached_build)

@@ -135,6 +135,27 @@ def test_an_external_cohort_drops_in_by_yaml_alone(bach, tmp_path):
         assert f.attrs["reader"] == "image" and len(f["coords"]) > 10
 
 
+def test_a_local_run_schedules_on_job_events_not_every_second(bach, tmp_path):
+    """Snakemake's default job rate limit re-evaluates every ready job once a second while
+    any job runs (workflow/rules/common.smk); a local run drops it and schedules when a
+    job starts or ends, while an explicit --max-jobs-per-timespan is kept."""
+    cfg_path = tmp_path / "bach.yaml"
+    cfg_path.write_text(yaml.safe_dump(bach_config(bach)))
+    sids = sorted(p.stem for p in (bach / "images").iterdir())[:4]
+
+    def rounds(workdir: Path, *extra: str) -> int:
+        tiles = [f"results/tiles/bach/{sid}.h5" for sid in sids]
+        res = snakemake(workdir, *tiles, "--cores", "1", "--verbose", "--configfile", str(cfg_path), *extra)
+        assert all((workdir / t).exists() for t in tiles)
+        return (res.stdout + res.stderr).count("Ready jobs:")
+
+    on_events = rounds(tmp_path / "default")
+    # each tile job is a new process that imports pathtwt: over a second, so a one-second
+    # limit adds rounds while the four jobs run one after the other
+    every_second = rounds(tmp_path / "explicit", "--max-jobs-per-timespan", "1000/1s")
+    assert on_events <= len(sids) + 2 < every_second
+
+
 # ---- bad input: one line naming the file or key, before any job ----------------------
 
 

@@ -170,3 +170,21 @@ def test_bootstrap_interval_is_seeded_and_brackets_the_seed_mean():
     assert lo < 0.8 < hi and 0.5 < lo and hi <= 1.0
     # a cohort whose metric is never defined (QWK with one class in truth and prediction)
     assert all(np.isnan(bootstrap_interval(np.zeros(5, int), [np.zeros(5, int)], "qwk", 2)))
+
+
+def test_paired_difference_interval_resolves_what_overlapping_intervals_do_not():
+    from pathtwt.mil.metrics import bootstrap_difference_interval, bootstrap_interval
+
+    y = np.array([0] * 10 + [1] * 10)
+    # the same run against itself: every resample gives a difference of exactly 0
+    run = [np.where(np.arange(20) % 4 == 0, 1 - y, y)]  # 75 % right
+    assert bootstrap_difference_interval(y, run, run, "accuracy", 2) == (0.0, 0.0)
+    # right on 4 more slides than the reference, wrong nowhere the reference is right
+    better = [np.where(np.arange(20) % 4 == 0, 1 - y, y)]
+    better[0][[0, 4, 12, 16]] = y[[0, 4, 12, 16]]  # all four were wrong in the reference
+    a, b = bootstrap_interval(y, better, "accuracy", 2), bootstrap_interval(y, run, "accuracy", 2)
+    assert a[0] < b[1]  # the two rows' own intervals overlap...
+    lo, hi = bootstrap_difference_interval(y, better, run, "accuracy", 2)
+    assert 0.0 < lo <= 0.2 <= hi  # ...while the paired one excludes 0 and holds the difference
+    assert (lo, hi) == bootstrap_difference_interval(y, better, run, "accuracy", 2)  # seeded
+    assert all(np.isnan(bootstrap_difference_interval(y, [], run, "accuracy", 2)))

@@ -1,6 +1,6 @@
-"""The README's BACH tables are the ones the study wrote: `benchmarks/results/bach_quick/`
+"""The README's BACH tables are the ones the study wrote: `benchmarks/results/bach/`
 holds the run's own `tables.md` (copied from `results/report/tables.md` of
-`snakemake --cores all --configfile config/bach-quick.yaml`), and every table row of it
+`snakemake --cores all --configfile config/bach.yaml`), and every table row of it
 stands in the README's BACH section as it is."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RUN_TABLES = REPO / "benchmarks" / "results" / "bach_quick" / "tables.md"
+RUN_TABLES = REPO / "benchmarks" / "results" / "bach" / "tables.md"
 
 
 def _table_rows(text: str) -> list[str]:

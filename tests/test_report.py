@@ -143,6 +143,11 @@ def test_report_tables_hold_mean_std_delta_and_cost(report):
         assert r["test_n_slides"] == "8.0" and r["grading-external_n_slides"] == "6.0"
         base_tests = QWK[("uncompressed", key[1])][0]
         assert float(r["test_qwk_delta"]) == pytest.approx(np.mean(tests) - np.mean(base_tests))
+        lo, hi = float(r["test_qwk_delta_ci95_low"]), float(r["test_qwk_delta_ci95_high"])
+        if key[0] == "uncompressed":
+            assert np.isnan(lo) and np.isnan(hi)  # no difference of the teacher with itself
+        else:  # paired over the same slides, from the runs' predictions.csv
+            assert lo <= hi and lo < 0.5 and hi > -0.5
     assert "val_qwk_mean" not in rows[("twt-6", "abmil")]  # validation is not a reported cohort
     assert rows[("twt-6", "abmil")]["params"] == "1234567"
     # the uncompressed teacher and the random-init backbone are counted on the architecture
@@ -156,7 +161,7 @@ def test_report_tables_hold_mean_std_delta_and_cost(report):
 
     md = (out / "grading.md").read_text()
     assert "0.820 ± 0.020 [" in md  # uncompressed ABMIL internal test, with its interval
-    assert "-0.020" in md  # twt-6 ABMIL delta on the internal test
+    assert "-0.020 [" in md  # twt-6 ABMIL delta on the internal test, with its paired interval
     assert "2.50" in md  # GMACs of twt-6
 
     page = (out / "index.html").read_text()

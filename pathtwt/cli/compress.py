@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from pathtwt.compress.calibration import load_calibration
     from pathtwt.compress.pipeline import CompressOptions
-    from pathtwt.compress.registry import get_method
+    from pathtwt.compress.registry import CLOSED_FORM, get_method
     from pathtwt.cli.options import show_progress
     from pathtwt.models.registry import create_backbone
     from pathtwt.devices import resolve_device
@@ -172,7 +172,7 @@ def _run(args: argparse.Namespace) -> int:
         progress=show_progress(args), extra=extra,
         command=[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if not k.startswith("_") and v is not None],
     )
-    if is_writer():
+    if is_writer() and args.method not in CLOSED_FORM:
         from pathtwt.compress.distill import plan_summary
         from pathtwt.compress.pipeline import distill_options
 

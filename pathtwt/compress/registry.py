@@ -26,6 +26,9 @@ METHODS: dict[str, str] = {
     "subset": "pathtwt.compress.methods.subset:compress",
 }
 
+# fitted in closed form, never distilled: no training budget to announce
+CLOSED_FORM = frozenset({"linear"})
+
 
 def known_methods() -> list[str]:
     return sorted(METHODS)

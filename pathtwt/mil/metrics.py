@@ -141,18 +141,41 @@ def bootstrap_interval(
     aligned with ``y_true``; every resample scores all seeds on the same slides, so the
     interval is the slide-sampling uncertainty of the seed-mean in the table. Resamples
     where the metric is undefined are left out; (NaN, NaN) when none is defined."""
+    return _percentile_interval(y_true, [predictions], metric, n_classes, n_boot=n_boot, seed=seed, level=level)
+
+
+def bootstrap_difference_interval(
+    y_true, predictions: list[np.ndarray], reference: list[np.ndarray], metric: str, n_classes: int, *,
+    n_boot: int = 1000, seed: int = 0, level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval of (seed-mean of ``predictions``) - (seed-mean of ``reference``),
+    both scored on the same resampled slides (paired). Two rows whose own intervals
+    overlap can still differ beyond slide sampling: the paired interval is what says
+    whether these slides resolve the difference (it excludes 0) or not."""
+    return _percentile_interval(y_true, [predictions, reference], metric, n_classes, n_boot=n_boot, seed=seed,
+                                level=level)
+
+
+def _percentile_interval(y_true, prediction_sets: list[list[np.ndarray]], metric: str, n_classes: int, *,
+                         n_boot: int, seed: int, level: float) -> tuple[float, float]:
+    """The interval of the seed-mean of one set, or of the first set's minus the second's,
+    over class-stratified resamples of the slides (the same resamples for every seed and
+    set, so the sets are compared on the same slides)."""
     y_true = np.asarray(y_true, dtype=np.int64)
-    preds = [np.asarray(p, dtype=np.int64) for p in predictions]
-    if len(y_true) == 0 or not preds:
+    sets = [[np.asarray(p, dtype=np.int64) for p in preds] for preds in prediction_sets]
+    if len(y_true) == 0 or not all(sets):
         return math.nan, math.nan
     rng = np.random.default_rng(seed)
     groups = [np.flatnonzero(y_true == c) for c in np.unique(y_true)]
     values = []
     for _ in range(n_boot):
         idx = np.concatenate([rng.choice(g, size=len(g), replace=True) for g in groups])
-        scores = [_fast_metric(metric, y_true[idx], p[idx], n_classes) for p in preds]
-        if not any(math.isnan(s) for s in scores):
-            values.append(sum(scores) / len(scores))
+        means = []
+        for preds in sets:
+            scores = [_fast_metric(metric, y_true[idx], p[idx], n_classes) for p in preds]
+            means.append(math.nan if any(math.isnan(s) for s in scores) else sum(scores) / len(scores))
+        if not any(math.isnan(m) for m in means):
+            values.append(means[0] - means[1] if len(means) == 2 else means[0])
     if not values:
         return math.nan, math.nan
     tail = 100.0 * (1.0 - level) / 2.0

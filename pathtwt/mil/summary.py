@@ -125,18 +125,41 @@ def pooled_interval(per_seed: list[dict[str, np.ndarray]], metric: str, n_classe
     missing from some seed are left out."""
     from pathtwt.mil.metrics import bootstrap_interval
 
-    if not per_seed:
+    aligned = _aligned(per_seed)
+    if aligned is None:
         return float("nan"), float("nan")
-    common = set(per_seed[0]["slide_id"])
-    for p in per_seed[1:]:
+    y_true, preds = aligned
+    return bootstrap_interval(y_true, preds[0], metric, n_classes, n_boot=n_boot, seed=seed)
+
+
+def pooled_difference_interval(per_seed: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]],
+                               metric: str, n_classes: int, *, n_boot: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """Paired bootstrap 95 % interval of (seed-mean ``metric`` of ``per_seed``) minus that of
+    ``reference`` on one cohort, both scored on the same resampled slides (those every seed
+    of both predicted)."""
+    from pathtwt.mil.metrics import bootstrap_difference_interval
+
+    aligned = _aligned(per_seed, reference)
+    if aligned is None:
+        return float("nan"), float("nan")
+    y_true, (preds, ref) = aligned
+    return bootstrap_difference_interval(y_true, preds, ref, metric, n_classes, n_boot=n_boot, seed=seed)
+
+
+def _aligned(*groups: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[list[np.ndarray]]] | None:
+    """The labels and each group's per-seed predictions on the slides all of them hold, in
+    slide-id order; None when a group is empty or no slide is common."""
+    if not groups or not all(groups):
+        return None
+    runs = [p for group in groups for p in group]
+    common = set(runs[0]["slide_id"])
+    for p in runs[1:]:
         common &= set(p["slide_id"])
     order = sorted(common)
     if not order:
-        return float("nan"), float("nan")
-    aligned = []
-    for p in per_seed:
+        return None
+
+    def pick(p: dict[str, np.ndarray], key: str) -> np.ndarray:
         pos = {s: i for i, s in enumerate(p["slide_id"])}
-        aligned.append(np.array([pos[s] for s in order]))
-    y_true = per_seed[0]["label"][aligned[0]]
-    preds = [p["prediction"][a] for p, a in zip(per_seed, aligned)]
-    return bootstrap_interval(y_true, preds, metric, n_classes, n_boot=n_boot, seed=seed)
+        return p[key][np.array([pos[s] for s in order])]
+    return pick(runs[0], "label"), [[pick(p, "prediction") for p in group] for group in groups]

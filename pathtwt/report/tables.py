@@ -87,6 +87,8 @@ class Row:
     role: str = "variant"  # "teacher", "variant", "random-init" or "chance"
     # cohort -> bootstrap 95 % interval of the headline metric's seed-mean
     ci: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # cohort -> paired bootstrap 95 % interval of the delta (same resampled slides as the teacher's row)
+    delta_ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     # cohort -> (runs that predicted one class for every slide, runs with predictions)
     single_class: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -212,7 +214,7 @@ def task_table(
     """Rows of one task (the chance row last), the cohorts evaluated (internal test first)
     and the metrics shown."""
     from pathtwt.mil.metrics import BOOTSTRAP_METRICS, chance_metrics
-    from pathtwt.mil.summary import pooled_interval, read_predictions
+    from pathtwt.mil.summary import pooled_difference_interval, pooled_interval, read_predictions
 
     runs = [r for r in runs if r.task == task]
     cost_cache = {} if cost_cache is None else cost_cache
@@ -223,6 +225,7 @@ def task_table(
         groups.setdefault((r.backbone, r.variant, r.head), []).append(r)
     rows = []
     labels: dict[str, np.ndarray] = {}
+    predictions: dict[tuple[str, str, str, str], list[dict[str, np.ndarray]]] = {}  # (backbone, variant, head, cohort)
     n_classes = next((r.n_classes for r in runs if r.n_classes), None)
     for (backbone, variant, head), members in groups.items():
         members.sort(key=lambda r: r.seed)
@@ -239,6 +242,7 @@ def task_table(
             sizes = [int(r.cohorts[cohort]["n_slides"]) for r in members if r.cohorts.get(cohort, {}).get("n_slides") is not None]
             row.values[cohort, "n_slides"] = (float(max(sizes)), math.nan, len(sizes)) if sizes else (math.nan, math.nan, 0)
             per_seed = [p[cohort] for p in preds if cohort in p]
+            predictions[backbone, variant, head, cohort] = per_seed
             if per_seed:
                 labels.setdefault(cohort, per_seed[0]["label"])
                 row.single_class[cohort] = (sum(len(np.unique(p["prediction"])) == 1 and len(p["prediction"]) > 1
@@ -253,6 +257,10 @@ def task_table(
         for cohort in cohorts:
             mine, theirs = row.values[cohort, metric][0], ref.values[cohort, metric][0] if ref else math.nan
             row.delta[cohort] = None if ref is None or math.isnan(mine) or math.isnan(theirs) else mine - theirs
+            theirs_preds = predictions.get((row.backbone, UNCOMPRESSED, row.head, cohort))
+            mine_preds = predictions.get((row.backbone, row.variant, row.head, cohort))
+            if ref is not None and ref is not row and mine_preds and theirs_preds and metric in BOOTSTRAP_METRICS and n_classes:
+                row.delta_ci[cohort] = pooled_difference_interval(mine_preds, theirs_preds, metric, n_classes, n_boot=n_boot)
     if rows:
         chance = Row(backbone="-", variant=CHANCE, head="-", seeds=[], role="chance",
                      cost=Cost(params=None, macs=None, depth=None, method=CHANCE, teacher="-"))
@@ -302,6 +310,8 @@ def table_records(rows: list[Row], cohorts: list[str], metrics: list[str], metri
             lo, hi = r.ci.get(cohort, (math.nan, math.nan))
             rec[f"{cohort}_{metric}_ci95_low"], rec[f"{cohort}_{metric}_ci95_high"] = lo, hi
             rec[f"{cohort}_{metric}_delta"] = r.delta[cohort]
+            lo, hi = r.delta_ci.get(cohort, (math.nan, math.nan))
+            rec[f"{cohort}_{metric}_delta_ci95_low"], rec[f"{cohort}_{metric}_delta_ci95_high"] = lo, hi
             rec[f"{cohort}_single_class_runs"] = r.single_class.get(cohort, (0, 0))[0]
         rec["params"], rec["macs_per_tile"] = r.cost.params, r.cost.macs
         rec["tiles_per_second"] = r.cost.tiles_per_second
@@ -317,7 +327,7 @@ def table_header(cohorts: list[str], metrics: list[str], metric: str) -> list[st
         c = cohort_label(cohort)
         header += [f"Slides {c}", f"{label} {c} [95% CI]"]
         header += [f"{METRIC_LABELS.get(m, m)} {c}" for m in metrics if m != metric]
-        header += [f"Δ{label} {c}"]
+        header += [f"Δ{label} {c} [95% CI]"]
     return header
 
 
@@ -352,7 +362,11 @@ def table_cells(rows: list[Row], cohorts: list[str], metrics: list[str], metric:
             cells.append(head)
             cells += [_mean_cell(r.values[cohort, m], chance) for m in metrics if m != metric]
             d = r.delta[cohort]
-            cells.append("—" if r.role in ("teacher", "chance") else ("n/a" if d is None else f"{d:+.3f}"))
+            delta = "—" if r.role in ("teacher", "chance") else ("n/a" if d is None else f"{d:+.3f}")
+            lo, hi = r.delta_ci.get(cohort, (math.nan, math.nan))
+            if d is not None and not (math.isnan(lo) or math.isnan(hi)):
+                delta += f" [{lo:+.3f}, {hi:+.3f}]"
+            cells.append(delta)
         body.append(cells)
     return header, body
 
@@ -366,7 +380,10 @@ def task_notes(rows: list[Row], cohorts: list[str], metric: str) -> list[str]:
         f"Cells: mean ± sample standard deviation over the seeds ({'/'.join(map(str, seeds)) or 'n/a'} per row); "
         f"[95% CI] beside {label}: percentile bootstrap over the cohort's slides ({N_BOOT} resamples within each "
         "true class, seed 0) of that mean, every resample scoring all seeds' predictions (predictions.csv) on the "
-        f"same slides. Δ{label}: difference of the means against the uncompressed teacher with the same head. "
+        f"same slides. Δ{label}: difference of the means against the uncompressed teacher with the same head; "
+        "[95% CI] beside it: the same bootstrap, paired (each resample scores this row and the teacher's on the "
+        "same slides), so an interval that excludes 0 is a difference these slides resolve, and one that "
+        "contains 0 is not, whatever the overlap of the two rows' own intervals. "
         "BAcc: balanced accuracy; AUC: macro one-vs-rest AUC.",
         "Chance row: QWK 0, BAcc 1/C over the C classes present in the cohort, AUC 0.5, accuracy of always "
         "predicting the cohort's majority class. Extracted / Distilled: the precision of the features files "
