@@ -189,7 +189,7 @@ class Evaluator:
         if not hasattr(self, "_layer_centre"):
             self._layer_centre = teacher_centre(self.teacher.model, self.data.training(32, self.seed), **self.kw)
         r = evaluate_fidelity(student, self.teacher.model, self.data.val_middle, centre=self._layer_centre, boundaries=boundaries, **self.kw)
-        return [round(v, 3) for v in r["block_r2"]]
+        return [round(float(v), 3) for v in r["block_r2"]]
 
 
 def build_student(method: str, teacher, data: Data, seed: int, depth: int = 6):

@@ -73,7 +73,9 @@ def test_bach_yaml_checks_and_plans_the_study(bach, tmp_path):
     text = plan.stdout + plan.stderr
     assert "pathtwt labels split" in text and "--fractions 0.6 0.2 0.2 --seed 0" in text
     assert "--backbone vit-s14-imgfocus --random-init" in text  # the floor is extracted like a variant
-    assert "--slide-mpp 0.42" in text and "--train-coords" in text and "--precision auto" in text
+    assert "--slide-mpp 0.42" in text and "--precision auto" in text
+    # distilled on the fit tiles in memory, augmentation off: the teacher's targets once per tile
+    assert "--steps 200" in text and "--augment off" in text and "--train-coords" not in text
 
 
 def test_the_drawn_split_is_stratified_seeded_and_what_the_workflow_records(bach, tmp_path):
