@@ -7,6 +7,7 @@ from pathlib import Path
 from pathtwt.config import check as config_check
 from pathtwt.errors import ConfigError
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 
 
 # Rules call the `pathtwt` console script. Snakemake started as .venv/bin/snakemake
@@ -75,6 +76,7 @@ def wake_local_scheduler_on_job_events_only():
         return
     if (limiter.max_jobs, limiter.timespan) == (100, 1):  # Snakemake's default: not chosen by the user
         scheduler.job_rate_limiter = None
+        logger.info("local run: jobs are scheduled when a job starts or ends (no job rate limit)")
 
 
 onstart:
