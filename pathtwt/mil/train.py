@@ -112,7 +112,7 @@ def train_epoch(
         bag = cohort.bags[index]
         features, _ = load_bag(bag, max_instances=config.max_instances, rng=subsample_rng)
         target = torch.tensor([bag.label], device=device)
-        logits, _ = model(torch.tensor(features, device=device))
+        logits, _ = model(_bag_tensor(features, device))
         loss = F.cross_entropy(logits, target) * (weights[bag.label] if config.class_weighted else 1.0)
         if not torch.isfinite(loss):
             raise NumericsError(
@@ -133,6 +133,15 @@ def train_epoch(
     return total / max(1, n)
 
 
+def _bag_tensor(features: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A bag as a tensor on ``device``: a bag read from its file is shared (no copy on CPU);
+    a bag served from memory is read-only and shared by later reads, so it is copied
+    (torch only shares a read-only array with a warning)."""
+    if features.flags.writeable:
+        return torch.from_numpy(features).to(device)
+    return torch.tensor(features, device=device)
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, cohort: Cohort, *, n_classes: int, device: torch.device, keep_attention: bool = False) -> Evaluation:
     model.eval()
@@ -140,7 +149,7 @@ def evaluate(model: torch.nn.Module, cohort: Cohort, *, n_classes: int, device: 
     attention = [] if keep_attention else None
     for i, bag in enumerate(cohort.bags):
         features, coords = load_bag(bag)
-        logits, scores = model(torch.tensor(features, device=device))
+        logits, scores = model(_bag_tensor(features, device))
         probs[i] = torch.softmax(logits.double(), dim=-1)[0].cpu().numpy()
         if attention is not None:
             attention.append((scores.float().cpu().numpy(), coords))
