@@ -161,6 +161,24 @@ def test_a_local_run_schedules_on_job_events_not_every_second(bach, tmp_path):
     assert limited >= on_events
 
 
+def test_a_local_run_keeps_its_bookkeeping_jobs_in_process(bach, tmp_path):
+    """A `run:` job (here the calibration file list, beside real tile jobs) runs in the
+    Snakemake process instead of a spawned Snakemake that parses the workflow again
+    (workflow/rules/common.smk); the list it writes names every training tile file."""
+    root = small_cohort(tmp_path / "small", bach)
+    cfg = bach_config(bach)
+    cfg["cohorts"]["bach"].update(slides=str(root / "images"), labels=str(root / "labels.csv"))
+    cfg_path = tmp_path / "small.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    res = snakemake(tmp_path / "run", "results/calibration/vit-s14-imgfocus.coords.txt", "--cores", "2", "--verbose",
+                    "--configfile", str(cfg_path))
+    log = res.stdout + res.stderr
+    assert "local bookkeeping jobs (run: blocks) run in this process, not in spawned ones" in log
+    assert "rule calibration_list" in log and "spawned job" not in log  # Snakemake logs each job it spawns
+    listed = (tmp_path / "run" / "results/calibration/vit-s14-imgfocus.coords.txt").read_text().split()
+    assert listed and all(p.endswith(".h5") and (tmp_path / "run" / p).is_file() for p in listed)
+
+
 # ---- bad input: one line naming the file or key, before any job ----------------------
 
 

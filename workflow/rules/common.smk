@@ -79,8 +79,25 @@ def wake_local_scheduler_on_job_events_only():
         logger.info("local run: jobs are scheduled when a job starts or ends (no job rate limit)")
 
 
+def run_bookkeeping_jobs_in_process():
+    """Snakemake spawns a fresh Snakemake process (workflow parsed again, about 3 s) for
+    every job with a `run:` block. This workflow's `run:` blocks are its local bookkeeping
+    (a file list, a cohort's extraction manifest, a failures merge: milliseconds each), so
+    the local executors run them in the main process's job threads instead, as
+    `--force-use-threads` would. Jobs with a `shell:` command are started as before."""
+    scheduler = getattr(workflow, "scheduler", None)
+    changed = False
+    for name in ("_executor", "_local_executor"):
+        executor = getattr(scheduler, name, None)
+        if executor is not None and type(executor).__module__ == "snakemake.executors.local" and not executor.use_threads:
+            executor.use_threads = changed = True
+    if changed:
+        logger.info("local bookkeeping jobs (run: blocks) run in this process, not in spawned ones")
+
+
 onstart:
     wake_local_scheduler_on_job_events_only()
+    run_bookkeeping_jobs_in_process()
 
 # The jobs' environment under --use-conda (relative to workflow/rules/, where the rules are).
 CONDA_ENV = f"../envs/{config['conda_env']}.yaml"
