@@ -101,12 +101,12 @@ def install(clock: PhaseClock) -> None:
         for loaded in list(sys.modules.values()):
             if getattr(loaded, "__name__", "").startswith("pathtwt") and getattr(loaded, name, None) is original:
                 setattr(loaded, name, timed)
-    # TargetCache.build is a classmethod: wrap it on the class
+    # TargetCache's constructors are classmethods: wrap them on the class
     distill = importlib.import_module("pathtwt.compress.distill")
-    if hasattr(distill, "TargetCache"):
-        cls = distill.TargetCache
-        build = cls.__dict__["build"].__func__
-        cls.build = classmethod(clock.wrap(build, "teacher targets"))
+    cls = getattr(distill, "TargetCache", None)
+    for name, phase in (("build", "teacher targets"), ("from_outputs", "teacher targets from the shared outputs")):
+        if cls is not None and name in cls.__dict__:
+            setattr(cls, name, classmethod(clock.wrap(cls.__dict__[name].__func__, phase)))
 
 
 def startup_seconds() -> float:
@@ -147,7 +147,7 @@ def main() -> int:
         results.append({"job": job, "wall_s": wall, "phases": seconds, "calls": calls})
     startup = startup_seconds()
 
-    listed = [phase for _, _, phase in PHASES] + ["teacher targets"]
+    listed = [phase for _, _, phase in PHASES] + ["teacher targets", "teacher targets from the shared outputs"]
     names = [phase for phase in dict.fromkeys(listed) if any(phase in r["phases"] for r in results)]
     header = "| phase | " + " | ".join(f"job {i + 1} s | share" for i in range(len(results))) + " |"
     print(header)

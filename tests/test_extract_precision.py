@@ -1,5 +1,5 @@
 """``pathtwt extract --precision auto`` on bf16 hardware: bf16 autocast guarded by a
-first-batch comparison with fp32, falling back to fp32 (and saying so) below the bar."""
+first-tiles comparison with fp32, falling back to fp32 (and saying so) below the bar."""
 
 from __future__ import annotations
 

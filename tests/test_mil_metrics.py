@@ -188,3 +188,39 @@ def test_paired_difference_interval_resolves_what_overlapping_intervals_do_not()
     assert 0.0 < lo <= 0.2 <= hi  # ...while the paired one excludes 0 and holds the difference
     assert (lo, hi) == bootstrap_difference_interval(y, better, run, "accuracy", 2)  # seeded
     assert all(np.isnan(bootstrap_difference_interval(y, [], run, "accuracy", 2)))
+
+
+@pytest.mark.parametrize("case", range(20))
+def test_auc_matches_sklearn_with_ties_and_absent_classes(case):
+    from pathtwt.mil.metrics import binary_auc, macro_auc
+
+    rng = np.random.default_rng(100 + case)
+    n, k = int(rng.integers(4, 60)), int(rng.integers(2, 6))
+    y = rng.integers(0, k, size=n)
+    y[:2] = [0, 1]  # two classes at least
+    probs = np.round(rng.dirichlet(np.ones(k), size=n), 1)  # rounded: many tied scores
+    assert binary_auc(y == 1, probs[:, 1]) == pytest.approx(roc_auc_score(y == 1, probs[:, 1]), abs=1e-12)
+    present = [c for c in range(k) if 0 < (y == c).sum() < n]
+    expected = np.mean([roc_auc_score(y == c, probs[:, c]) for c in present])
+    if k > 2:
+        assert macro_auc(y, probs) == pytest.approx(expected, abs=1e-12)
+    assert np.isnan(binary_auc(np.zeros(5, bool), np.arange(5.0)))
+
+
+def test_a_mil_job_computes_its_metrics_without_importing_scikit_learn():
+    """scikit-learn's import costs a MIL job about 2 s; the slide metrics never need it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np; from pathtwt.mil.metrics import slide_metrics; "
+            "m = slide_metrics([0, 1, 2, 1], np.eye(3)[[0, 1, 1, 1]], 3); "
+            "assert m['accuracy'] == 0.75, m; print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_labels_outside_the_classes_are_refused():
+    from pathtwt.mil.metrics import confusion
+
+    with pytest.raises(ValueError, match="outside the classes 0..2"):
+        confusion(np.array([0, 3]), np.array([0, 1]), 3)

@@ -115,41 +115,60 @@ def test_the_cache_can_be_switched_off(calibration_file, counted, monkeypatch):
 
 def test_shared_fit_outputs_give_what_each_consumer_computes_itself(calibration_file):
     """The fit means, the similarity matrix and auditioning read the teacher's layer outputs
-    of the fit tiles from one pass; each gets what its own pass would give."""
+    of the fit tiles from one pass; each gets what its own pass in the shared pass's batch
+    gives, and within float rounding what a pass in another batch gives."""
     from pathtwt.compress.audition import AuditionOptions, audition
     from pathtwt.compress.similarity import similarity_from_outputs, similarity_matrix
-    from pathtwt.compress.teacher_cache import fit_layer_outputs
+    from pathtwt.compress.teacher_cache import FIT_OUTPUTS_BATCH, fit_layer_outputs
 
     teacher = _teacher()
     calib = load_calibration([calibration_file], n_tiles=None, seed=0)
-    outputs = fit_layer_outputs(teacher, calib, n_tiles=128, batch_size=8)
+    outputs = fit_layer_outputs(teacher, calib, n_tiles=128)
     assert len(outputs) == 13 and outputs[0].shape[0] == len(calib.fit) == 24
-    kw = dict(transform=teacher.transform, num_prefix_tokens=1, batch_size=8)
+    b = FIT_OUTPUTS_BATCH
+    kw = dict(transform=teacher.transform, num_prefix_tokens=1, batch_size=b)
     own = fidelity.teacher_centre(teacher.model, calib.fit, **kw)
     shared = fidelity.teacher_centre(teacher.model, calib.fit, outputs=outputs, **kw)
     assert torch.equal(own.layers, shared.layers) and torch.equal(own.embedding, shared.embedding)
-    S = similarity_matrix(teacher.model, teacher.transform, calib.fit, num_prefix_tokens=1, batch_size=8)
-    assert np.array_equal(similarity_from_outputs(outputs[1:], num_prefix_tokens=1, batch_size=8), S)
-    blocks, opts = [[1, 4], [5, 8], [9, 12]], AuditionOptions(steps=2, batch_size=8)
+    other = fidelity.teacher_centre(teacher.model, calib.fit, **{**kw, "batch_size": 5})
+    assert torch.allclose(other.layers, shared.layers, rtol=1e-5, atol=1e-6)
+    S = similarity_matrix(teacher.model, teacher.transform, calib.fit, num_prefix_tokens=1, batch_size=b)
+    assert np.array_equal(similarity_from_outputs(outputs[1:], num_prefix_tokens=1, batch_size=b), S)
+    blocks, opts = [[1, 4], [5, 8], [9, 12]], AuditionOptions(steps=2, batch_size=b)
     _, report_own = audition(teacher.model, blocks, calib.fit, calib.select, transform=teacher.transform, options=opts)
     _, report_shared = audition(teacher.model, blocks, calib.fit, calib.select, transform=teacher.transform,
                                 options=opts, fit_outputs=outputs)
     assert report_shared == report_own
 
 
+def test_the_target_cache_from_the_shared_outputs_holds_the_fp32_targets(calibration_file):
+    """With augmentation off, the distillation's teacher targets of the fit tiles come from
+    the shared layer outputs (no forward pass): the values of an fp32 pass."""
+    from pathtwt.compress.distill import DeepSupervision, TargetCache
+    from pathtwt.compress.teacher_cache import fit_layer_outputs
+
+    teacher = _teacher()
+    calib = load_calibration([calibration_file], n_tiles=None, seed=0)
+    objective = DeepSupervision([4, 8, 12])
+    outputs = fit_layer_outputs(teacher, calib, n_tiles=128)
+    shared = TargetCache.from_outputs(teacher.model, outputs, objective=objective, n_tiles=len(calib.fit), device="cpu",
+                                      chunk=8)
+    own = TargetCache.build(teacher.model, calib.fit, transform=teacher.transform, objective=objective, device="cpu",
+                            chunk=8, precision="fp32")
+    assert [t.shape for t in shared.tensors] == [t.shape for t in own.tensors] and len(own.tensors) == 4
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(shared.tensors, own.tensors))
+
+
 def test_a_second_job_reads_the_fit_outputs(calibration_file, monkeypatch):
     import pathtwt.compress.teacher_cache as teacher_cache_module
     from pathtwt.compress.teacher_cache import fit_layer_outputs
 
-    first = fit_layer_outputs(_teacher(), load_calibration([calibration_file], n_tiles=None, seed=0), n_tiles=128,
-                              batch_size=8)
+    first = fit_layer_outputs(_teacher(), load_calibration([calibration_file], n_tiles=None, seed=0), n_tiles=128)
     monkeypatch.setattr("pathtwt.compress.student.block_outputs", lambda *a, **k: pytest.fail("recomputed"))
-    second = fit_layer_outputs(_teacher(), load_calibration([calibration_file], n_tiles=None, seed=0), n_tiles=128,
-                               batch_size=8)
+    second = fit_layer_outputs(_teacher(), load_calibration([calibration_file], n_tiles=None, seed=0), n_tiles=128)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
     monkeypatch.setattr(teacher_cache_module, "FIT_OUTPUTS_LIMIT", 1000)  # too large to keep: the consumers' own passes
-    assert fit_layer_outputs(_teacher(), load_calibration([calibration_file], n_tiles=None, seed=0), n_tiles=128,
-                             batch_size=8) is None
+    assert fit_layer_outputs(_teacher(), load_calibration([calibration_file], n_tiles=None, seed=0), n_tiles=128) is None
 
 
 def test_the_loss_normalisation_reads_the_shared_outputs(calibration_file, monkeypatch):
@@ -162,7 +181,26 @@ def test_the_loss_normalisation_reads_the_shared_outputs(calibration_file, monke
     opts = DistillOptions(batch_size=8, loss_norm="variance")
     objective = DeepSupervision([4, 8, 12])
     own = normalised_objective(objective, teacher.model, ArrayTiles(calib.fit), teacher.transform, opts)
-    outputs = fit_layer_outputs(teacher, calib, n_tiles=128, batch_size=8)
+    outputs = fit_layer_outputs(teacher, calib, n_tiles=128)
     monkeypatch.setattr("pathtwt.compress.distill.term_variances", lambda *a, **k: pytest.fail("forward pass run"))
     shared = normalised_objective(objective, teacher.model, ArrayTiles(calib.fit), teacher.transform, opts, outputs)
     assert shared.term_scales == own.term_scales and len(own.term_scales) == 4
+
+
+def test_discovery_leaves_the_pass_that_a_compress_job_then_reads(calibration_file, monkeypatch):
+    """`pathtwt discover` runs the teacher's one pass over a small fit split through the
+    teacher cache, so a compress job of the same teacher and calibration file reads its
+    layer outputs from disk instead of running the pass again."""
+    from pathtwt.cli import main
+    from pathtwt.compress.teacher_cache import fit_layer_outputs
+
+    out = calibration_file.parent.parent / "discovery"
+    assert main(["discover", "--backbone", "vit-s14-tiny", "--random-init", "--calibration", str(calibration_file),
+                 "--out", str(out), "--depth", "3", "--device", "cpu", "--no-progress"]) == 0
+    assert (out / "plan.json").is_file()
+    entries = list(calibration_file.with_name("b" + SUFFIX).glob("fit-outputs-*.pt"))
+    assert len(entries) == 1
+    teacher = create_backbone("vit-s14-tiny", pretrained=False, init_seed=0, precision="fp32")  # as compress builds it
+    monkeypatch.setattr("pathtwt.compress.student.block_outputs", lambda *a, **k: pytest.fail("recomputed"))
+    outputs = fit_layer_outputs(teacher, load_calibration([calibration_file], n_tiles=None, seed=0), n_tiles=128)
+    assert outputs is not None and len(outputs[0]) == 24

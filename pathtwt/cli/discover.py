@@ -25,16 +25,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathtwt.analysis.figures import similarity_heatmap
     from pathtwt.compress.partition import default_eps_grid, eps_sweep, partition_exact_k, partition_min_blocks
-    from pathtwt.compress.similarity import save_similarity, similarity_matrix
+    from pathtwt.compress.similarity import save_similarity, similarity_from_outputs, similarity_matrix
+    from pathtwt.compress.teacher_cache import whole_fit_outputs
     from pathtwt.io.atomic import write_json_atomic, write_text_atomic
 
     backbone = load_teacher(args)
     calib = load_fit_tiles(args)
-    with progress_bar(args, len(calib.fit), "layer similarity") as bar:
-        S = similarity_matrix(
-            backbone.model, backbone.transform, calib.fit, num_prefix_tokens=backbone.spec.num_prefix_tokens,
-            tokens=args.tokens, batch_size=args.batch_size, device=backbone.device, progress=bar.update,
-        )
+    # a fit split small enough for the teacher cache: its one pass over the fit tiles is
+    # kept on disk, and every compress job of this teacher and calibration file reads it
+    # (auditioning, the fit means, the targets) instead of running it again
+    outputs = whole_fit_outputs(backbone, calib)
+    if outputs is not None:
+        S = similarity_from_outputs(outputs[1:], num_prefix_tokens=backbone.spec.num_prefix_tokens, tokens=args.tokens,
+                                    batch_size=args.batch_size)
+    else:
+        with progress_bar(args, len(calib.fit), "layer similarity") as bar:
+            S = similarity_matrix(
+                backbone.model, backbone.transform, calib.fit, num_prefix_tokens=backbone.spec.num_prefix_tokens,
+                tokens=args.tokens, batch_size=args.batch_size, device=backbone.device, progress=bar.update,
+            )
     part = partition_exact_k(S, args.depth) if args.depth is not None else partition_min_blocks(S, args.eps)
     grid = default_eps_grid(S)
     sweep = eps_sweep(S, grid)

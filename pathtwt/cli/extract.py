@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser)
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                         help="auto: bf16 autocast over fp32 weights where the device has native bf16, kept "
-                        "only if the run's first batch agrees with fp32 (cosine >= 0.999, else fp32; see the features "
+                        "only if the run's first 8 tiles agree with fp32 (cosine >= 0.999, else fp32; see the features "
                         "files' precision_check), otherwise the backbone's default; bf16/fp16: weights cast")
     add_workers_argument(parser, "tile-reading processes")
     add_threads_argument(parser)

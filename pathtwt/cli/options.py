@@ -189,8 +189,10 @@ def load_teacher(args: argparse.Namespace) -> Any:
     from pathtwt.devices import resolve_device
 
     device = resolve_device(args.device)
+    # float32 whatever the backbone's inference precision: a teacher measured or compressed
+    # (its layer outputs, shared with the compress jobs through the teacher cache)
     return create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,
-                           **normalisation(args))
+                           precision="fp32", **normalisation(args))
 
 
 def teacher_provenance(backbone: Any, n_tiles: int, args: argparse.Namespace) -> dict[str, Any]:

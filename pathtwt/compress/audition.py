@@ -12,7 +12,9 @@ match none of them).
 Each candidate is briefly fitted (``steps``, AdamW; 0 = score only) to map h_{s-1} (the
 teacher's input to the block: the embedded tokens for s = 1) to h_e on fit tiles, then
 ranked by MSE on the select tiles (the calibration split for choices; the report tiles
-are never read here). The fitted winner initialises the surrogate.
+are never read here). The fitted winner initialises the surrogate. The fitting computes
+in the distillation's precision (bf16 autocast over fp32 weights where the run trains in
+bf16, as its optimiser steps do); the teacher's states and the ranking MSEs stay fp32.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class AuditionOptions:
     max_select_tiles: int = 64
     seed: int = 0
     device: str = "cpu"
+    precision: str = "fp32"  # of the fitting steps: fp32 | bf16 (autocast)
 
 
 def averaged_layer(teacher: nn.Module, s: int, e: int) -> nn.Module:
@@ -92,13 +95,17 @@ def _mse(layer: nn.Module, h_in: torch.Tensor, h_out: torch.Tensor, *, device: s
 
 
 def _fit(layer: nn.Module, h_in: torch.Tensor, h_out: torch.Tensor, options: AuditionOptions) -> None:
+    from pathtwt.compress.autocast import autocast
+
     layer.train().to(options.device)
     opt = torch.optim.AdamW(layer.parameters(), lr=options.lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(options.seed)
     b = min(options.batch_size, len(h_in))
     for _ in range(options.steps):
         idx = torch.randperm(len(h_in), generator=g)[:b]
-        loss = nn.functional.mse_loss(layer(h_in[idx].to(options.device)), h_out[idx].to(options.device))
+        with autocast(options.device, options.precision):
+            pred = layer(h_in[idx].to(options.device))
+        loss = nn.functional.mse_loss(pred.float(), h_out[idx].to(options.device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)

@@ -1,6 +1,6 @@
 """The distillation's bf16 guard: the first step's loss under bf16 autocast against fp32.
 
-Extraction keeps bf16 only when its first batch's embeddings agree with fp32 ones
+Extraction keeps bf16 only when its first tiles' embeddings agree with fp32 ones
 (``pathtwt.features.extract.check_bf16``); this is the same guard for training. On the
 first micro-batch, before any update, the objective's loss is computed twice, teacher
 targets and student forward both in fp32 and both under bf16 autocast. bf16 is kept when

@@ -73,7 +73,7 @@ class DerivedValues:
     references: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     subset_scores: dict[tuple[Any, ...], dict[tuple[int, ...], float]] = field(default_factory=dict)
     teacher_caches: dict[int, Any] = field(default_factory=dict)  # pathtwt.compress.teacher_cache.TeacherCache
-    fit_outputs: dict[tuple[int, int, int], list["torch.Tensor"]] = field(default_factory=dict)  # ... fit_layer_outputs
+    fit_outputs: dict[tuple[int, int], list["torch.Tensor"]] = field(default_factory=dict)  # ... fit_layer_outputs
 
 
 @dataclass(frozen=True, eq=False)
@@ -436,6 +436,18 @@ def _stored_split(path: Path) -> np.ndarray:
 PARTS = (*SPLITS, "all")  # what load_calibration's ``part`` may name
 
 
+def _read_rows(dataset: "h5py.Dataset", rows: np.ndarray) -> np.ndarray:
+    """``dataset[rows]`` for sorted ``rows``. Rows spread over a span at most twice their
+    number are read as that one slice and picked in memory: h5py reads scattered rows one
+    selection at a time (112 of 128 one-tile chunks: 1.06 s against 0.09 s for the slice)."""
+    if not len(rows):
+        return np.zeros((0, *dataset.shape[1:]), dataset.dtype)
+    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    if hi - lo <= 2 * len(rows):
+        return dataset[lo:hi][rows - lo]
+    return dataset[rows]
+
+
 def _read_files(paths: Sequence[Path], *, n_tiles: int | None, seed: int, part: str | None = None) -> CalibrationSet:
     """Concatenate calibration files, keeping their stored split. With ``n_tiles`` below
     the stored count, a seeded subset, proportional over files and over the three parts.
@@ -467,7 +479,7 @@ def _read_files(paths: Sequence[Path], *, n_tiles: int | None, seed: int, part: 
             provenance[str(path)] = json.loads(h5.attrs.get("provenance", "{}"))
             seeds.add(provenance[str(path)].get("seed"))
             for code, idx in enumerate(rows):
-                parts[code].append(h5["tiles"][idx] if len(idx) else np.zeros((0, *h5["tiles"].shape[1:]), np.uint8))
+                parts[code].append(_read_rows(h5["tiles"], idx))
     if len(sizes) != 1:
         raise ConfigError(f"calibration files {', '.join(map(str, paths))} have different tile sizes {sorted(sizes)}")
     fit, select, report = (np.concatenate(parts[code]) for code in range(len(SPLITS)))

@@ -220,6 +220,18 @@ class TargetCache:
             parts.append([t.cpu() for t in teacher_targets(objective, teacher, x, precision)])
         return cls([torch.cat(list(col)) for col in zip(*parts)])
 
+    @classmethod
+    def from_outputs(cls, teacher: nn.Module, outputs: Sequence[torch.Tensor], *, objective: Objective,
+                     n_tiles: int, device: str, chunk: int) -> "TargetCache":
+        """The targets of the first ``n_tiles`` tiles from the teacher's layer outputs of
+        them, already computed (in fp32) for auditioning: no forward pass."""
+        parts: list[list[torch.Tensor]] = []
+        with torch.inference_mode():
+            for i in range(0, n_tiles, chunk):
+                outs = [o[i : min(n_tiles, i + chunk)].to(device) for o in outputs]
+                parts.append([t.to("cpu", torch.float32, copy=True) for t in objective.targets_from_outputs(teacher, outs)])
+        return cls([torch.cat(list(col)) for col in zip(*parts)])
+
     def get(self, idx: torch.Tensor, device: str) -> list[torch.Tensor]:
         return [t.index_select(0, idx.cpu()).to(device) for t in self.tensors]
 
@@ -360,10 +372,11 @@ def distill(
     ``tiles``: uint8 tiles in memory (N, P, P, 3) or a streamed source
     (:class:`pathtwt.compress.training_tiles.SlideTiles`). Run under torch.distributed,
     each rank trains on its slice of every global micro-batch (DistributedDataParallel)
-    and only rank 0 writes the checkpoint. ``teacher_outputs``: the teacher's layer outputs
-    ``[h_0, ..., h_L]`` of the first in-memory tiles, computed in batches of
-    ``options.batch_size`` (:func:`pathtwt.compress.teacher_cache.kept_fit_outputs`), which
-    spares the loss normalisation its forward pass."""
+    and only rank 0 writes the checkpoint. ``teacher_outputs``: the teacher's fp32 layer
+    outputs ``[h_0, ..., h_L]`` of the first in-memory tiles
+    (:func:`pathtwt.compress.teacher_cache.kept_fit_outputs`), which spare the loss
+    normalisation its forward pass and, when they cover every tile, the target cache its
+    pass too (fp32 targets then, whatever the training precision)."""
     from tqdm.auto import tqdm
 
     from pathtwt.compress import ranks
@@ -410,8 +423,12 @@ def distill(
     cache = None
     if in_memory and not options.augment and start < total:
         if _estimate_target_bytes(teacher, tiles, transform, objective, device) <= options.cache_limit_bytes:
-            cache = TargetCache.build(teacher, tiles, transform=transform, objective=objective, device=device,
-                                      chunk=options.batch_size, precision=precision)
+            covered = teacher_outputs is not None and len(teacher_outputs[0]) >= n_tiles
+            cache = (TargetCache.from_outputs(teacher, teacher_outputs, objective=objective, n_tiles=n_tiles,
+                                              device=device, chunk=options.batch_size)
+                     if covered and hasattr(objective, "targets_from_outputs") else
+                     TargetCache.build(teacher, tiles, transform=transform, objective=objective, device=device,
+                                       chunk=options.batch_size, precision=precision))
 
     end = total if options.stop_after is None else min(total, max(start, int(options.stop_after)))
     step, saved_at = start, start

@@ -57,9 +57,9 @@ def teacher_centre(teacher: nn.Module, fit_tiles: np.ndarray, *, transform: Tran
                    device: str = "cpu", batch_size: int = 32, max_tiles: int = MAX_MEAN_TILES,
                    outputs: Sequence[torch.Tensor] | None = None) -> TeacherCentre:
     """The teacher's fit means (the first ``max_tiles`` fit tiles: the draw is already random).
-    ``outputs``: the teacher's layer outputs of exactly those tiles, computed in batches of
-    ``batch_size`` (:func:`pathtwt.compress.teacher_cache.fit_layer_outputs`), which spares
-    the forward pass and gives the same sums."""
+    ``outputs``: the teacher's layer outputs of exactly those tiles
+    (:func:`pathtwt.compress.teacher_cache.fit_layer_outputs`), which spares the forward
+    pass and gives the same sums up to float rounding."""
     tiles = fit_tiles[:max_tiles]
     if len(tiles) == 0:
         raise ValueError("no fit tiles to centre fidelity on")
@@ -216,7 +216,7 @@ def fit_centre(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu",
         def compute() -> dict[str, Any]:
             # the shared layer outputs when they hold the whole fit split (and so exactly the
             # tiles the centre averages, the split being within MAX_MEAN_TILES too)
-            outputs = whole_fit_outputs(teacher, calib, batch_size=batch_size) if len(calib.fit) <= MAX_MEAN_TILES else None
+            outputs = whole_fit_outputs(teacher, calib) if len(calib.fit) <= MAX_MEAN_TILES else None
             c = teacher_centre(teacher.model, calib.fit, transform=teacher.transform,
                                num_prefix_tokens=teacher.spec.num_prefix_tokens, device=device, batch_size=batch_size,
                                outputs=outputs)

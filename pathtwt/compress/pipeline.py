@@ -137,7 +137,7 @@ def resolve_plan(teacher: "Backbone", calib: "CalibrationSet", options: Compress
 
     kw = dict(num_prefix_tokens=teacher.spec.num_prefix_tokens, tokens=options.tokens, batch_size=options.batch_size)
     # from the teacher's shared layer outputs when they hold the whole fit split
-    outputs = whole_fit_outputs(teacher, calib, batch_size=options.batch_size)
+    outputs = whole_fit_outputs(teacher, calib)
     S = (similarity_matrix(teacher.model, teacher.transform, calib.fit, device=options.device, **kw) if outputs is None
          else similarity_from_outputs(outputs[1:], **kw))
     part = partition_exact_k(S, options.depth) if options.depth is not None else partition_min_blocks(S, options.eps)
@@ -176,9 +176,9 @@ def distill_student(student: "nn.Module", teacher: "Backbone", calib: "Calibrati
     dopts = distill_options(options)
     if steps is not None:
         dopts = dataclasses.replace(dopts, steps=int(steps), epochs=None)
-    # the teacher's outputs of the first fit tiles, when this job already has them in the
-    # loop's batches (auditioning computed them): the loss normalisation reads them
-    outputs = kept_fit_outputs(teacher, calib, batch_size=dopts.batch_size) if calib.training is None else None
+    # the teacher's outputs of the first fit tiles, when this job already has them
+    # (auditioning read them): the loss normalisation and the targets of those tiles
+    outputs = kept_fit_outputs(teacher, calib) if calib.training is None else None
     return distill(student, teacher.model, calib.training_tiles(), transform=teacher.transform, objective=objective,
                    options=dopts, description=description, teacher_outputs=outputs)
 

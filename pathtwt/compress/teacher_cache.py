@@ -142,18 +142,20 @@ def teacher_cache(teacher: "Backbone", calib: "CalibrationSet") -> TeacherCache:
 
 # the first fit tiles whose layer outputs are shared: auditioning's fit tiles
 FIT_OUTPUTS_TILES = 128
+# the batch of the one shared pass, whatever its consumers' own batch sizes (discovery's,
+# the compress job's), so that every consumer reads the same entry; a batch size moves
+# only float rounding (about 1e-6 relative), which no choice depends on
+FIT_OUTPUTS_BATCH = 16
 # the layer outputs of at most this many bytes are kept (ViT-S on 128 tiles: 0.6 GB;
 # H0-mini: 1.3 GB); a larger teacher makes each consumer run its own pass as before
 FIT_OUTPUTS_LIMIT = 2 * 2**30
 
 
-def fit_layer_outputs(teacher: "Backbone", calib: "CalibrationSet", *, n_tiles: int,
-                      batch_size: int) -> "list[torch.Tensor] | None":
+def fit_layer_outputs(teacher: "Backbone", calib: "CalibrationSet", *, n_tiles: int) -> "list[torch.Tensor] | None":
     """``[h_0, ..., h_L]``, each (n, T, D) float32 on CPU, of the first ``n`` =
-    min(``n_tiles``, fit) fit tiles, from one fp32 pass in batches of ``batch_size``
-    (the batches every consumer would run, so the values are the ones it would compute);
-    kept in the process and in the teacher cache. None when they would exceed
-    :data:`FIT_OUTPUTS_LIMIT`."""
+    min(``n_tiles``, fit) fit tiles, from one fp32 pass in batches of
+    :data:`FIT_OUTPUTS_BATCH`; kept in the process and in the teacher cache. None when they
+    would exceed :data:`FIT_OUTPUTS_LIMIT`."""
     import torch
 
     from pathtwt.compress.intermediates import tiles_to_batch
@@ -167,32 +169,35 @@ def fit_layer_outputs(teacher: "Backbone", calib: "CalibrationSet", *, n_tiles: 
     width = int(model.embed_dim)
     if n == 0 or (len(model.blocks) + 1) * n * tokens * width * 4 > FIT_OUTPUTS_LIMIT:
         return None
-    store, key = calib.derived.fit_outputs, (id(model), n, int(batch_size))
-    if key not in store:
-        @torch.no_grad()
-        def compute() -> list[torch.Tensor]:
-            model.eval()
-            parts: list[list[torch.Tensor]] = []
-            for i in range(0, n, batch_size):
-                x = tiles_to_batch(teacher.transform, calib.fit[i : min(n, i + batch_size)], teacher.device)
-                parts.append([o.float().cpu() for o in block_outputs(model, x)])
-            return [torch.cat(col) for col in zip(*parts)]
+    kept = kept_fit_outputs(teacher, calib)
+    if kept is not None and len(kept[0]) >= n:
+        return [o[:n] for o in kept] if len(kept[0]) > n else kept
+    store, key = calib.derived.fit_outputs, (id(model), n)
 
-        store[key] = teacher_cache(teacher, calib).get("fit-outputs", compute, n_tiles=n, batch_size=int(batch_size))
+    @torch.no_grad()
+    def compute() -> list[torch.Tensor]:
+        model.eval()
+        parts: list[list[torch.Tensor]] = []
+        for i in range(0, n, FIT_OUTPUTS_BATCH):
+            x = tiles_to_batch(teacher.transform, calib.fit[i : min(n, i + FIT_OUTPUTS_BATCH)], teacher.device)
+            parts.append([o.float().cpu() for o in block_outputs(model, x)])
+        return [torch.cat(col) for col in zip(*parts)]
+
+    store[key] = teacher_cache(teacher, calib).get("fit-outputs", compute, n_tiles=n, batch_size=FIT_OUTPUTS_BATCH)
     return store[key]
 
 
-def whole_fit_outputs(teacher: "Backbone", calib: "CalibrationSet", *, batch_size: int) -> "list[torch.Tensor] | None":
+def whole_fit_outputs(teacher: "Backbone", calib: "CalibrationSet") -> "list[torch.Tensor] | None":
     """:func:`fit_layer_outputs` of every fit tile, for a consumer that reads the whole fit
     split (the fit means, the similarity matrix); None when the split is larger than the
     shared :data:`FIT_OUTPUTS_TILES` (the consumer then runs its own pass)."""
     if len(calib.fit) > FIT_OUTPUTS_TILES:
         return None
-    return fit_layer_outputs(teacher, calib, n_tiles=len(calib.fit), batch_size=batch_size)
+    return fit_layer_outputs(teacher, calib, n_tiles=len(calib.fit))
 
 
-def kept_fit_outputs(teacher: "Backbone", calib: "CalibrationSet", *, batch_size: int) -> "list[torch.Tensor] | None":
+def kept_fit_outputs(teacher: "Backbone", calib: "CalibrationSet") -> "list[torch.Tensor] | None":
     """The layer outputs :func:`fit_layer_outputs` already holds in this process for
-    ``teacher`` in batches of ``batch_size`` (the most tiles), else None: nothing is computed."""
-    kept = [(n, v) for (model, n, b), v in calib.derived.fit_outputs.items() if model == id(teacher.model) and b == int(batch_size)]
+    ``teacher`` (the most tiles), else None: nothing is computed."""
+    kept = [(n, v) for (model, n), v in calib.derived.fit_outputs.items() if model == id(teacher.model)]
     return max(kept, key=lambda nv: nv[0])[1] if kept else None

@@ -101,15 +101,21 @@ def transform_attrs(transform: Any) -> dict[str, Any]:
     return {f"transform_{k}": v for k, v in describe().items()} if describe else {}
 
 
-# bf16 autocast is kept only when its embeddings of the run's first batch agree with fp32
+# bf16 autocast is kept only when its embeddings of the run's first tiles agree with fp32
 # ones at least this well (cosine, worst tile)
 BF16_MIN_COSINE = 0.999
+# the tiles of the first slide the bf16 check embeds twice (fp32 and bf16): enough to
+# catch a model or kernel whose bf16 numerics break, few enough that a cohort's job does
+# not pay a full fp32 batch (ViT-S on 2 CPU cores: about 0.2 s a tile in fp32)
+BF16_CHECK_TILES = 8
+# slides of at most this many batches are read in the embedding process (see _embed_stream)
+IN_PROCESS_BATCHES = 2
 
 
 @dataclass
 class AutoPrecision:
     """``--precision auto`` on hardware with native bf16: bf16 autocast over an fp32 model,
-    decided once per run by :func:`check_bf16` on its first batch."""
+    decided once per run by :func:`check_bf16` on its first tiles."""
 
     bf16: bool = False
     note: str = "not checked"
@@ -135,9 +141,9 @@ class AutoPrecision:
 
 
 def check_bf16(jobs: Sequence[ExtractJob], backbone: Backbone, batch_size: int) -> AutoPrecision:
-    """Embed the first batch of the first readable slide in fp32 and under bf16 autocast;
-    keep bf16 if every tile's cosine is at least BF16_MIN_COSINE, else fall back to fp32
-    and say so (log and the features files' ``precision_check``)."""
+    """Embed the first tiles (:data:`BF16_CHECK_TILES`) of the first readable slide in fp32
+    and under bf16 autocast; keep bf16 if every tile's cosine is at least BF16_MIN_COSINE,
+    else fall back to fp32 and say so (log and the features files' ``precision_check``)."""
     import logging
 
     log = logging.getLogger(__name__)
@@ -146,7 +152,7 @@ def check_bf16(jobs: Sequence[ExtractJob], backbone: Backbone, batch_size: int) 
             xy, _tissue, attrs = read_coords(job.coords)
             if not len(xy) or not job.slide.is_file():
                 continue
-            dataset = TileDataset(job.slide, xy[:batch_size], attrs, backbone.transform)
+            dataset = TileDataset(job.slide, xy[: min(batch_size, BF16_CHECK_TILES)], attrs, backbone.transform)
             items = [dataset[i] for i in range(len(dataset))]
         except Exception:  # noqa: BLE001 - an unreadable slide is reported by its own extraction
             continue
@@ -164,10 +170,10 @@ def check_bf16(jobs: Sequence[ExtractJob], backbone: Backbone, batch_size: int) 
         # (possibly resumed) run happened to check first; the measurement goes to the log
         if cosine >= BF16_MIN_COSINE:
             log.info("bf16 autocast kept: %s", measured)
-            return AutoPrecision(bf16=True, note=f"bf16 autocast kept: first-batch cosine to fp32 >= {BF16_MIN_COSINE}")
+            return AutoPrecision(bf16=True, note=f"bf16 autocast kept: first-tiles cosine to fp32 >= {BF16_MIN_COSINE}")
         log.warning("fell back to fp32: bf16 autocast %s < %s", measured, BF16_MIN_COSINE)
         print(f"extract: fell back to fp32: bf16 autocast {measured} < {BF16_MIN_COSINE}", flush=True)
-        return AutoPrecision(bf16=False, note=f"fell back to fp32: first-batch bf16 cosine to fp32 < {BF16_MIN_COSINE}")
+        return AutoPrecision(bf16=False, note=f"fell back to fp32: first-tiles bf16 cosine to fp32 < {BF16_MIN_COSINE}")
     return AutoPrecision(bf16=False, note="fp32: no readable tiles to check bf16 autocast on")
 
 
@@ -239,6 +245,11 @@ def _embed_stream(
     timing.setdefault("embed_seconds", 0.0)
 
     workers = default_workers() if workers is None else int(workers)
+    if len(dataset) <= IN_PROCESS_BATCHES * int(batch_size):
+        # a reading process costs about 0.3 s to start (fork, reader set-up, first
+        # transfer), more than reading a batch or two here (a few ms a tile): small slides
+        # and biopsies are read in this process, large slides by the workers beside it
+        workers = 0
     on_cuda = str(backbone.device).startswith("cuda")
     loader = torch.utils.data.DataLoader(
         dataset,

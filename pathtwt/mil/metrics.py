@@ -1,16 +1,17 @@
 """Slide-level metrics: quadratic weighted kappa (the grading score, reported x100),
-accuracy, balanced accuracy and macro one-vs-rest AUC, all from scikit-learn.
+accuracy, balanced accuracy and macro one-vs-rest AUC, in numpy from the confusion matrix
+and the score ranks (tests/test_mil_metrics.py checks each against scikit-learn's; a MIL
+job then never imports scikit-learn, which costs it about 2 s).
 
 QWK and the confusion matrix are computed over the task's full class range
-``0..n_classes-1`` (``labels=``), so that the disagreement weight between grades i and j
-is always (i - j)^2, also when some grade is absent from both labels and predictions
-(scikit-learn's default would re-index the labels that happen to occur). Undefined
-values (0 / 0) are NaN, never a warning or a made-up number."""
+``0..n_classes-1``, so that the disagreement weight between grades i and j is always
+(i - j)^2, also when some grade is absent from both labels and predictions (scikit-learn's
+default would re-index the labels that happen to occur). Undefined values (0 / 0) are NaN,
+never a warning or a made-up number."""
 
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import numpy as np
@@ -18,68 +19,60 @@ import numpy as np
 
 def confusion(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> np.ndarray:
     """(n_classes, n_classes) counts, rows = truth, columns = prediction, as float64."""
-    from sklearn.metrics import confusion_matrix
-
     y_true = np.asarray(y_true, dtype=np.int64)
     y_pred = np.asarray(y_pred, dtype=np.int64)
-    if len(y_true) == 0:
-        return np.zeros((n_classes, n_classes), dtype=np.float64)
-    return confusion_matrix(y_true, y_pred, labels=np.arange(n_classes)).astype(np.float64)
+    for name, values in (("labels", y_true), ("predictions", y_pred)):
+        if len(values) and (values.min() < 0 or values.max() >= n_classes):
+            raise ValueError(f"{name} outside the classes 0..{n_classes - 1}: {sorted(set(values.tolist()))}")
+    counts = np.bincount(y_true * n_classes + y_pred, minlength=n_classes * n_classes)
+    return counts.reshape(n_classes, n_classes).astype(np.float64)
 
 
 def quadratic_weighted_kappa(y_true, y_pred, n_classes: int | None = None) -> float:
     """Cohen's kappa with quadratic weights; NaN when it is undefined (0 / 0, e.g. every
     label and prediction is one and the same class)."""
-    from sklearn.exceptions import UndefinedMetricWarning
-    from sklearn.metrics import cohen_kappa_score
-
     y_true = np.asarray(y_true, dtype=np.int64)
     y_pred = np.asarray(y_pred, dtype=np.int64)
     if n_classes is None:
         n_classes = int(max(y_true.max(initial=0), y_pred.max(initial=0))) + 1
-    if len(y_true) == 0:
-        return float("nan")
-    with warnings.catch_warnings():
-        # 0 / 0 gives NaN (the value we return) with a warning: a RuntimeWarning before
-        # scikit-learn 1.6, an UndefinedMetricWarning since
-        warnings.simplefilter("ignore", RuntimeWarning)
-        warnings.simplefilter("ignore", UndefinedMetricWarning)
-        value = cohen_kappa_score(y_true, y_pred, labels=np.arange(n_classes), weights="quadratic")
-    return float(value)
+    return _fast_metric("qwk", y_true, y_pred, n_classes)
 
 
 def balanced_accuracy(y_true, y_pred) -> float:
-    """Mean recall over the classes present in ``y_true``."""
-    from sklearn.metrics import balanced_accuracy_score
-
+    """Mean recall over the classes present in ``y_true`` (predicted classes absent from
+    ``y_true`` have no recall and are left out, as scikit-learn leaves them)."""
     y_true = np.asarray(y_true, dtype=np.int64)
     y_pred = np.asarray(y_pred, dtype=np.int64)
-    if len(y_true) == 0:
+    n_classes = int(max(y_true.max(initial=0), y_pred.max(initial=0))) + 1
+    return _fast_metric("balanced_accuracy", y_true, y_pred, n_classes)
+
+
+def binary_auc(positive: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve: the chance that a positive outscores a negative, ties
+    counted half (the Mann-Whitney U over the average ranks); NaN without both classes."""
+    positive = np.asarray(positive, dtype=bool)
+    scores = np.asarray(scores, dtype=np.float64)
+    n_pos = int(positive.sum())
+    n_neg = len(positive) - n_pos
+    if n_pos == 0 or n_neg == 0:
         return float("nan")
-    with warnings.catch_warnings():
-        # predicted classes absent from y_true have no recall; scikit-learn leaves them
-        # out, as this definition does, and warns about it
-        warnings.simplefilter("ignore", UserWarning)
-        return float(balanced_accuracy_score(y_true, y_pred))
+    order = np.argsort(scores, kind="mergesort")
+    _, first, counts = np.unique(scores[order], return_index=True, return_counts=True)
+    ranks = np.empty(len(scores), dtype=np.float64)
+    ranks[order] = np.repeat(first + (counts + 1) / 2.0, counts)  # 1-based average rank of each tie group
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
 def macro_auc(y_true, probs: np.ndarray) -> float:
     """Binary: AUC of the positive-class probability. Multi-class: mean one-vs-rest AUC
     over the classes that have both positives and negatives in ``y_true``; NaN when no
     class qualifies (a cohort with a single label)."""
-    from sklearn.metrics import roc_auc_score
-
     y_true = np.asarray(y_true, dtype=np.int64)
     probs = np.asarray(probs, dtype=np.float64)
     if probs.shape[1] == 2:
-        if len(np.unique(y_true)) < 2:
-            return float("nan")
-        return float(roc_auc_score(y_true, probs[:, 1]))
-    aucs = []
-    for c in range(probs.shape[1]):
-        positives = y_true == c
-        if positives.any() and not positives.all():
-            aucs.append(roc_auc_score(positives.astype(int), probs[:, c]))
+        return binary_auc(y_true == 1, probs[:, 1])
+    aucs = [binary_auc(y_true == c, probs[:, c]) for c in range(probs.shape[1])]
+    aucs = [a for a in aucs if not math.isnan(a)]
     return float(np.mean(aucs)) if aucs else float("nan")
 
 
@@ -101,15 +94,14 @@ def slide_metrics(y_true, probs: np.ndarray, n_classes: int) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in values.items()}
 
 
-# The headline metrics a bootstrap interval is computed for; the fast forms below give the
-# same values as the scikit-learn ones above (tests/test_mil_metrics.py checks it).
+# The headline metrics a bootstrap interval is computed for (from the confusion matrix,
+# so that a bootstrap's thousands of calls stay cheap).
 BOOTSTRAP_METRICS = ("qwk", "qwk_x100", "accuracy", "balanced_accuracy")
 
 
 def _fast_metric(metric: str, y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> float:
-    """One metric from the confusion matrix, without scikit-learn's per-call overhead
-    (a bootstrap calls it thousands of times)."""
-    cm = np.bincount(y_true * n_classes + y_pred, minlength=n_classes * n_classes).reshape(n_classes, n_classes)
+    """One metric from the confusion matrix (a bootstrap calls it thousands of times)."""
+    cm = confusion(y_true, y_pred, n_classes)
     n = cm.sum()
     if n == 0:
         return math.nan

@@ -36,10 +36,11 @@ def build_twt_student(teacher: Backbone, calib: CalibrationSet, plan: dict[str, 
             layers, report = list(build_timm_model(spec, depth=len(blocks)).blocks), []
     elif options.init == "audition":
         aopts = AuditionOptions(steps=options.audition_steps, lr=options.extra.get("audition_lr", 1e-4),
-                                batch_size=min(options.batch_size, 16), seed=options.seed, device=options.device)
+                                batch_size=min(options.batch_size, 16), seed=options.seed, device=options.device,
+                                precision=options.precision)
         # the teacher's outputs of the fit tiles it fits on: computed once per teacher and
         # calibration set (teacher cache), shared with the fit means and the other variants
-        outputs = fit_layer_outputs(teacher, calib, n_tiles=aopts.max_fit_tiles, batch_size=aopts.batch_size)
+        outputs = fit_layer_outputs(teacher, calib, n_tiles=aopts.max_fit_tiles)
         layers, report = audition(teacher.model, blocks, calib.fit, calib.choosing_tiles(), transform=teacher.transform,
                                   options=aopts, fit_outputs=outputs)
     else:
