@@ -78,3 +78,19 @@ def test_distill_in_fp32_skips_the_check():
     run = distill(student, teacher.model, _tiles(), transform=teacher.transform, objective=objective,
                   options=DistillOptions(steps=1, batch_size=2, precision="fp32", augment=False, progress=False))
     assert run.precision == "fp32" and run.bf16_check is None
+
+
+def test_given_fp32_targets_only_the_students_side_differs():
+    """With the loop's cached fp32 targets given, both losses use them: the fp32 loss is the
+    one computed from the teacher's own fp32 pass, and the bf16 loss differs by the
+    student's bf16 forward alone (a different value from the one with bf16 targets)."""
+    from pathtwt.compress.autocast import teacher_targets
+
+    teacher, student, objective, x = _setup()
+    own = check_bf16_first_step(student, teacher.model, x, objective)
+    targets = teacher_targets(objective, teacher.model, x, "fp32")
+    given = check_bf16_first_step(student, teacher.model, x, objective, targets=targets)
+    assert given.loss_fp32 == pytest.approx(own.loss_fp32, rel=1e-6)
+    assert given.loss_bf16 != own.loss_bf16 and given.precision == "bf16"
+    wrong = [t + 1.0 for t in targets]  # the targets are the ones used, not recomputed
+    assert check_bf16_first_step(student, teacher.model, x, objective, targets=wrong).loss_fp32 > 2 * own.loss_fp32

@@ -95,7 +95,7 @@ def _mse(layer: nn.Module, h_in: torch.Tensor, h_out: torch.Tensor, *, device: s
 
 
 def _fit(layer: nn.Module, h_in: torch.Tensor, h_out: torch.Tensor, options: AuditionOptions) -> None:
-    from pathtwt.compress.autocast import autocast
+    from pathtwt.compress.autocast import autocast, bf16_attention
 
     layer.train().to(options.device)
     opt = torch.optim.AdamW(layer.parameters(), lr=options.lr, weight_decay=0.0)
@@ -103,7 +103,7 @@ def _fit(layer: nn.Module, h_in: torch.Tensor, h_out: torch.Tensor, options: Aud
     b = min(options.batch_size, len(h_in))
     for _ in range(options.steps):
         idx = torch.randperm(len(h_in), generator=g)[:b]
-        with autocast(options.device, options.precision):
+        with autocast(options.device, options.precision), bf16_attention([layer], options.device, options.precision):
             pred = layer(h_in[idx].to(options.device))
         loss = nn.functional.mse_loss(pred.float(), h_out[idx].to(options.device))
         opt.zero_grad(set_to_none=True)

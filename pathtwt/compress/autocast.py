@@ -1,5 +1,6 @@
-"""The precision a distillation computes in: bf16 autocast or plain fp32, and the
-teacher's targets under it (shared by the loop and its first-step bf16 check)."""
+"""The precision a distillation computes in: bf16 autocast or plain fp32 (on CPU with the
+attention computed explicitly, as extraction does), and the teacher's targets under it
+(shared by the loop, its first-step bf16 check and auditioning)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,20 @@ def autocast(device: str, precision: str) -> Any:
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+def bf16_attention(modules: list[nn.Module], device: str, precision: str) -> contextlib.ExitStack:
+    """Within the block, bf16 on CPU computes the attention of ``modules`` explicitly: the
+    fused kernel runs no faster in bf16 than in fp32 there, the explicit q @ k^T and @ v run
+    on the bf16 matrix units (:mod:`pathtwt.models.cpu_attention`; a ViT-S distillation
+    step 1.34x faster, ``benchmarks/cpu_precision.py``). Nothing changes in fp32 or on GPUs."""
+    from pathtwt.models.cpu_attention import explicit_attention
+
+    stack = contextlib.ExitStack()
+    if precision == "bf16" and torch.device(device).type == "cpu":
+        for module in modules:
+            stack.enter_context(explicit_attention(module))
+    return stack
 
 
 def teacher_targets(objective: Any, teacher: nn.Module, x: torch.Tensor, precision: str) -> list[torch.Tensor]:

@@ -35,10 +35,14 @@ class Bf16Check:
 
 
 def check_bf16_first_step(student: nn.Module, teacher: nn.Module, x: torch.Tensor, objective,
-                          tolerance: float = BF16_LOSS_TOLERANCE, step: int = 0) -> Bf16Check:
+                          tolerance: float = BF16_LOSS_TOLERANCE, step: int = 0,
+                          targets: list[torch.Tensor] | None = None) -> Bf16Check:
     """Compare the first-step loss of ``objective`` (``targets(teacher, x)`` and
     ``loss(student, x, targets, step)``, as the distillation loop computes them)
-    in fp32 and under bf16 autocast on the batch ``x``; see the module docstring."""
+    in fp32 and under bf16 autocast on the batch ``x``; see the module docstring.
+    ``targets``: the fp32 targets of ``x`` the loop will train on whatever its precision
+    (its target cache from the teacher's shared outputs); then only the student's side
+    differs between the two losses, as it does in the loop."""
     from pathtwt.compress.autocast import teacher_targets
 
     device_type = x.device.type
@@ -47,10 +51,10 @@ def check_bf16_first_step(student: nn.Module, teacher: nn.Module, x: torch.Tenso
     try:
         with torch.no_grad():
             for precision in ("fp32", "bf16"):
-                targets = teacher_targets(objective, teacher, x, precision)
+                used = targets if targets is not None else teacher_targets(objective, teacher, x, precision)
                 amp = torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=precision == "bf16")
                 with amp:
-                    loss, _terms = objective.loss(student, x, targets, step)
+                    loss, _terms = objective.loss(student, x, used, step)
                 losses[precision] = float(loss.float())
     finally:
         student.train(was_training)

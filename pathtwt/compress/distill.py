@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from pathtwt.compress.autocast import autocast as _autocast
+from pathtwt.compress.autocast import bf16_attention
 from pathtwt.compress.autocast import teacher_targets
 from pathtwt.compress.defaults import BATCH_SIZE, LR
 from pathtwt.errors import NumericsError, PathtwtError
@@ -397,9 +398,19 @@ def distill(
     objective = normalised_objective(objective, teacher, source, transform, options,
                                      teacher_outputs if isinstance(tiles, np.ndarray) else None)
     student.to(device).train()
+    in_memory = isinstance(tiles, np.ndarray)
+    # with augmentation off, the targets of in-memory tiles covered by the teacher's shared
+    # fp32 outputs are read from them (no forward pass, the same whatever the precision)
+    shared_targets = None
+    if (in_memory and not options.augment and teacher_outputs is not None and len(teacher_outputs[0]) >= n_tiles
+            and hasattr(objective, "targets_from_outputs")
+            and _estimate_target_bytes(teacher, tiles, transform, objective, device) <= options.cache_limit_bytes):
+        shared_targets = TargetCache.from_outputs(teacher, teacher_outputs, objective=objective, n_tiles=n_tiles,
+                                                  device=device, chunk=options.batch_size)
     bf16_check = None
     if precision == "bf16":
-        bf16_check = _check_bf16(student, teacher, source, transform, objective, options)
+        with bf16_attention([student, teacher], device, precision):
+            bf16_check = _check_bf16(student, teacher, source, transform, objective, options, shared_targets)
         precision = bf16_check["precision"]
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=options.weight_decay)
@@ -419,16 +430,12 @@ def distill(
         if int(state.get("sampler", {}).get("position", expected)) != expected:
             raise PathtwtError(f"{ckpt}: sampler position {state['sampler']} does not match step {start}; delete it to start over")
 
-    in_memory = isinstance(tiles, np.ndarray)
-    cache = None
-    if in_memory and not options.augment and start < total:
+    cache = shared_targets
+    if cache is None and in_memory and not options.augment and start < total:
         if _estimate_target_bytes(teacher, tiles, transform, objective, device) <= options.cache_limit_bytes:
-            covered = teacher_outputs is not None and len(teacher_outputs[0]) >= n_tiles
-            cache = (TargetCache.from_outputs(teacher, teacher_outputs, objective=objective, n_tiles=n_tiles,
-                                              device=device, chunk=options.batch_size)
-                     if covered and hasattr(objective, "targets_from_outputs") else
-                     TargetCache.build(teacher, tiles, transform=transform, objective=objective, device=device,
-                                       chunk=options.batch_size, precision=precision))
+            with bf16_attention([teacher], device, precision):
+                cache = TargetCache.build(teacher, tiles, transform=transform, objective=objective, device=device,
+                                          chunk=options.batch_size, precision=precision)
 
     end = total if options.stop_after is None else min(total, max(start, int(options.stop_after)))
     step, saved_at = start, start
@@ -455,7 +462,7 @@ def distill(
                             sampler={"position": step * accumulate * sharding.batch, "seed": options.seed, "n_tiles": n_tiles})
         saved_at = step
 
-    with _stop_at_step_end() as stop, cv2_pool_stopped(workers > 0):
+    with _stop_at_step_end() as stop, cv2_pool_stopped(workers > 0), bf16_attention([student, teacher], device, precision):
         try:
             stream = iter(batches)
             while step < end:
@@ -505,7 +512,7 @@ def distill(
 
 
 def _check_bf16(student: nn.Module, teacher: nn.Module, source: Any, transform: Transform, objective: Objective,
-                options: DistillOptions) -> dict[str, Any]:
+                options: DistillOptions, shared: "TargetCache | None" = None) -> dict[str, Any]:
     """bf16 or fp32 for this run, from the first step's loss on the first training tiles in
     index order (the same tiles on every rank and on a resumed run, so the choice is the
     same everywhere); every rank falls back when one does."""
@@ -514,7 +521,8 @@ def _check_bf16(student: nn.Module, teacher: nn.Module, source: Any, transform: 
 
     n = min(len(source), max(1, int(options.batch_size)))
     x = tiles_to_batch(transform, np.stack([source.read(j) for j in range(n)]), options.device)
-    check = check_bf16_first_step(student, teacher, x, objective, tolerance=options.bf16_tolerance)
+    targets = None if shared is None else shared.get(torch.arange(n), options.device)
+    check = check_bf16_first_step(student, teacher, x, objective, tolerance=options.bf16_tolerance, targets=targets)
     kept = float(ranks.all_mean(torch.tensor([1.0 if check.precision == "bf16" else 0.0], dtype=torch.float64))[0]) == 1.0
     return {**asdict(check), "precision": "bf16" if kept else "fp32", "tolerance": options.bf16_tolerance, "tiles": n}
 
