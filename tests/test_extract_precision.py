@@ -42,7 +42,7 @@ def test_bf16_autocast_is_checked_on_the_first_batch(job, monkeypatch, bar, kept
     backbone = create_backbone("vit-s14-tiny", pretrained=False, init_seed=2, precision="fp32")
     ref, ref_attrs = _run(fp32_job, backbone, root / "fp32.h5")
     assert ref_attrs["precision"] == "fp32" and "precision_check" not in ref_attrs
-    monkeypatch.setattr(extract, "BF16_MIN_COSINE", bar)
+    monkeypatch.setattr("pathtwt.models.bf16_guard.BF16_MIN_COSINE", bar)
     feats, attrs = _run(fp32_job, backbone, root / f"auto-{kept}.h5", bf16_autocast=True)
     if kept:
         assert attrs["precision"] == "bf16-autocast" and attrs["precision_check"].startswith("bf16 autocast kept")

@@ -8,10 +8,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 from PIL import Image
 
 from pathtwt.cli import main
+from pathtwt.models.registry import create_backbone
 from pathtwt.probe.data import draw_split, group_of, load_probe_set
 from pathtwt.probe.fit import bootstrap_interval
 
@@ -72,6 +74,30 @@ def test_probe_writes_metrics_and_predictions(tmp_path):
     probs = np.array([[float(r[f"knn_p_{c}"]) for c in summary["classes"]] for r in rows])
     assert np.allclose(probs.sum(axis=1), 1.0)
     assert not list(out.glob(".*"))  # no temporary file left behind
+
+
+@pytest.mark.parametrize("bar,kept", [(-1.0, True), (1.01, False)], ids=["kept", "fell-back"])
+def test_probe_embeds_as_extraction_does_with_its_bf16_guard(tmp_path, monkeypatch, bar, kept):
+    """On hardware with native bf16, --precision auto embeds under bf16 autocast when the
+    first tiles agree with fp32, as pathtwt extract does, and probe.json says which; below
+    the bar the probe falls back to exactly the fp32 numbers."""
+    from pathtwt.probe.data import load_probe_set
+    from pathtwt.probe.fit import embed_probe_set
+
+    monkeypatch.setattr("pathtwt.models.bf16_guard.BF16_MIN_COSINE", bar)
+    probe_set = load_probe_set(_tiles(tmp_path / "tiles", {"red": 6, "blue": 6}), split_file=None, test_fraction=0.3,
+                               seed=0, max_per_class=None)
+    backbone = create_backbone("vit-s14-tiny", pretrained=False, init_seed=3, precision="fp32")
+    ref, ref_precision = embed_probe_set(backbone, probe_set, batch_size=4)
+    assert ref_precision == {"precision": "fp32"}
+    feats, precision = embed_probe_set(backbone, probe_set, batch_size=4, bf16_autocast=True)
+    if kept:
+        assert precision["precision"] == "bf16-autocast" and precision["precision_check"].startswith("bf16 autocast kept")
+        assert not np.array_equal(feats, ref)
+        assert float(torch.nn.functional.cosine_similarity(torch.from_numpy(feats), torch.from_numpy(ref)).min()) > 0.98
+    else:
+        assert precision["precision"] == "fp32" and precision["precision_check"].startswith("fell back to fp32")
+        assert np.array_equal(feats, ref)
 
 
 def test_drawn_split_is_seeded_stratified_and_keeps_groups_together(tmp_path):

@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"tiles per forward pass (default {FORWARD_BATCH_SIZE})")
     add_device_argument(parser)
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
-                        help="inference precision (auto: the backbone's own default precision)")
+                        help="auto: as pathtwt extract, bf16 autocast over fp32 weights where the device has native "
+                        "bf16, kept only if the first 8 tiles agree with fp32 (cosine >= 0.999, else fp32; probe.json "
+                        "says which), otherwise the backbone's default; bf16/fp16: weights cast")
     add_threads_argument(parser)
 
 
@@ -63,13 +65,19 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    from pathtwt.devices import native_bf16
+
+    device = resolve_device(args.device)
+    # the probe embeds tiles as extraction does, so that it measures the features MIL reads
+    autocast = args.precision == "auto" and native_bf16(device)
     backbone = create_backbone(
-        args.backbone, weights=args.weights, pretrained=not args.random_init, device=resolve_device(args.device),
-        precision=args.precision,
+        args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,
+        precision="fp32" if autocast else args.precision,
     )
     summary = probe_backbone(
         backbone, probe_set, args.out, variant=str(args.backbone), name=args.name or args.tiles.resolve().name,
         seed=args.seed, batch_size=args.batch_size, max_per_class=args.max_per_class, random_init=args.random_init,
+        bf16_autocast=autocast,
     )
     print(summary_line(summary), file=sys.stdout)
     return 0

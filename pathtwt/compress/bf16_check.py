@@ -1,7 +1,7 @@
 """The distillation's bf16 guard: the first step's loss under bf16 autocast against fp32.
 
 Extraction keeps bf16 only when its first tiles' embeddings agree with fp32 ones
-(``pathtwt.features.extract.check_bf16``); this is the same guard for training. On the
+(``pathtwt.models.bf16_guard``); this is the same guard for training. On the
 first micro-batch, before any update, the objective's loss is computed twice, teacher
 targets and student forward both in fp32 and both under bf16 autocast. bf16 is kept when
 the two losses differ by at most ``tolerance`` relative to the fp32 loss; otherwise the

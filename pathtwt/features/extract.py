@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from pathtwt.models.bf16_guard import BF16_CHECK_TILES, AutoPrecision, check_bf16_on
 from pathtwt.models.registry import Backbone
 from pathtwt.models.embedding import DEFAULT_RECIPE, check_recipe, embed_tiles, embedding_dim
 from pathtwt.errors import NumericsError, PathtwtError, SlideError
@@ -101,52 +102,14 @@ def transform_attrs(transform: Any) -> dict[str, Any]:
     return {f"transform_{k}": v for k, v in describe().items()} if describe else {}
 
 
-# bf16 autocast is kept only when its embeddings of the run's first tiles agree with fp32
-# ones at least this well (cosine, worst tile)
-BF16_MIN_COSINE = 0.999
-# the tiles of the first slide the bf16 check embeds twice (fp32 and bf16): enough to
-# catch a model or kernel whose bf16 numerics break, few enough that a cohort's job does
-# not pay a full fp32 batch (ViT-S on 2 CPU cores: about 0.2 s a tile in fp32)
-BF16_CHECK_TILES = 8
 # slides of at most this many batches are read in the embedding process (see _embed_stream)
 IN_PROCESS_BATCHES = 2
 
 
-@dataclass
-class AutoPrecision:
-    """``--precision auto`` on hardware with native bf16: bf16 autocast over an fp32 model,
-    decided once per run by :func:`check_bf16` on its first tiles."""
-
-    bf16: bool = False
-    note: str = "not checked"
-
-    def context(self, device: Any, model: torch.nn.Module | None = None):
-        """bf16 autocast; on CPU also ``model``'s attention computed explicitly, whose bf16
-        matrix multiplies beat the fused kernel (:mod:`pathtwt.models.cpu_attention`)."""
-        import contextlib
-
-        if not self.bf16:
-            return contextlib.nullcontext()
-        kind = torch.device(device).type
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.autocast(device_type=kind, dtype=torch.bfloat16))
-        if kind == "cpu" and model is not None:
-            from pathtwt.models.cpu_attention import explicit_attention
-
-            stack.enter_context(explicit_attention(model))
-        return stack
-
-    def attrs(self) -> dict[str, Any]:
-        return {"precision": "bf16-autocast" if self.bf16 else "fp32", "precision_check": self.note}
-
-
 def check_bf16(jobs: Sequence[ExtractJob], backbone: Backbone, batch_size: int) -> AutoPrecision:
-    """Embed the first tiles (:data:`BF16_CHECK_TILES`) of the first readable slide in fp32
-    and under bf16 autocast; keep bf16 if every tile's cosine is at least BF16_MIN_COSINE,
-    else fall back to fp32 and say so (log and the features files' ``precision_check``)."""
-    import logging
-
-    log = logging.getLogger(__name__)
+    """bf16 autocast or fp32 for this run (:func:`pathtwt.models.bf16_guard.check_bf16_on`),
+    decided on the first tiles of the first readable slide; the outcome goes to the
+    features files' ``precision_check``."""
     for job in jobs:
         try:
             xy, _tissue, attrs = read_coords(job.coords)
@@ -159,21 +122,7 @@ def check_bf16(jobs: Sequence[ExtractJob], backbone: Backbone, batch_size: int) 
         if any(err for _, _, err in items):
             continue
         x = torch.stack([t for _, t, _ in items]).to(backbone.device)
-        prefix = backbone.spec.num_prefix_tokens
-        with torch.inference_mode():
-            ref = embed_tiles(backbone.model, x, prefix).float()
-            with AutoPrecision(bf16=True).context(backbone.device, backbone.model):
-                low = embed_tiles(backbone.model, x, prefix).float()
-        cosine = float(torch.nn.functional.cosine_similarity(ref, low, dim=1).min())
-        measured = f"worst cosine to fp32 {cosine:.6f} on the first {len(x)} tiles of {job.slide.name}"
-        # the files' note names only the outcome: a file must not depend on which slide a
-        # (possibly resumed) run happened to check first; the measurement goes to the log
-        if cosine >= BF16_MIN_COSINE:
-            log.info("bf16 autocast kept: %s", measured)
-            return AutoPrecision(bf16=True, note=f"bf16 autocast kept: first-tiles cosine to fp32 >= {BF16_MIN_COSINE}")
-        log.warning("fell back to fp32: bf16 autocast %s < %s", measured, BF16_MIN_COSINE)
-        print(f"extract: fell back to fp32: bf16 autocast {measured} < {BF16_MIN_COSINE}", flush=True)
-        return AutoPrecision(bf16=False, note=f"fell back to fp32: first-tiles bf16 cosine to fp32 < {BF16_MIN_COSINE}")
+        return check_bf16_on(backbone.model, x, backbone.spec.num_prefix_tokens, where=job.slide.name, tool="extract")
     return AutoPrecision(bf16=False, note="fp32: no readable tiles to check bf16 autocast on")
 
 

@@ -35,26 +35,38 @@ class ProbeResult:
 
 
 def embed_probe_set(
-    backbone: Any, probe_set: ProbeSet, *, batch_size: int = 32, progress: Callable[[int, int], None] | None = None
-) -> np.ndarray:
-    """(n_tiles, D) float32 tile embeddings in ``probe_set.tiles`` order. Every image goes
-    through the backbone's own transform (resized to its input, its normalisation)."""
+    backbone: Any, probe_set: ProbeSet, *, batch_size: int = 32, progress: Callable[[int, int], None] | None = None,
+    bf16_autocast: bool = False,
+) -> tuple[np.ndarray, dict[str, str]]:
+    """(n_tiles, D) float32 tile embeddings in ``probe_set.tiles`` order, and the precision
+    they were computed in (probe.json's ``precision`` and ``precision_check``). Every image
+    goes through the backbone's own transform (resized to its input, its normalisation).
+    ``bf16_autocast``: bf16 autocast if the first tiles agree with fp32, as in extraction."""
     import torch
+
+    from pathtwt.models.bf16_guard import AutoPrecision, check_bf16_on
 
     n = len(probe_set.tiles)
     out = np.zeros((n, backbone.embedding_dim), dtype=np.float32)
+    precision: AutoPrecision | None = None
     with torch.inference_mode():
         for start in range(0, n, batch_size):
             chunk = probe_set.tiles[start : start + batch_size]
             images = [read_tile(probe_set.root, t.path) for t in chunk]
             x = backbone.transform.batch(images).to(backbone.device)
-            out[start : start + len(chunk)] = backbone.embed_tiles(x).cpu().numpy()
+            if precision is None:
+                precision = (check_bf16_on(backbone.model, x, backbone.spec.num_prefix_tokens, where=str(probe_set.root),
+                                           tool="probe") if bf16_autocast else AutoPrecision())
+            with precision.context(backbone.device, backbone.model):
+                out[start : start + len(chunk)] = backbone.embed_tiles(x).float().cpu().numpy()
             if progress is not None:
                 progress(start + len(chunk), n)
     if not np.isfinite(out).all():
         bad = [probe_set.tiles[i].path for i in np.flatnonzero(~np.isfinite(out).all(axis=1))[:3]]
         raise NumericsError(f"{probe_set.root}: non-finite embeddings for tiles {bad}; check the backbone weights")
-    return out
+    if precision is None or not bf16_autocast:
+        return out, {"precision": backbone.precision}
+    return out, precision.attrs()
 
 
 def fit_logistic(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, n_classes: int, seed: int) -> np.ndarray:

@@ -46,10 +46,14 @@ def probe_backbone(
     max_per_class: int | None = None,
     random_init: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    bf16_autocast: bool = False,
 ) -> dict[str, Any]:
-    """Probe ``backbone`` (a ``pathtwt.models.registry.Backbone``) on ``probe_set``; returns probe.json's content."""
+    """Probe ``backbone`` (a ``pathtwt.models.registry.Backbone``) on ``probe_set``; returns
+    probe.json's content. ``bf16_autocast``: embed under bf16 autocast when the first tiles
+    agree with fp32 (:mod:`pathtwt.models.bf16_guard`), as extraction does."""
     out = Path(out)
-    features = embed_probe_set(backbone, probe_set, batch_size=batch_size, progress=progress)
+    features, precision = embed_probe_set(backbone, probe_set, batch_size=batch_size, progress=progress,
+                                          bf16_autocast=bf16_autocast)
     results = run_probes(features, probe_set, seed=seed)
     counts = {
         split: {c: sum(1 for t in probe_set.in_split(split) if t.label == i) for i, c in enumerate(probe_set.classes)}
@@ -72,6 +76,7 @@ def probe_backbone(
         "classes": probe_set.classes,
         "counts": counts,
         "embedding_dim": int(features.shape[1]),
+        **precision,
         "settings": {
             "logistic": f"standardised features, L2 logistic regression, C={LOGISTIC_C}",
             "knn": f"k={KNN_K}, cosine distance, majority vote",
