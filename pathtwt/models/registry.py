@@ -499,19 +499,18 @@ def create_backbone(
     resolved_precision = resolve_precision(precision, spec, device)
     # weights first: a missing file is reported before the (slow) model build
     path = resolve_weights_path(spec, weights) if (pretrained or weights is not None) else None
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(init_seed)
-        model = build_timm_model(spec)
     sha: str | None = None
     source = f"random-init(seed={init_seed})"
     if path is not None:
-        state = load_state_dict_file(path)
-        state = state_dict_to_timm(state, model)
-        load_exact(model, state, source=str(path), backbone=spec.name)
+        model = _model_from_weights(spec, load_state_dict_file(path), source=str(path))
         from pathtwt.io.atomic import sha256_file
 
         sha = sha256_file(path) if path.is_file() else _folder_weights_sha(path)
         source = str(path)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(init_seed)
+            model = build_timm_model(spec)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[resolved_precision]
     model = model.to(device=device, dtype=dtype).eval()
     for p in model.parameters():
@@ -523,6 +522,24 @@ def create_backbone(
         model=model, transform=transform, precision=resolved_precision, spec=spec,
         weights_sha256=sha, source=source, device=str(device),
     )
+
+
+def _model_from_weights(spec: BackboneSpec, state: Mapping[str, Any], source: str):
+    """``spec``'s model holding ``state``, built without a random initialisation: the
+    architecture is laid out on the meta device (shapes only) and the loaded tensors become
+    its parameters. timm's initialisation of a ViT costs about a second per job (a ViT-B
+    several), for weights that are overwritten at once. A model that keeps a tensor no
+    checkpoint holds (a non-persistent buffer) is built as before and loaded by copy."""
+    import torch
+
+    model = build_timm_model(spec, device=torch.device("meta"))
+    state = state_dict_to_timm(state, model)
+    load_exact(model, state, source=source, backbone=spec.name, assign=True)
+    if not any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        return model
+    model = build_timm_model(spec)
+    load_exact(model, state, source=source, backbone=spec.name)
+    return model
 
 
 def _folder_weights_sha(path: Path) -> str:
@@ -566,9 +583,10 @@ def fitting_backbones(state: Mapping[str, Any]) -> list[str]:
     return names
 
 
-def load_exact(model, state: Mapping[str, Any], source: str, backbone: str | None = None) -> None:
+def load_exact(model, state: Mapping[str, Any], source: str, backbone: str | None = None, assign: bool = False) -> None:
     """``load_state_dict(strict=True)`` with an error naming the first mismatching keys, the
-    backbone asked for and the registry backbones the weights do fit."""
+    backbone asked for and the registry backbones the weights do fit (``assign``: the
+    state's tensors become the parameters, for a model laid out on the meta device)."""
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
@@ -592,4 +610,4 @@ def load_exact(model, state: Mapping[str, Any], source: str, backbone: str | Non
             f"{source}: weights do not fit the architecture{asked} ({'; '.join(problems)}){them}; "
             "check that --backbone matches the weights file"
         )
-    model.load_state_dict(state, strict=True)
+    model.load_state_dict(state, strict=True, assign=assign)
