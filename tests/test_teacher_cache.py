@@ -65,11 +65,11 @@ def counted(monkeypatch):
     return calls
 
 
-def _job(teacher, path, batch_size=8, n_tiles=None):
+def _job(teacher, path, n_tiles=None):
     """What one compress job computes from its teacher and calibration set."""
     calib = load_calibration([path], n_tiles=n_tiles, seed=0)
-    centre = fidelity.fit_centre(teacher, calib, batch_size=batch_size)
-    refs = fidelity.references(teacher, calib, batch_size=batch_size)
+    centre = fidelity.fit_centre(teacher, calib)
+    refs = fidelity.references(teacher, calib)
     return centre, refs
 
 
@@ -78,7 +78,8 @@ def test_a_second_job_reads_what_the_first_computed(calibration_file, counted):
     centre1, refs1 = _job(teacher, calibration_file)
     assert counted == {"centre": 1, "random_init": 1}
     cache = calibration_file.with_name("b" + SUFFIX)
-    assert sorted(p.name.rsplit("-", 1)[0] for p in cache.iterdir()) == ["centre", "fit-outputs", "references"]
+    assert sorted(p.name.rsplit("-", 1)[0] for p in cache.iterdir()) == ["centre", "fit-outputs", "references",
+                                                                         "report-outputs"]
     centre2, refs2 = _job(_teacher(), calibration_file)  # a new process: same teacher, same file
     assert counted == {"centre": 1, "random_init": 1}  # nothing recomputed
     assert torch.equal(centre1.layers, centre2.layers) and torch.equal(centre1.embedding, centre2.embedding)
@@ -86,13 +87,31 @@ def test_a_second_job_reads_what_the_first_computed(calibration_file, counted):
     assert refs2 == refs1 and refs2["teacher"]["r2"] == pytest.approx(1.0)
 
 
-def test_other_tiles_teacher_or_batch_size_miss(calibration_file, counted):
+def test_other_tiles_or_teacher_miss(calibration_file, counted):
     _job(_teacher(), calibration_file)
     _job(_teacher(seed=6), calibration_file)  # other weights
-    _job(_teacher(), calibration_file, batch_size=4)  # other float rounding
     _job(_teacher(), calibration_file, n_tiles=20)  # another subset of the file's tiles
-    assert counted["centre"] == 4 and counted["random_init"] == 4
-    assert len(list(calibration_file.with_name("b" + SUFFIX).glob("centre-*.pt"))) == 4
+    assert counted["centre"] == 3 and counted["random_init"] == 3
+    assert len(list(calibration_file.with_name("b" + SUFFIX).glob("centre-*.pt"))) == 3
+
+
+def test_jobs_of_any_batch_size_share_the_teacher_entries(calibration_file, counted):
+    """The teacher's values are computed in the shared passes' batch, whatever the job's own
+    (discovery runs in 32, the demo's compress jobs in 8): a compress job reads what
+    discovery left, and its reported fidelity scores the teacher's side from them."""
+    from pathtwt.compress.teacher_cache import held_out_outputs
+
+    teacher = _teacher()
+    _job(teacher, calibration_file)
+    calib = load_calibration([calibration_file], n_tiles=None, seed=0)
+    other = _teacher()
+    for batch_size in (3, 8):
+        record = fidelity.measure(other.model, other, calib, on="report", boundaries=[1], batch_size=batch_size)
+        assert record["r2"] == pytest.approx(1.0) and record["block_r2"][0] == pytest.approx(1.0)
+    assert counted == {"centre": 1, "random_init": 1}
+    shared = held_out_outputs(other, calib, "report")
+    own = fidelity.block_outputs(other.model, fidelity.tiles_to_batch(other.transform, calib.report, "cpu"))
+    assert len(shared) == len(own) == 13 and all(torch.allclose(a, b, atol=1e-5) for a, b in zip(shared, own))
 
 
 def test_a_damaged_entry_is_recomputed(calibration_file, counted, caplog):

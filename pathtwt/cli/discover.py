@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from pathtwt.analysis.figures import similarity_heatmap
     from pathtwt.compress.partition import default_eps_grid, eps_sweep, partition_exact_k, partition_min_blocks
     from pathtwt.compress.similarity import save_similarity, similarity_from_outputs, similarity_matrix
-    from pathtwt.compress.teacher_cache import whole_fit_outputs
+    from pathtwt.compress.fidelity import references
+    from pathtwt.compress.teacher_cache import cache_directory, whole_fit_outputs
     from pathtwt.io.atomic import write_json_atomic, write_text_atomic
 
     backbone = load_teacher(args)
@@ -70,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
             f"(worst discrepancy {part.max_discrepancy:.3f})."
         ),
     )
+    # the reference rows (teacher, constant, random-init) of every compress job of this
+    # calibration set, kept in the teacher cache beside it: they are measured on the report
+    # tiles, where nothing is chosen, and the plan above never saw them
+    if cache_directory(calib) is not None:
+        references(backbone, calib, device=backbone.device, seed=args.seed)
     write_json_atomic(out / "plan.json", plan)  # last: its presence means the folder is complete
     blocks = " ".join(f"[{s}-{e}]" for s, e in part.blocks)
     print(f"{out}: {part.n_blocks} blocks {blocks}, worst discrepancy {part.max_discrepancy:.4f}"

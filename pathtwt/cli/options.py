@@ -207,7 +207,8 @@ def teacher_provenance(backbone: Any, n_tiles: int, args: argparse.Namespace) ->
 
 
 def load_fit_tiles(args: argparse.Namespace):
-    """The fit part of the calibration set (select and report stay unseen)."""
+    """The calibration set as a compress job loads it: discovery chooses on its fit part only
+    (the report part serves the teacher's reference rows; select stays unseen)."""
     from pathtwt.compress.calibration import load_calibration
 
     return load_calibration(args.calibration, n_tiles=args.n_tiles, seed=args.seed)

@@ -122,21 +122,25 @@ def audition(
     transform: Transform,
     options: AuditionOptions,
     fit_outputs: Sequence[torch.Tensor] | None = None,
+    select_outputs: Sequence[torch.Tensor] | None = None,
 ) -> tuple[list[nn.Module], list[dict]]:
     """The winning (fitted) layer of every block and the ranking report, one entry per block:
     ``{"block": [s, e], "winner": name, "ranking": [{"candidate", "layer", "select_mse",
     "select_mse_unfitted"}, ...]}`` best first. ``fit_outputs``: the teacher's layer outputs
-    of the fit tiles used here, in batches of ``options.batch_size``
-    (:func:`pathtwt.compress.teacher_cache.fit_layer_outputs`), sparing their pass."""
+    of the fit tiles used here (:func:`pathtwt.compress.teacher_cache.fit_layer_outputs`)
+    and ``select_outputs`` those of the select tiles ranked on
+    (:func:`pathtwt.compress.teacher_cache.held_out_outputs`), sparing their passes."""
     fit = fit_tiles[: options.max_fit_tiles]
     held = select_tiles[: options.max_select_tiles] if len(select_tiles) else fit
     needed = [l for s, e in blocks for l in (s - 1, e)]
     kw = dict(transform=transform, device=options.device, batch_size=options.batch_size)
-    if fit_outputs is not None and len(fit_outputs[0]) != len(fit):
-        raise ValueError(f"fit_outputs of {len(fit_outputs[0])} tiles given for {len(fit)} fit tiles")
+    for given, tiles, name in ((fit_outputs, fit, "fit"), (select_outputs, held, "select")):
+        if given is not None and len(given[0]) != len(tiles):
+            raise ValueError(f"{name}_outputs of {len(given[0])} tiles given for {len(tiles)} {name} tiles")
     fit_states = (teacher_states(teacher, fit, needed, **kw) if fit_outputs is None
                   else {l: fit_outputs[l] for l in sorted(set(needed))})
-    held_states = teacher_states(teacher, held, needed, **kw)
+    held_states = (teacher_states(teacher, held, needed, **kw) if select_outputs is None
+                   else {l: select_outputs[l] for l in sorted(set(needed))})
     winners, report = [], []
     for s, e in blocks:
         ranking = []

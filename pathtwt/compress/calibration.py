@@ -66,6 +66,7 @@ class DerivedValues:
     """What is computed from a calibration set once per teacher (keyed by
     ``id(teacher.model)``) and reused by every measurement on it: the teacher's fit means
     and select-tile embeddings and the reference rows (:mod:`pathtwt.compress.fidelity`),
+    its layer outputs of the fit and held-out tiles (:mod:`pathtwt.compress.teacher_cache`),
     and the subset search's candidate scores (:mod:`pathtwt.compress.methods.subset`)."""
 
     teacher_centres: dict[int, TeacherCentre] = field(default_factory=dict)
@@ -74,6 +75,7 @@ class DerivedValues:
     subset_scores: dict[tuple[Any, ...], dict[tuple[int, ...], float]] = field(default_factory=dict)
     teacher_caches: dict[int, Any] = field(default_factory=dict)  # pathtwt.compress.teacher_cache.TeacherCache
     fit_outputs: dict[tuple[int, int], list["torch.Tensor"]] = field(default_factory=dict)  # ... fit_layer_outputs
+    held_out_outputs: dict[tuple[int, str, int], list["torch.Tensor"]] = field(default_factory=dict)  # ... held_out_outputs
 
 
 @dataclass(frozen=True, eq=False)

@@ -130,6 +130,15 @@ class _Scores:
         }
 
 
+def _teacher_batch(teacher: nn.Module, x: torch.Tensor, outputs: Sequence[torch.Tensor] | None,
+                   start: int) -> list[torch.Tensor]:
+    """The teacher's layer outputs of the batch ``x`` of tiles ``start, start + len(x), ...``:
+    sliced from ``outputs`` (all the tiles' outputs, computed once) or computed now."""
+    if outputs is None:
+        return block_outputs(teacher, x)
+    return [o[start : start + len(x)].to(x.device) for o in outputs]
+
+
 @torch.no_grad()
 def evaluate_fidelity(
     student: nn.Module,
@@ -143,11 +152,14 @@ def evaluate_fidelity(
     device: str = "cpu",
     batch_size: int = 32,
     teacher_embeddings: torch.Tensor | None = None,
+    teacher_outputs: Sequence[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """The metrics of the module doc (``METRICS``) of ``student`` on ``tiles``. With
     ``boundaries`` (teacher layer e_j matched by student block j) also ``block_r2``.
     ``teacher_embeddings`` (the teacher's embeddings of ``tiles``, without boundaries only)
-    spares the teacher's forward pass when many students are scored on the same tiles."""
+    or ``teacher_outputs`` (its layer outputs of ``tiles``,
+    :func:`pathtwt.compress.teacher_cache.held_out_outputs`) spare the teacher's
+    forward pass when many students are scored on the same tiles."""
     if len(tiles) == 0:
         return {"n_tiles": 0}
     boundaries = list(boundaries or [])
@@ -160,7 +172,7 @@ def evaluate_fidelity(
         x = tiles_to_batch(transform, tiles[i : i + batch_size], device)
         s_out = block_outputs(student, x)
         if teacher_embeddings is None:
-            t_out = block_outputs(teacher, x)
+            t_out = _teacher_batch(teacher, x, teacher_outputs, i)
             t_emb = _embed(teacher, t_out, num_prefix_tokens)
         else:
             t_out, t_emb = [], teacher_embeddings[i : i + batch_size].to(device)
@@ -180,16 +192,18 @@ def tile_embeddings(model: nn.Module, tiles: np.ndarray, *, transform: Transform
 @torch.no_grad()
 def constant_fidelity(teacher: nn.Module, tiles: np.ndarray, *, centre: TeacherCentre, transform: Transform,
                       num_prefix_tokens: int, boundaries: Sequence[int] | None = None, device: str = "cpu",
-                      batch_size: int = 32, constant: TeacherCentre | None = None) -> dict[str, Any]:
+                      batch_size: int = 32, constant: TeacherCentre | None = None,
+                      teacher_outputs: Sequence[torch.Tensor] | None = None) -> dict[str, Any]:
     """The reference "student" that outputs the teacher's fit means whatever the tile (its
-    R^2 is 0 by construction: the fit mean is R^2's baseline), or another ``constant``."""
+    R^2 is 0 by construction: the fit mean is R^2's baseline), or another ``constant``
+    (``teacher_outputs`` as in :func:`evaluate_fidelity`)."""
     boundaries = list(boundaries or [])
     value = centre if constant is None else constant
     teacher.eval().to(device)
     scores = _Scores(centre, boundaries)
     for i in range(0, len(tiles), batch_size):
         x = tiles_to_batch(transform, tiles[i : i + batch_size], device)
-        t_out = block_outputs(teacher, x)
+        t_out = _teacher_batch(teacher, x, teacher_outputs, i)
         t_emb = _embed(teacher, t_out, num_prefix_tokens)
         n = len(x)
         scores.add(value.embedding.to(t_emb.device).expand(n, -1), t_emb,
@@ -206,9 +220,12 @@ def random_init_model(spec: BackboneSpec, seed: int = 0) -> nn.Module:
         return build_timm_model(spec).eval()
 
 
-def fit_centre(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu", batch_size: int = 32) -> TeacherCentre:
+def fit_centre(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu") -> TeacherCentre:
     """The teacher's fit means for this calibration set, computed once per process and
-    once per teacher cache on disk (:mod:`pathtwt.compress.teacher_cache`)."""
+    once per teacher cache on disk (:mod:`pathtwt.compress.teacher_cache`), in the batch of
+    the teacher's shared passes whatever the job's own (a batch size moves only float
+    rounding), so every job of the calibration set reads the same entry."""
+    from pathtwt.compress.teacher_cache import FIT_OUTPUTS_BATCH as batch_size
     from pathtwt.compress.teacher_cache import teacher_cache, whole_fit_outputs
 
     store, key = calib.derived.teacher_centres, id(teacher.model)
@@ -234,45 +251,50 @@ def measure(student: nn.Module, teacher: Backbone, calib: CalibrationSet, *, on:
     tiles = calib.choosing_tiles() if on == "select" else calib.reported_tiles()[0]
     kw = dict(transform=teacher.transform, num_prefix_tokens=teacher.spec.num_prefix_tokens, device=device,
               batch_size=batch_size)
-    cached = None
+    from pathtwt.compress.teacher_cache import held_out_outputs
+
+    cached, outputs = None, None
     if on == "select" and not boundaries:  # choices score many students on these tiles
         store = calib.derived.select_embeddings
         if id(teacher.model) not in store:
             store[id(teacher.model)] = tile_embeddings(teacher.model, tiles, **kw)
         cached = store[id(teacher.model)]
-    return evaluate_fidelity(student, teacher.model, tiles, centre=fit_centre(teacher, calib, device=device, batch_size=batch_size),
-                             boundaries=boundaries, teacher_embeddings=cached, **kw)
+    elif on == "report":  # the teacher's side of every reported number, computed once
+        outputs = held_out_outputs(teacher, calib, "report")
+    return evaluate_fidelity(student, teacher.model, tiles, centre=fit_centre(teacher, calib, device=device),
+                             boundaries=boundaries, teacher_embeddings=cached, teacher_outputs=outputs, **kw)
 
 
-def references(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu", batch_size: int = 32,
-               seed: int = 0) -> dict[str, Any]:
+def references(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu", seed: int = 0) -> dict[str, Any]:
     """Teacher, constant fit mean and random-init teacher architecture on the report tiles,
-    block R^2 at every teacher layer; computed once per calibration set."""
-    from pathtwt.compress.teacher_cache import teacher_cache
+    block R^2 at every teacher layer; computed once per calibration set (``pathtwt
+    discover`` leaves them in the teacher cache for the compress jobs), in the batch of the
+    teacher's shared passes whatever the job's own."""
+    from pathtwt.compress.teacher_cache import FIT_OUTPUTS_BATCH, held_out_outputs, teacher_cache
 
     store, key = calib.derived.references, (id(teacher.model), int(seed))
     if key not in store:
         def compute() -> dict[str, Any]:
             layers = list(range(1, len(teacher.model.blocks) + 1))
-            centre = fit_centre(teacher, calib, device=device, batch_size=batch_size)
             tiles = calib.reported_tiles()[0]
-            kw = dict(centre=centre, transform=teacher.transform, num_prefix_tokens=teacher.spec.num_prefix_tokens,
-                      boundaries=layers, device=device, batch_size=batch_size)
+            kw = dict(centre=fit_centre(teacher, calib, device=device), transform=teacher.transform,
+                      num_prefix_tokens=teacher.spec.num_prefix_tokens, boundaries=layers, device=device,
+                      batch_size=FIT_OUTPUTS_BATCH, teacher_outputs=held_out_outputs(teacher, calib, "report"))
             return {
                 "teacher": evaluate_fidelity(teacher.model, teacher.model, tiles, **kw),
                 "constant": constant_fidelity(teacher.model, tiles, **kw),
                 "random_init": evaluate_fidelity(random_init_model(teacher.spec, seed), teacher.model, tiles, **kw),
             }
 
-        store[key] = teacher_cache(teacher, calib).get("references", compute, batch_size=batch_size, seed=int(seed),
-                                                       max_tiles=MAX_MEAN_TILES)
+        store[key] = teacher_cache(teacher, calib).get("references", compute, batch_size=FIT_OUTPUTS_BATCH,
+                                                       seed=int(seed), max_tiles=MAX_MEAN_TILES)
     return store[key]
 
 
-def fidelity_record(teacher: Backbone, calib: CalibrationSet, *, initial: dict[str, Any], final: dict[str, Any], device: str = "cpu",
-                    batch_size: int = 32, seed: int = 0) -> dict[str, Any]:
+def fidelity_record(teacher: Backbone, calib: CalibrationSet, *, initial: dict[str, Any], final: dict[str, Any],
+                    device: str = "cpu", seed: int = 0) -> dict[str, Any]:
     """model.json's ``fidelity`` entry: where it was measured, the split, the student before
     and after training, and the reference rows on the same tiles."""
     return {"on": calib.reported_tiles()[1], "splits": calib.splits_record(), "centre_tiles": fit_centre(teacher, calib).n_tiles,
             "initial": initial, "final": final,
-            "references": references(teacher, calib, device=device, batch_size=batch_size, seed=seed)}
+            "references": references(teacher, calib, device=device, seed=seed)}

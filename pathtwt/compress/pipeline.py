@@ -240,7 +240,7 @@ def export_variant(
         "budget": budget_record(method, options, calib, teacher.spec, trains=run is not None),
         "selection_split": selection_split,
         "fidelity": fidelity_record(teacher, calib, initial=final if initial is None else initial, final=final,
-                                    device=options.device, batch_size=options.batch_size, seed=options.seed),
+                                    device=options.device, seed=options.seed),
         "distillation": distillation_record(run, calib, earlier_steps),
     }
     out = export_backbone(

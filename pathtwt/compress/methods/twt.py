@@ -26,7 +26,7 @@ def build_twt_student(teacher: Backbone, calib: CalibrationSet, plan: dict[str, 
     from pathtwt.models.registry import build_timm_model
     from pathtwt.compress.audition import AuditionOptions, audition
     from pathtwt.compress.student import stitch_student
-    from pathtwt.compress.teacher_cache import fit_layer_outputs
+    from pathtwt.compress.teacher_cache import fit_layer_outputs, held_out_outputs
 
     spec, blocks = teacher.spec, plan["blocks"]
     if options.init == "random":
@@ -38,11 +38,13 @@ def build_twt_student(teacher: Backbone, calib: CalibrationSet, plan: dict[str, 
         aopts = AuditionOptions(steps=options.audition_steps, lr=options.extra.get("audition_lr", 1e-4),
                                 batch_size=min(options.batch_size, 16), seed=options.seed, device=options.device,
                                 precision=options.precision)
-        # the teacher's outputs of the fit tiles it fits on: computed once per teacher and
-        # calibration set (teacher cache), shared with the fit means and the other variants
+        # the teacher's outputs of the fit tiles it fits on and the select tiles it ranks on:
+        # computed once per teacher and calibration set (teacher cache), shared with the fit
+        # means and the other variants
         outputs = fit_layer_outputs(teacher, calib, n_tiles=aopts.max_fit_tiles)
+        held = held_out_outputs(teacher, calib, "select", n_tiles=aopts.max_select_tiles)
         layers, report = audition(teacher.model, blocks, calib.fit, calib.choosing_tiles(), transform=teacher.transform,
-                                  options=aopts, fit_outputs=outputs)
+                                  options=aopts, fit_outputs=outputs, select_outputs=held)
     else:
         raise ValueError(f"unknown init {options.init!r}")
     return stitch_student(teacher.model, layers, spec=spec), report
