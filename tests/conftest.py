@@ -38,11 +38,27 @@ def vit_s_weights() -> Path:
 
 @pytest.fixture(autouse=True, scope="session")
 def _few_threads():
-    # The CI machine has 2 cores; keep torch from oversubscribing them.
+    # The CI machine has 2 cores; keep torch from oversubscribing them: each pytest-xdist
+    # worker (pyproject's addopts) computes on its share of them.
     try:
         import torch
     except ImportError:  # pragma: no cover
         yield
         return
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // workers))
     yield
+
+
+# The files whose tests take longest on the 2-core CI machine (minutes each: planning the
+# paper's 12,000-job study, the SLURM cluster, real-image benchmarks and probes, killed and
+# resumed runs). pytest-xdist hands out whole files in collection order, so these go
+# first and the light files fill in around them: the two workers then finish together
+# instead of one running the last long file alone.
+LONGEST_FIRST = ("test_profiles.py", "test_slurm.py", "test_bach_budget_curve.py", "test_probe.py",
+                 "test_distill_scale.py", "test_fault_injection.py", "test_device_check.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept otherwise
