@@ -120,6 +120,48 @@ def test_weights_load_from_each_file_kind_and_record_sha(tmp_path):
     assert not torch.equal(outs[0], create_backbone("vit-s14-tiny", pretrained=False).embed_tiles(x))
 
 
+def _recording_builds(monkeypatch, extra_buffer: bool = False) -> list[str]:
+    """The devices registry.create_backbone builds its timm models on; ``extra_buffer``
+    gives each model a non-persistent buffer, a tensor no checkpoint holds."""
+    devices: list[str] = []
+    build = backbones.build_timm_model
+
+    def recording(spec, depth=None, device=None):
+        devices.append(str(device))
+        model = build(spec, depth=depth, device=device)
+        if extra_buffer:
+            model.register_buffer("scale", torch.full((), 2.0, device=device), persistent=False)
+        return model
+
+    monkeypatch.setattr(backbones, "build_timm_model", recording)
+    return devices
+
+
+def test_weights_fill_a_meta_layout_without_a_random_initialisation(tmp_path, monkeypatch):
+    state = _tiny_state()
+    save_file(state, tmp_path / "w.safetensors")
+    reference = build_timm_model(get_spec("vit-s14-tiny"))
+    reference.load_state_dict(state)
+    devices = _recording_builds(monkeypatch)
+    bb = create_backbone("vit-s14-tiny", weights=tmp_path / "w.safetensors")
+    assert devices == ["meta"]  # shapes only: timm's initialisation never ran
+    assert not any(t.is_meta for t in [*bb.model.parameters(), *bb.model.buffers()])
+    assert not any(p.requires_grad for p in bb.model.parameters())
+    x = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        assert torch.equal(bb.model(x), reference.eval()(x))
+
+
+def test_a_model_holding_a_tensor_no_checkpoint_has_is_built_and_loaded_by_copy(tmp_path, monkeypatch):
+    state = _tiny_state()
+    save_file(state, tmp_path / "w.safetensors")
+    devices = _recording_builds(monkeypatch, extra_buffer=True)
+    bb = create_backbone("vit-s14-tiny", weights=tmp_path / "w.safetensors")
+    assert devices == ["meta", "None"]  # the meta layout left the buffer unset: built for real
+    assert float(bb.model.scale) == 2.0 and not any(t.is_meta for t in bb.model.parameters())
+    assert torch.equal(bb.model.state_dict()["blocks.0.attn.qkv.weight"], state["blocks.0.attn.qkv.weight"])
+
+
 def test_bad_keys_and_shapes_are_named(tmp_path):
     state = _tiny_state()
     renamed = dict(state)

@@ -138,7 +138,7 @@ def test_shared_fit_outputs_give_what_each_consumer_computes_itself(calibration_
     gives, and within float rounding what a pass in another batch gives."""
     from pathtwt.compress.audition import AuditionOptions, audition
     from pathtwt.compress.similarity import similarity_from_outputs, similarity_matrix
-    from pathtwt.compress.teacher_cache import FIT_OUTPUTS_BATCH, fit_layer_outputs
+    from pathtwt.compress.teacher_cache import FIT_OUTPUTS_BATCH, fit_layer_outputs, held_out_outputs
 
     teacher = _teacher()
     calib = load_calibration([calibration_file], n_tiles=None, seed=0)
@@ -158,6 +158,12 @@ def test_shared_fit_outputs_give_what_each_consumer_computes_itself(calibration_
     _, report_shared = audition(teacher.model, blocks, calib.fit, calib.select, transform=teacher.transform,
                                 options=opts, fit_outputs=outputs)
     assert report_shared == report_own
+    # the select tiles' outputs, as auditioning ranks on them (held out: same pass, same batch)
+    held = held_out_outputs(teacher, calib, "select", n_tiles=opts.max_select_tiles)
+    assert held[0].shape[0] == len(calib.select) == 8
+    _, report_held = audition(teacher.model, blocks, calib.fit, calib.select, transform=teacher.transform,
+                              options=opts, fit_outputs=outputs, select_outputs=held)
+    assert report_held == report_own
 
 
 def test_the_target_cache_from_the_shared_outputs_holds_the_fp32_targets(calibration_file):
@@ -223,3 +229,22 @@ def test_discovery_leaves_the_pass_that_a_compress_job_then_reads(calibration_fi
     monkeypatch.setattr("pathtwt.compress.student.block_outputs", lambda *a, **k: pytest.fail("recomputed"))
     outputs = fit_layer_outputs(teacher, load_calibration([calibration_file], n_tiles=None, seed=0), n_tiles=128)
     assert outputs is not None and len(outputs[0]) == 24
+
+
+def test_discover_leaves_the_reference_rows_for_the_compress_jobs(calibration_file, counted, tmp_path):
+    """``pathtwt discover`` (batch 32) measures the reference rows once; a compress job of the
+    same teacher and calibration file (batch 8) reads them instead of building the
+    random-init network again."""
+    from safetensors.torch import save_file
+
+    from pathtwt.cli import main
+
+    weights = tmp_path / "teacher.safetensors"
+    save_file(_teacher().model.state_dict(), weights)
+    assert main(["discover", "--backbone", "vit-s14-tiny", "--weights", str(weights), "--calibration",
+                 str(calibration_file), "--out", str(tmp_path / "discovery"), "--depth", "4", "--batch-size", "32"]) == 0
+    assert counted == {"centre": 1, "random_init": 1}
+    teacher = create_backbone("vit-s14-tiny", weights=weights, precision="fp32")
+    refs = fidelity.references(teacher, load_calibration([calibration_file], n_tiles=None, seed=0))
+    assert counted == {"centre": 1, "random_init": 1}  # read, not measured again
+    assert refs["teacher"]["r2"] == pytest.approx(1.0) and refs["random_init"]["r2"] < refs["teacher"]["r2"]

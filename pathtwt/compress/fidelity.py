@@ -225,8 +225,7 @@ def fit_centre(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu")
     once per teacher cache on disk (:mod:`pathtwt.compress.teacher_cache`), in the batch of
     the teacher's shared passes whatever the job's own (a batch size moves only float
     rounding), so every job of the calibration set reads the same entry."""
-    from pathtwt.compress.teacher_cache import FIT_OUTPUTS_BATCH as batch_size
-    from pathtwt.compress.teacher_cache import teacher_cache, whole_fit_outputs
+    from pathtwt.compress.teacher_cache import FIT_OUTPUTS_BATCH, teacher_cache, whole_fit_outputs
 
     store, key = calib.derived.teacher_centres, id(teacher.model)
     if key not in store:
@@ -235,11 +234,12 @@ def fit_centre(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu")
             # tiles the centre averages, the split being within MAX_MEAN_TILES too)
             outputs = whole_fit_outputs(teacher, calib) if len(calib.fit) <= MAX_MEAN_TILES else None
             c = teacher_centre(teacher.model, calib.fit, transform=teacher.transform,
-                               num_prefix_tokens=teacher.spec.num_prefix_tokens, device=device, batch_size=batch_size,
-                               outputs=outputs)
+                               num_prefix_tokens=teacher.spec.num_prefix_tokens, device=device,
+                               batch_size=FIT_OUTPUTS_BATCH, outputs=outputs)
             return {"embedding": c.embedding, "layers": c.layers, "n_tiles": c.n_tiles}
 
-        value = teacher_cache(teacher, calib).get("centre", compute, batch_size=batch_size, max_tiles=MAX_MEAN_TILES)
+        value = teacher_cache(teacher, calib).get("centre", compute, batch_size=FIT_OUTPUTS_BATCH,
+                                                  max_tiles=MAX_MEAN_TILES)
         store[key] = TeacherCentre(embedding=value["embedding"], layers=value["layers"], n_tiles=int(value["n_tiles"]))
     return store[key]
 
@@ -248,11 +248,11 @@ def measure(student: nn.Module, teacher: Backbone, calib: CalibrationSet, *, on:
             device: str = "cpu", batch_size: int = 32) -> dict[str, Any]:
     """``student``'s fidelity on one split of ``calib`` ("select" for choices, "report" for
     what is reported; either falls back to fit when the set holds nothing out)."""
+    from pathtwt.compress.teacher_cache import held_out_outputs
+
     tiles = calib.choosing_tiles() if on == "select" else calib.reported_tiles()[0]
     kw = dict(transform=teacher.transform, num_prefix_tokens=teacher.spec.num_prefix_tokens, device=device,
               batch_size=batch_size)
-    from pathtwt.compress.teacher_cache import held_out_outputs
-
     cached, outputs = None, None
     if on == "select" and not boundaries:  # choices score many students on these tiles
         store = calib.derived.select_embeddings
