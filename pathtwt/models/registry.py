@@ -527,8 +527,9 @@ def create_backbone(
 def _model_from_weights(spec: BackboneSpec, state: Mapping[str, Any], source: str):
     """``spec``'s model holding ``state``, built without a random initialisation: the
     architecture is laid out on the meta device (shapes only) and the loaded tensors become
-    its parameters. timm's initialisation of a ViT costs about a second per job (a ViT-B
-    several), for weights that are overwritten at once. A model that keeps a tensor no
+    its parameters, instead of timm's initialisation of weights that are overwritten at
+    once and a second copy of them in memory (a job building H0-mini from its file: 6.5 ->
+    5.4 s, peak 1368 -> 837 MiB; ViT-S: 5.8 -> 5.4 s). A model that keeps a tensor no
     checkpoint holds (a non-persistent buffer) is built as before and loaded by copy."""
     import torch
 
