@@ -198,3 +198,26 @@ def test_cli_train_and_summarize(small, tmp_path, capsys):
     assert lo <= row["mean"] <= hi
     assert main(["summarize-mil", str(runs[0]), str(runs[0]), "--out", str(tmp_path / "d.csv")]) == 1
     assert "seed(s) [0]" in capsys.readouterr().err
+
+
+def test_cli_several_seeds_in_one_process_equal_one_run_each(small, tmp_path, capsys):
+    """The workflow trains every seed of a head in one process: each run's predictions
+    and metrics are those of a process of its own."""
+    common = ["train-mil", "--features", str(small.features_dir), "--labels", str(small.labels_csv),
+              "--protocol", "metastasis", "--aggregator", "transmil", "--epochs", "2", "--accumulation", "4",
+              "--hidden-dim", "16", "--heads", "2", "--landmarks", "4", "--no-progress"]
+    assert main([*common, "--seed", "0", "1", "--out", str(tmp_path / "both" / "seed{seed}")]) == 0
+    for seed in (0, 1):
+        assert main([*common, "--seed", str(seed), "--out", str(tmp_path / f"alone{seed}")]) == 0
+        together, alone = tmp_path / "both" / f"seed{seed}", tmp_path / f"alone{seed}"
+        assert (together / "predictions.csv").read_bytes() == (alone / "predictions.csv").read_bytes()
+        a, b = (json.loads((d / "metrics.json").read_text()) for d in (together, alone))
+        assert a["seed"] == seed and _comparable(a) == _comparable(b)
+    out = capsys.readouterr().out
+    assert "seed 0: selected epoch" in out and "seed 1: selected epoch" in out
+    # several seeds need a {seed} in --out, and a seed given twice is refused before any run
+    assert main([*common, "--seed", "0", "1", "--out", str(tmp_path / "flat")]) == 1
+    assert main([*common, "--seed", "2", "2", "--out", str(tmp_path / "twice" / "seed{seed}")]) == 1
+    err = capsys.readouterr().err
+    assert "must contain {seed}" in err and "a seed is given twice" in err
+    assert not (tmp_path / "flat").exists() and not (tmp_path / "twice").exists()

@@ -60,7 +60,7 @@ def _features(path: Path, precision: str, n_tiles: int, rate: float | None) -> N
         h5.create_dataset("features", data=np.zeros((n_tiles, 4), np.float32))
         h5.attrs["precision"], h5.attrs["n_tiles"] = precision, n_tiles
         if rate is not None:
-            h5.attrs["tiles_per_second"] = rate
+            h5.attrs["tiles_per_second"], h5.attrs["torch_threads"] = rate, 1
 
 
 def _fabricate(results: Path, random_init: bool = True) -> None:
@@ -240,6 +240,8 @@ def test_precision_and_throughput_columns(report):
     assert twt["tiles/s"] == "20.0"  # (30 x 10 + 10 x 50) / 40
     teacher = cells[("uncompressed (teacher)", "abmil")]
     assert teacher["Extracted"] == "fp32" and teacher["Distilled"] == "-" and teacher["tiles/s"] == "-"
+    # the threads the rates were measured with stand under the table
+    assert "on 1 CPU thread per job (the files' `torch_threads`)" in (report[1] / "grading.md").read_text()
 
 
 def test_attention_shows_every_variant_on_one_fixed_slide_per_cohort(report):

@@ -94,7 +94,8 @@ def test_paper_study_plans_in_full(paper):
     assert counts["calibrate"] == counts["discover"] == len(cfg["backbones"])
     assert counts["compress"] == n_compressed
     assert counts["extract"] == n_variants * len(PAPER_DATA)
-    assert counts["train_mil"] == n_variants * tasks * heads * seeds
+    assert counts["train_mil"] == n_variants * tasks * heads  # every seed of a head in one job
+    assert f"--seed {' '.join(map(str, cfg['mil']['seeds']))}" in res.stdout + res.stderr
     assert counts["summarize_mil"] == n_variants * tasks * heads
     # the paper config turns the analyses on: norms per teacher, one eps sweep, and the
     # intrinsic-dimension and stability trajectories of every TWT student

@@ -16,8 +16,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labels", required=True, type=Path, help="label table CSV: slide_id,label,split (train/val/test)")
     parser.add_argument("--protocol", required=True, choices=("grading", "metastasis"), help="preset of the paper's training protocol")
     parser.add_argument("--aggregator", default="abmil", choices=("abmil", "transmil"), help="slide head")
-    parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, bag sampling and data order")
-    parser.add_argument("--out", required=True, type=Path, help="run folder: metrics.json, predictions.csv, attention/, checkpoint.pt")
+    parser.add_argument(
+        "--seed", type=int, nargs="+", default=[0], metavar="SEED",
+        help="seed of initialisation, bag sampling and data order; several seeds train one run each in this "
+        "process, one after the other, on features read once (default 0)",
+    )
+    parser.add_argument(
+        "--out", required=True, help="run folder: metrics.json, predictions.csv, attention/, checkpoint.pt; "
+        "with several --seed values a pattern with {seed} (e.g. runs/seed{seed})",
+    )
     parser.add_argument(
         "--external", action="append", default=[], metavar="NAME=DIR:CSV",
         help="an external test cohort: features folder and label table (all its rows are evaluated); repeatable",
@@ -86,6 +93,17 @@ def _check_positive(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {value}")
 
 
+def run_folders(out: str, seeds: list[int]) -> list[Path]:
+    """One run folder per seed: ``out`` itself for one seed, else ``out`` with {seed} filled in."""
+    from pathtwt.errors import ConfigError
+
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seed {' '.join(map(str, seeds))}: a seed is given twice")
+    if len(seeds) > 1 and "{seed}" not in out:
+        raise ConfigError(f"--out {out}: with several --seed values it must contain {{seed}} (e.g. {out}/seed{{seed}})")
+    return [Path(out.replace("{seed}", str(seed))) for seed in seeds]
+
+
 def run(args: argparse.Namespace) -> int:
     from pathtwt.mil.data import parse_external, prepare_data
     from pathtwt.mil.protocols import OVERRIDABLE, make_config
@@ -93,13 +111,14 @@ def run(args: argparse.Namespace) -> int:
     from pathtwt.devices import resolve_device
 
     _check_positive(args)
+    folders = run_folders(args.out, args.seed)
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
-    overrides = {k: getattr(args, k) for k in OVERRIDABLE if hasattr(args, k)}
+    overrides = {k: getattr(args, k) for k in OVERRIDABLE if hasattr(args, k) and k != "seed"}
     overrides["n_classes"] = args.classes
-    config = make_config(args.protocol, **overrides)
+    configs = [make_config(args.protocol, seed=seed, **overrides) for seed in args.seed]
     externals = [parse_external(spec) for spec in args.external]
     data = prepare_data(
         features_dir=args.features, labels=args.labels, externals=externals, n_classes=args.classes, allow_missing=args.allow_missing, failed=args.failed_slides
@@ -108,14 +127,17 @@ def run(args: argparse.Namespace) -> int:
         if any(counts.values()):
             print(f"pathtwt train-mil: {name} label table: skipped {counts}", file=sys.stderr)
     sources = {"features": str(args.features), "labels": str(args.labels), "external": args.external}
-    metrics = run_mil(
-        data, config, out_dir=args.out, device=resolve_device(args.device), progress=show_progress(args),
-        resume=not args.no_resume, sources=sources,
-    )
-    for name, values in metrics["cohorts"].items():
-        shown = ", ".join(f"{k} {_fmt(values[k])}" for k in ("qwk_x100", "accuracy", "balanced_accuracy", "auc_macro"))
-        print(f"{name}: {values['n_slides']} slides, {shown}")
-    print(f"selected epoch {metrics['selected_epoch']}; results in {args.out}")
+    # one process for all seeds: the bags are read once (the MIL data cache) and torch is
+    # imported once, which for a small cohort costs more than a run itself
+    for config, folder in zip(configs, folders):
+        metrics = run_mil(
+            data, config, out_dir=folder, device=resolve_device(args.device), progress=show_progress(args),
+            resume=not args.no_resume, sources=sources,
+        )
+        for name, values in metrics["cohorts"].items():
+            shown = ", ".join(f"{k} {_fmt(values[k])}" for k in ("qwk_x100", "accuracy", "balanced_accuracy", "auc_macro"))
+            print(f"seed {config.seed} {name}: {values['n_slides']} slides, {shown}")
+        print(f"seed {config.seed}: selected epoch {metrics['selected_epoch']}; results in {folder}")
     return 0
 
 

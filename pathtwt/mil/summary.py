@@ -96,6 +96,25 @@ def summary_rows(result: dict) -> list[dict]:
     return rows
 
 
+def write_summary(run_dirs: list[str | os.PathLike], outs: list[str | os.PathLike]) -> dict:
+    """Summarise the runs (:func:`summarize_runs`) into each of ``outs`` (.json or .csv)."""
+    import pandas as pd
+
+    from pathtwt.io.atomic import atomic_output, write_json_atomic
+
+    bad = [str(p) for p in outs if Path(p).suffix.lower() not in (".csv", ".json")]
+    if bad:
+        raise ConfigError(f"--out {', '.join(bad)}: the summary is written as .csv or .json")
+    result = summarize_runs(run_dirs)
+    for path in map(Path, outs):
+        if path.suffix.lower() == ".json":
+            write_json_atomic(path, result)
+        else:
+            with atomic_output(path) as tmp:
+                pd.DataFrame(summary_rows(result)).to_csv(tmp, index=False, float_format="%.6g")
+    return result
+
+
 def read_predictions(run_dir: str | os.PathLike) -> dict[str, dict[str, np.ndarray]]:
     """cohort -> {"slide_id", "label", "prediction"} arrays of a finished run's
     ``predictions.csv`` ({} when the run has none, e.g. one written before it existed)."""

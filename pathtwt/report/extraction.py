@@ -15,6 +15,7 @@ class Extraction:
     precision: str  # "fp32", "bf16-autocast", ...; several joined with "/"; "-" when unknown
     tiles_per_second: float | None  # mean over slides weighted by their tiles; None when not recorded
     n_files: int
+    threads: tuple[int, ...] = ()  # the CPU threads the files were extracted with (torch_threads), sorted
 
 
 def extraction_info(results: Path, backbone: str, variant: str) -> Extraction:
@@ -22,6 +23,7 @@ def extraction_info(results: Path, backbone: str, variant: str) -> Extraction:
     import h5py
 
     precisions: list[str] = []
+    threads: set[int] = set()
     weighted, tiles, n_files = 0.0, 0, 0
     for path in sorted((results / "features" / backbone / variant).glob("*/[!.]*.h5")):
         try:
@@ -33,6 +35,8 @@ def extraction_info(results: Path, backbone: str, variant: str) -> Extraction:
                     p = p.decode() if isinstance(p, bytes) else str(p)
                     if p not in precisions:
                         precisions.append(p)
+                if attrs.get("torch_threads") is not None:
+                    threads.add(int(attrs["torch_threads"]))
                 n = int(attrs.get("n_tiles", h5["features"].shape[0] if "features" in h5 else 0))
                 # extraction records its wall seconds (reading + forward) per slide
                 rate = attrs.get("tiles_per_second")
@@ -45,7 +49,7 @@ def extraction_info(results: Path, backbone: str, variant: str) -> Extraction:
         except OSError:
             continue  # an unreadable file is the extract job's problem, not the report's
     return Extraction(precision="/".join(precisions) or "-", tiles_per_second=weighted / tiles if tiles else None,
-                      n_files=n_files)
+                      n_files=n_files, threads=tuple(sorted(threads)))
 
 
 def distill_precision(results: Path, backbone: str, variant: str) -> str:

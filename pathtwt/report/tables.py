@@ -72,6 +72,7 @@ class Cost:
     extracted: str = "-"  # precision of the features files
     distilled: str = "-"  # precision of the distillation (model.json)
     tiles_per_second: float | None = None
+    extraction_threads: tuple[int, ...] = ()
 
 
 @dataclass
@@ -133,7 +134,7 @@ def variant_cost(results: Path, backbone: str, variant: str) -> Cost:
 
     cost = _architecture_cost(results, backbone, variant)
     info = extraction_info(results, backbone, variant)
-    cost.extracted, cost.tiles_per_second = info.precision, info.tiles_per_second
+    cost.extracted, cost.tiles_per_second, cost.extraction_threads = info.precision, info.tiles_per_second, info.threads
     cost.distilled = distill_precision(results, backbone, variant) if cost.method not in ("none", RANDOM_INIT) else "-"
     return cost
 
@@ -371,6 +372,15 @@ def table_cells(rows: list[Row], cohorts: list[str], metrics: list[str], metric:
     return header, body
 
 
+def _threads_clause(rows: list[Row]) -> str:
+    """", on 1 CPU thread per job" when the features files record their threads."""
+    threads = sorted({t for r in rows for t in r.cost.extraction_threads})
+    if not threads:
+        return ""
+    shown = "/".join(map(str, threads))
+    return f", on {shown} CPU thread{'s' if threads != [1] else ''} per job (the files' `torch_threads`)"
+
+
 def task_notes(rows: list[Row], cohorts: list[str], metric: str) -> list[str]:
     """The sentences printed under a task table: what the cells are, the flags that occur,
     and a missing random-init row."""
@@ -388,7 +398,8 @@ def task_notes(rows: list[Row], cohorts: list[str], metric: str) -> list[str]:
         "Chance row: QWK 0, BAcc 1/C over the C classes present in the cohort, AUC 0.5, accuracy of always "
         "predicting the cohort's majority class. Extracted / Distilled: the precision of the features files "
         "(their `precision` attribute) and of the distillation (model.json); tiles/s: the extraction throughput "
-        "recorded in the features files (mean over slides weighted by tiles; \"-\" where not recorded).",
+        "recorded in the features files (mean over slides weighted by tiles; \"-\" where not recorded)"
+        + _threads_clause(rows) + ".",
     ]
     flagged = [(r, c) for r in rows for c in cohorts if r.single_class.get(c, (0, 0))[0]]
     if flagged:

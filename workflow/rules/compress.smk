@@ -71,7 +71,7 @@ rule discover:
     priority: 10
     log:
         "logs/discover/{backbone}.log",
-    threads: 2
+    threads: config["compress"]["threads"]
     resources:
         mem_mb=16000,
         runtime=60,
@@ -114,7 +114,7 @@ rule compress:
     priority: 10
     log:
         "logs/compress/{backbone}/{variant}.log",
-    threads: 2
+    threads: config["compress"]["threads"]
     resources:
         mem_mb=32000,
         runtime=720,

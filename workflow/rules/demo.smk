@@ -10,6 +10,8 @@ checkpoint demo_slides:
         seed=config["demo"]["seed"],
     log:
         "logs/demo/make_slides.log",
+    # upstream of the longest chain (calibrate -> discover -> compress -> ...): first
+    priority: 10
     threads: 2
     resources:
         mem_mb=2000,

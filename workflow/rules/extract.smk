@@ -12,8 +12,8 @@
 # no job appends to a file another job writes.
 #
 # Threads: decoding tiles is the CPU side of a GPU job; `pathtwt extract` gets the job's
-# cores as --workers (threads - 1 reading processes beside the main one). The profiles
-# size `threads` per site (LUMI-G: 7 cores per GCD).
+# cores as --workers (threads - 1 reading processes beside the main one). `extract.threads`
+# sets them (default 8); the profiles size them per site (LUMI-G: 7 cores per GCD).
 
 if config["extract"]["per_slide_jobs"]:
 
@@ -35,7 +35,7 @@ if config["extract"]["per_slide_jobs"]:
             "logs/extract/{backbone}/{variant}/{cohort}/{slide}.log",
         group:
             "extract"
-        threads: 8
+        threads: config["extract"]["threads"]
         resources:
             mem_mb=8000,
             runtime=15,
@@ -80,7 +80,7 @@ else:
             workers=get_workers,
         log:
             "logs/extract/{backbone}/{variant}/{cohort}.log",
-        threads: 8
+        threads: config["extract"]["threads"]
         resources:
             mem_mb=8000,
             runtime=720,

@@ -1,40 +1,42 @@
-# Slide heads on frozen features: one run per (backbone variant, task, head, seed), then
-# mean +- std over seeds.
+# Slide heads on frozen features: one job per (backbone variant, task, head) trains every
+# seed, one run after the other in one process (the features are read and torch imported
+# once; for a small cohort that start-up costs more than a run), then mean +- std over
+# seeds. A job killed part-way resumes its unfinished run from that run's resume.pt.
 
 
 rule train_mil:
     input:
         get_mil_inputs,
     output:
-        metrics="results/mil/{backbone}/{variant}/{task}/{head}/seed{seed}/metrics.json",
-        predictions="results/mil/{backbone}/{variant}/{task}/{head}/seed{seed}/predictions.csv",
+        metrics=expand("results/mil/{{backbone}}/{{variant}}/{{task}}/{{head}}/seed{seed}/metrics.json", seed=config["mil"]["seeds"]),
+        predictions=expand("results/mil/{{backbone}}/{{variant}}/{{task}}/{{head}}/seed{seed}/predictions.csv", seed=config["mil"]["seeds"]),
     params:
         cohort=lambda wc: config["tasks"][wc.task]["cohort"],
         protocol=lambda wc: config["tasks"][wc.task]["protocol"],
         classes=lambda wc: config["tasks"][wc.task]["classes"],
         external=get_external_args,
         epochs=get_epochs_arg,
+        seeds=" ".join(str(s) for s in config["mil"]["seeds"]),
         device=config["mil"]["device"],
         failed=config["mil"]["failed_slides"],
         extra=config["mil"]["extra_args"],
     log:
-        "logs/mil/{backbone}/{variant}/{task}/{head}/seed{seed}.log",
-    # a run takes minutes: on a cluster several seeds share one submitted job
-    # (`group-components: train_mil=N` in the profiles), one after the other on one GPU
+        "logs/mil/{backbone}/{variant}/{task}/{head}.log",
+    # the seeds of a head are one job: on a cluster one submitted GPU job each
     group:
         "train_mil"
     threads: config["mil"]["threads"]
     resources:
         mem_mb=8000,
-        runtime=120,
+        runtime=lambda wc: 120 * len(config["mil"]["seeds"]),
         gpu=1,
     conda:
         CONDA_ENV
     shell:
         "pathtwt train-mil --features results/features/{wildcards.backbone}/{wildcards.variant}/{params.cohort}"
         " --labels results/labels/{params.cohort}.csv --protocol {params.protocol} --classes {params.classes}"
-        " --aggregator {wildcards.head} --seed {wildcards.seed}"
-        " --out results/mil/{wildcards.backbone}/{wildcards.variant}/{wildcards.task}/{wildcards.head}/seed{wildcards.seed}"
+        " --aggregator {wildcards.head} --seed {params.seeds}"
+        " --out 'results/mil/{wildcards.backbone}/{wildcards.variant}/{wildcards.task}/{wildcards.head}/seed{{seed}}'"
         " {params.external} {params.epochs} --device {params.device} --threads {threads} --failed-slides {params.failed} --no-progress {params.extra} > {log} 2>&1"
 
 
@@ -47,16 +49,16 @@ rule summarize_mil:
     output:
         json="results/mil/{backbone}/{variant}/{task}/{head}/summary.json",
         csv="results/mil/{backbone}/{variant}/{task}/{head}/summary.csv",
-    params:
-        runs=lambda wc, input: " ".join(str(Path(p).parent) for p in input),
     log:
         "logs/mil/{backbone}/{variant}/{task}/{head}/summary.log",
+    # milliseconds of work: run in the Snakemake process (no new interpreter; see
+    # `onstart` in common.smk) rather than as a `pathtwt summarize-mil` command
     localrule: True
     threads: 1
     resources:
         mem_mb=1000,
         runtime=5,
-    conda:
-        CONDA_ENV
-    shell:
-        "pathtwt summarize-mil {params.runs} --out {output.json} {output.csv} > {log} 2>&1"
+    run:
+        from pathtwt.mil.summary import write_summary
+
+        write_summary([Path(p).parent for p in input], [output.json, output.csv])

@@ -17,7 +17,7 @@ rule probe:
         device=config["extract"]["device"],
     log:
         "logs/probes/{backbone}/{variant}/{probe}.log",
-    threads: 2
+    threads: config["extract"]["threads"]
     resources:
         mem_mb=8000,
         runtime=30,

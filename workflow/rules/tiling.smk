@@ -28,6 +28,8 @@ rule tile:
         modality=get_modality_args,
     log:
         "logs/tile/{cohort}/{slide}.log",
+    # upstream of the longest chain (calibrate -> discover -> compress -> ...): first
+    priority: 10
     group:
         "tile"
     threads: 1
@@ -54,6 +56,8 @@ rule labels:
         command=get_labels_command,
     log:
         "logs/labels/{cohort}.log",
+    # upstream of the longest chain (calibrate -> discover -> compress -> ...): first
+    priority: 10
     localrule: True
     threads: 1
     resources:
