@@ -34,7 +34,9 @@ rule calibrate:
     priority: 10
     log:
         "logs/calibrate/{backbone}.log",
-    threads: 2
+    # one process reads the tiles; a job asking for 2 cores would wait, on a machine of 2,
+    # until no one-thread job runs, which keeps the chain behind it waiting
+    threads: 1
     resources:
         mem_mb=8000,
         runtime=60,
