@@ -117,7 +117,7 @@ def test_an_external_cohort_drops_in_by_yaml_alone(bach, tmp_path):
         "tile": 8, "labels": 1, "extract": n, "extract_manifest": n, "merge_failures": n, "total": 9 + 3 * n
     }
     mil = [line for line in plan.stdout.splitlines() if "pathtwt train-mil" in line]
-    assert len(mil) == n * 2 * 3
+    assert len(mil) == n * 2 and all("--seed 0 1 2 " in line for line in mil)  # a job per head, 3 seeds each
     assert all("--external bach-external=results/features/vit-s14-imgfocus/" in line for line in mil)
     # its label table has no split column: every image is tested
     table = check.check_config(check.validate_schema(grown, source="t"), source="t")["bach-external"]
