@@ -129,9 +129,10 @@ def run(args: argparse.Namespace) -> int:
     sources = {"features": str(args.features), "labels": str(args.labels), "external": args.external}
     # one process for all seeds: the bags are read once (the MIL data cache) and torch is
     # imported once, which for a small cohort costs more than a run itself
+    device = resolve_device(args.device)
     for config, folder in zip(configs, folders):
         metrics = run_mil(
-            data, config, out_dir=folder, device=resolve_device(args.device), progress=show_progress(args),
+            data, config, out_dir=folder, device=device, progress=show_progress(args),
             resume=not args.no_resume, sources=sources,
         )
         for name, values in metrics["cohorts"].items():

@@ -168,8 +168,8 @@ def extract_slide(
         # measured throughput, summed per variant by pathtwt.features.throughput for the report
         writer.h5.attrs["extract_seconds"] = seconds
         writer.h5.attrs["embed_seconds"] = timing["embed_seconds"]
-        # the CPU threads of the forward passes: one-thread jobs side by side (the demo)
-        # give a lower tiles/s per job than one job with every core
+        # the CPU threads of the forward passes: a one-thread job (extract.threads 1, jobs
+        # side by side) embeds at a lower tiles/s than one with every core
         writer.h5.attrs["torch_threads"] = torch.get_num_threads()
     return {
         "slide": str(slide), "out": str(out), "tiles": n, "seconds": seconds, "tiles_per_s": n / max(seconds, 1e-9),
