@@ -28,7 +28,7 @@ rule train_mil:
     threads: config["mil"]["threads"]
     resources:
         mem_mb=8000,
-        runtime=lambda wc: 120 * len(config["mil"]["seeds"]),
+        runtime=120 * len(config["mil"]["seeds"]),  # minutes: 2 h per run
         gpu=1,
     conda:
         CONDA_ENV
