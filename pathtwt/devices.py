@@ -248,9 +248,10 @@ def device_provenance(device: object) -> dict[str, Any]:
     import torch
 
     name = str(device)
-    info: dict[str, Any] = {"device": name, "torch_version": torch.__version__,
-                            "cuda_version": getattr(torch.version, "cuda", None) or "",
-                            "hip_version": getattr(torch.version, "hip", None) or ""}
+    # plain str: torch's version strings are a str subclass that HDF5 attributes refuse
+    info: dict[str, Any] = {"device": name, "torch_version": str(torch.__version__),
+                            "cuda_version": str(getattr(torch.version, "cuda", None) or ""),
+                            "hip_version": str(getattr(torch.version, "hip", None) or "")}
     if name.startswith("cuda") and torch.cuda.is_available():
         index = int(name[5:]) if name.startswith("cuda:") else torch.cuda.current_device()
         info["gpu_name"] = torch.cuda.get_device_name(index)
