@@ -71,20 +71,38 @@ CLAIM_VARIABLE = "PATHTWT_GPU_CLAIMS"
 # Where the claims live: one lock file per GPU index, node-local (locks on a network
 # file system are unreliable); PATHTWT_GPU_LOCK_DIR overrides it.
 LOCK_DIR_VARIABLE = "PATHTWT_GPU_LOCK_DIR"
-# Launchers that already chose this process's GPUs: nothing is left to claim.
-NARROWING_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "SLURM_JOB_GPUS",
-                       "SLURM_STEP_GPUS", "LOCAL_RANK")
+# A torchrun rank: its launcher placed it (LOCAL_RANK), nothing is left to claim.
+RANK_VARIABLES = ("LOCAL_RANK",)
+# Variables naming the GPUs a process sees, by the ids the machine knows them by.
+VISIBLE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
 def claims_apply(count: int) -> bool:
-    """Whether a ``cuda`` job claims a GPU: several visible, none chosen by a launcher."""
+    """Whether a ``cuda`` job claims a GPU: several visible, not a torchrun rank, claims
+    not turned off. Also under CUDA_VISIBLE_DEVICES or SLURM: a job given four GPUs that
+    runs four extractions at once (a grouped SLURM job) needs them as much as a workstation."""
     if count < 2 or os.environ.get(CLAIM_VARIABLE, "1").strip() in ("0", "off", "false", "no"):
         return False
-    return not any(os.environ.get(var, "").strip() for var in NARROWING_VARIABLES)
+    return not any(os.environ.get(var, "").strip() for var in RANK_VARIABLES)
 
 
 def gpu_lock_dir() -> str:
-    return os.environ.get(LOCK_DIR_VARIABLE) or os.path.join(tempfile.gettempdir(), "pathtwt-gpu-claims")
+    """Node-local; per SLURM job, since SLURM numbers each allocation's GPUs from 0."""
+    if os.environ.get(LOCK_DIR_VARIABLE):
+        return os.environ[LOCK_DIR_VARIABLE]
+    job = os.environ.get("SLURM_JOB_ID", "").strip()
+    return os.path.join(tempfile.gettempdir(), "pathtwt-gpu-claims" + (f"-slurm{job}" if job else ""))
+
+
+def gpu_id(index: int) -> str:
+    """The machine's name of visible GPU ``index``: its CUDA_VISIBLE_DEVICES entry (an
+    index or a UUID) when set, so processes shown different subsets claim the same GPU by
+    the same lock."""
+    for var in VISIBLE_VARIABLES:
+        entries = [e.strip() for e in os.environ.get(var, "").split(",") if e.strip()]
+        if index < len(entries):
+            return re.sub(r"[^A-Za-z0-9_.-]", "_", entries[index])
+    return str(index)
 
 
 class GpuClaim:
@@ -137,7 +155,7 @@ def claim_gpus(n: int, count: int, lock_dir: str | None = None, wait_s: float | 
     while True:
         held: list[GpuClaim] = []
         for index in range(count):
-            path = os.path.join(folder, f"gpu{index}.lock")
+            path = os.path.join(folder, f"gpu{gpu_id(index)}.lock")
             handle = _try_lock(path)
             if handle is not None:
                 held.append(GpuClaim(index, handle, path))
@@ -177,6 +195,32 @@ def check_ranks_fit(count: int) -> None:
             f"{local} ranks on this node (one per GPU) but {count} GPU(s) are visible; "
             f"ask for at most {count} (compress.gpus)"
         )
+
+
+def visible_gpu_count() -> int | None:
+    """GPUs this machine shows without importing torch (the workflow's planning process):
+    the entries of CUDA_VISIBLE_DEVICES when set, else the NVIDIA device files; None when
+    neither says (e.g. AMD GPUs), so nothing is checked."""
+    import glob
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([v for v in visible.split(",") if v.strip() and not v.strip().startswith("-")])
+    found = glob.glob(NVIDIA_DEVICE_GLOB)
+    return len(found) if found else None
+
+
+def check_local_gpu_resource(asked: object) -> None:
+    """``snakemake --resources gpu=N`` of a local run: N above the machine's GPUs is a
+    one-line error (the jobs beyond them would wait for a GPU that never frees)."""
+    if asked is None:
+        return
+    value = getattr(asked, "value", asked)
+    if not str(value).isdigit():
+        return
+    count = visible_gpu_count()
+    if count is not None and int(value) > count:
+        raise ConfigError(f"--resources gpu={value}: this machine shows {count} GPU(s); give at most gpu={count}")
 
 
 # --- a GPU that torch cannot use -------------------------------------------------------
@@ -346,7 +390,7 @@ def run_with_gpus(argv: list[str]) -> int:
             claims = claim_gpus(args.gpus, count)
             for claim in claims:
                 os.set_inheritable(claim.handle.fileno(), True)
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(c.index) for c in claims)
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_id(c.index) for c in claims)
             _stderr(f"devices: cuda:{os.environ['CUDA_VISIBLE_DEVICES']} (claimed in {os.path.dirname(claims[0].path)})")
         elif args.gpus > count:
             claim_gpus(args.gpus, count)  # the one-line error

@@ -19,7 +19,8 @@ from pathtwt.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 # every variable that says a launcher chose (or a node was given) GPUs
-GPU_VARIABLES = devices.NARROWING_VARIABLES + ("SLURM_GPUS_ON_NODE", "LOCAL_WORLD_SIZE", devices.CLAIM_VARIABLE)
+GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "SLURM_JOB_GPUS", "SLURM_JOB_ID",
+                 "SLURM_GPUS_ON_NODE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", devices.CLAIM_VARIABLE)
 
 
 @pytest.fixture
@@ -101,8 +102,26 @@ def test_claim_is_the_processes_own_and_kept(gpus):
     assert info["torch_version"] == torch.__version__ and "cuda_version" in info
 
 
-@pytest.mark.parametrize("variable,value", [("CUDA_VISIBLE_DEVICES", "1"), ("SLURM_JOB_GPUS", "3"),
-                                            ("LOCAL_RANK", "0"), (devices.CLAIM_VARIABLE, "0")])
+def test_claims_name_the_gpus_the_machine_knows(gpus, monkeypatch, tmp_path):
+    """Processes shown different subsets (CUDA_VISIBLE_DEVICES) claim a GPU by its machine
+    id, so the same GPU is one lock whatever its index in a process."""
+    folder = gpus(2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    first = devices.claim_gpus(1, 2, wait_s=0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7,5")
+    second = devices.claim_gpus(1, 2, wait_s=0)
+    # both are their process's cuda:0, and they are two different GPUs
+    assert [c.index for c in first + second] == [0, 0]
+    assert sorted(p.name for p in folder.iterdir()) == ["gpu5.lock", "gpu7.lock"]
+    with pytest.raises(ConfigError, match="no 1 free GPU"):
+        devices.claim_gpus(1, 2, wait_s=0)
+    # SLURM numbers each allocation's GPUs from 0: claims are per job there
+    monkeypatch.delenv(devices.LOCK_DIR_VARIABLE)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert devices.gpu_lock_dir().endswith("pathtwt-gpu-claims-slurm4242")
+
+
+@pytest.mark.parametrize("variable,value", [("LOCAL_RANK", "0"), (devices.CLAIM_VARIABLE, "0")])
 def test_no_claim_where_a_launcher_chose(gpus, monkeypatch, variable, value):
     folder = gpus(2)
     monkeypatch.setenv(variable, value)

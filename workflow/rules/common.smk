@@ -6,7 +6,9 @@ from pathlib import Path
 
 from pathtwt.config import check as config_check
 from pathtwt.errors import ConfigError
+from pathtwt.devices import check_local_gpu_resource
 from snakemake.exceptions import WorkflowError
+from snakemake.resources import Resource, Resources
 from snakemake.logging import logger
 
 
@@ -52,14 +54,51 @@ def _keep_cpu_stages_off_gpus():
     cpu_partition = default["slurm_partition"].raw if "slurm_partition" in default else None
     # the loop variable is not called "rule": the linter takes that word, a space and a colon for a rule
     for name, section in GPU_RULE_DEVICES.items():
-        if str(config[section].get("device", "")).lower() != "cpu" or name not in overwrite:
+        if str(config[section].get("device", "")).lower() != "cpu":
             continue
-        if "slurm_partition" in overwrite[name] and cpu_partition is not None:
-            overwrite[name]["slurm_partition"] = cpu_partition
-            overwrite[name]["gpu"] = 0
+        # also without a profile entry: locally a CPU job does not count against --resources gpu=N
+        rule_settings = overwrite.setdefault(name, Resources())
+        if "slurm_partition" in rule_settings and cpu_partition is not None:
+            rule_settings["slurm_partition"] = cpu_partition
+        rule_settings["gpu"] = 0
+
+
+def _give_compress_its_gpus():
+    """`compress: {gpus: N}` runs one data-parallel rank per GPU. A profile's compress
+    settings (`set-resources` memory, `set-threads`) are per GPU, so a multi-GPU job asks
+    for N times them, and for N GPUs; the profile's partition and account stay (a
+    command-line --set-resources would replace the profile's whole block). Done once,
+    where the plan is made: a submitted job receives the results. A cluster profile's
+    one-GPU limit per group job is lifted to N (a grouped extraction then gets up to N GPUs
+    and its jobs claim one each, pathtwt.devices)."""
+    gpus = int(config["compress"]["gpus"])
+    if gpus <= 1 or str(config["compress"]["device"]).lower() == "cpu" or workflow.remote_exec:
+        return
+    # the profiles' `resources: gpu=1` (one GPU per group job) caps every job's gpu: lift it
+    if "gpu" in workflow.global_resources and int(workflow.global_resources["gpu"].value) < gpus:
+        if workflow.local_exec:
+            raise WorkflowError(f"compress.gpus {gpus}: the run allows gpu={workflow.global_resources['gpu'].value}; "
+                                f"give --resources gpu={gpus} or more (at most the machine's GPUs)")
+        workflow.global_resources["gpu"] = gpus
+    settings = workflow.resource_settings
+    if "compress" in settings._parsed_overwrite_resources:
+        per_gpu = settings._parsed_overwrite_resources["compress"]
+        per_gpu["gpu"] = gpus
+        if "mem_mb" in per_gpu:
+            per_gpu["mem_mb"] = int(per_gpu["mem_mb"].value) * gpus
+    threads = settings._parsed_overwrite_threads
+    if "compress" in threads:
+        threads["compress"] = Resource("_cores", int(threads["compress"].value) * gpus)
 
 
 _keep_cpu_stages_off_gpus()
+_give_compress_its_gpus()
+# a local run asking for more GPUs than the machine shows: one line, before any job starts
+if workflow.local_exec and not workflow.remote_exec:
+    try:
+        check_local_gpu_resource(workflow.resource_settings.resources.get("gpu"))
+    except ConfigError as exc:
+        raise WorkflowError(str(exc)) from None
 
 
 def wake_local_scheduler_on_job_events_only():
