@@ -42,6 +42,10 @@ GPU_RULE_DEVICES = {
 }
 
 
+# A cluster profile gives every job a partition; a local run has none.
+ON_CLUSTER = "slurm_partition" in workflow.resource_settings._parsed_default_resources
+
+
 def _keep_cpu_stages_off_gpus():
     """A cluster profile sends the GPU rules to its GPU partition (`set-resources`). A
     stage configured with `device: cpu` needs no GPU: its rules keep the default
@@ -76,7 +80,7 @@ def _give_compress_its_gpus():
         return
     # the profiles' `resources: gpu=1` (one GPU per group job) caps every job's gpu: lift it
     if "gpu" in workflow.global_resources and int(workflow.global_resources["gpu"].value) < gpus:
-        if workflow.local_exec:
+        if not ON_CLUSTER:
             raise WorkflowError(f"compress.gpus {gpus}: the run allows gpu={workflow.global_resources['gpu'].value}; "
                                 f"give --resources gpu={gpus} or more (at most the machine's GPUs)")
         workflow.global_resources["gpu"] = gpus
@@ -94,7 +98,7 @@ def _give_compress_its_gpus():
 _keep_cpu_stages_off_gpus()
 _give_compress_its_gpus()
 # a local run asking for more GPUs than the machine shows: one line, before any job starts
-if workflow.local_exec and not workflow.remote_exec:
+if not ON_CLUSTER and not workflow.remote_exec:
     try:
         check_local_gpu_resource(workflow.resource_settings.resources.get("gpu"))
     except ConfigError as exc:
