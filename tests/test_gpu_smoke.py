@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "benchmarks" / "gpu_smoke"
 
@@ -34,6 +36,7 @@ def test_prepare_carries_the_real_slides_under_the_limit(tmp_path, shared_slides
     assert "/.smoke_data/" in (REPO / ".gitignore").read_text().splitlines()
 
 
+@pytest.mark.slow  # a minute or two on a busy 2-core machine: four Python processes start torch
 def test_cpu_mode_every_phase_on_its_own(tmp_path, shared_slides):
     data, work = tmp_path / "data", tmp_path / "work"
     assert _smoke(["--prepare"], data).returncode == 0
