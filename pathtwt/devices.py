@@ -181,7 +181,12 @@ _PROCESS_CLAIM: list[GpuClaim] = []
 def process_claim(count: int) -> GpuClaim:
     """This process's GPU claim, taken on first use and kept until the process ends."""
     if not _PROCESS_CLAIM:
+        import torch
+
         _PROCESS_CLAIM.extend(claim_gpus(1, count))
+        # the claimed GPU is also the current one: what asks torch.cuda without a device
+        # (bf16 support, memory statistics, pinned memory) asks about it
+        torch.cuda.set_device(_PROCESS_CLAIM[0].index)
         _stderr(f"device: cuda:{_PROCESS_CLAIM[0].index} (claimed {_PROCESS_CLAIM[0].path})")
     return _PROCESS_CLAIM[0]
 

@@ -34,7 +34,9 @@ def gpus(monkeypatch, tmp_path):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: n if available else 0)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: f"Mock GPU {index}")
-        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        current = [0]
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+        monkeypatch.setattr(torch.cuda, "set_device", lambda index: current.__setitem__(0, int(index)))
         monkeypatch.setattr(torch.version, "hip", None)
         monkeypatch.setattr(devices, "NVIDIA_DEVICE_GLOB", str(tmp_path / "no-such-device*"))
         monkeypatch.setattr(devices, "_PROCESS_CLAIM", [])
@@ -93,12 +95,15 @@ def test_two_processes_resolve_cuda_to_different_gpus(gpus):
 
 def test_claim_is_the_processes_own_and_kept(gpus):
     gpus(2)
+    other = devices.claim_gpus(1, 2, wait_s=0)  # another job took cuda:0
     first = devices.resolve_device("cuda")
     # create_backbone resolves the device again: the same GPU, no second claim
-    assert devices.resolve_device("cuda") == first == "cuda:0"
+    assert devices.resolve_device("cuda") == first == "cuda:1"
+    assert torch.cuda.current_device() == 1  # and it is the current device
+    other[0].release()
     assert devices.resolve_device(first) == first
     info = devices.device_provenance(first)
-    assert info["device"] == "cuda:0" and info["gpu_name"] == "Mock GPU 0"
+    assert info["device"] == "cuda:1" and info["gpu_name"] == "Mock GPU 1"
     assert info["torch_version"] == torch.__version__ and "cuda_version" in info
 
 
