@@ -1,10 +1,12 @@
-"""Frozen-backbone tile embeddings of a slide, to a features HDF5 file.
+"""Frozen-backbone tile embeddings of slides, to features HDF5 files.
 
 Tiles are read at the geometry stored in the coords file (``Slide.read_tile``) by
-DataLoader worker processes, each with its own slide handle and one compute thread, so
+DataLoader worker processes, each with its own slide handles and one compute thread, so
 reading and decoding overlap with the batched forward pass in the main process, which
-keeps all the compute threads. Several slides are extracted with one loaded backbone
-(:func:`extract_many`), since loading it costs more than a small slide's forward passes.
+keeps all the compute threads. One extraction job embeds its slides with one loaded
+backbone and one DataLoader over all their tiles (:func:`extract_many`): the workers start
+once per job and read the next slide while the last batches of one are embedded. Tiles
+travel as uint8 and are normalised on the model's device.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def transform_attrs(transform: Any) -> dict[str, Any]:
     return {f"transform_{k}": v for k, v in describe().items()} if describe else {}
 
 
-# slides of at most this many batches are read in the embedding process (see _embed_stream)
+# on CPU, a job of at most this many batches of tiles is read in the embedding process (see _embed_slides)
 IN_PROCESS_BATCHES = 2
 
 
