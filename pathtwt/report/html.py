@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from pathtwt.explain.grid import attention_grid, grid_pitch, scale_scores
 from pathtwt.io.atomic import atomic_output
 
 THUMBNAILS_PER_COHORT = 3
@@ -67,29 +68,6 @@ def analysis_figures(results: Path, out: Path) -> list[tuple[str, str]]:
         name = "analysis_" + "_".join(rel.parts)
         figs.append((_copy_figure(png, out, name), sidecar_caption(png, str(rel))))
     return figs
-
-
-def grid_pitch(coords: np.ndarray) -> int:
-    """The tile pitch: the smallest gap between distinct coordinates (1 for a single tile)."""
-    coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
-    pitch = 1
-    for axis in (0, 1):
-        gaps = np.diff(np.unique(coords[:, axis]))
-        gaps = gaps[gaps > 0]
-        if gaps.size:
-            pitch = max(pitch, int(gaps.min()))
-    return pitch
-
-
-def attention_grid(coords: np.ndarray, scores: np.ndarray, pitch: int | None = None) -> np.ndarray:
-    """Per-tile scores on the tile grid (NaN where no tile), one cell per ``pitch``
-    (default :func:`grid_pitch`) from the smallest coordinate."""
-    coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
-    pitch = grid_pitch(coords) if pitch is None else pitch
-    cells = (coords - coords.min(axis=0)) // pitch
-    grid = np.full((int(cells[:, 1].max()) + 1, int(cells[:, 0].max()) + 1), np.nan, dtype=np.float32)
-    grid[cells[:, 1], cells[:, 0]] = scores
-    return grid
 
 
 def _slide_background(results: Path, slide: str) -> tuple[np.ndarray, float, float] | None:
@@ -174,7 +152,7 @@ def attention_figures(results: Path, out: Path, task: str, rows: list, n_slides:
                     if len(scores) == 0:
                         continue
                     pitch = grid_pitch(coords)
-                    grid = attention_grid(coords, scores / max(float(scores.max()), 1e-12), pitch)
+                    grid = attention_grid(coords, scale_scores(scores, "max"), pitch)
                     x0, y0 = (int(v) for v in np.asarray(coords).min(axis=0))
                     if background is not None:
                         image, sx, sy = background

@@ -179,6 +179,12 @@ def read_roi(path: str | os.PathLike) -> Roi:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PathtwtError(f"{where}: invalid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); export it again from QuPath (File > Export objects as GeoJSON)") from None
+    return parse_roi(data, path, sha256=sha256_file(path))
+
+
+def parse_roi(data: Any, path: str | os.PathLike, sha256: str = "") -> Roi:
+    """The areas of parsed GeoJSON ``data`` (``path`` names it in errors)."""
+    where = f"--roi {path}"
     regions: list[Region] = []
     ignored = 0
     for feature in _features(data, where):
@@ -194,7 +200,21 @@ def read_roi(path: str | os.PathLike) -> Roi:
     if not regions:
         what = f" ({ignored} point/line objects only)" if ignored else ""
         raise PathtwtError(f"{where}: no polygon in the file{what}; draw or export area annotations (Polygon/MultiPolygon)")
-    return Roi(path=path, regions=tuple(regions), sha256=sha256_file(path), ignored=ignored)
+    return Roi(path=Path(path), regions=tuple(regions), sha256=sha256, ignored=ignored)
+
+
+def recorded_roi(coords_file: str | os.PathLike) -> Roi | None:
+    """The ROI a coords file was tiled with (its ``roi`` dataset), or None."""
+    import h5py
+
+    with h5py.File(coords_file, "r") as h5:
+        if "roi" not in h5:
+            return None
+        text = h5["roi"][()]
+        path = h5.attrs.get("roi_path", "roi")
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    path = path.decode() if isinstance(path, bytes) else str(path)
+    return parse_roi(json.loads(text), path)
 
 
 def check_in_slide(roi: Roi, width: int, height: int, slide: str | os.PathLike) -> None:
