@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pathtwt.cli.options import (
     add_device_argument, add_normalisation_arguments, add_progress_argument, add_workers_argument, backbone_help,
-    normalisation, show_progress,
+    show_progress,
 )
 
 HELP = ("tile, embed and classify new slides with a backbone variant and one or more trained MIL runs; "
@@ -25,6 +25,7 @@ SLIDE_SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".mrxs", ".scn", ".vms", ".b
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pathtwt.cli.extract import add_precision_argument
     from pathtwt.cli.tile import add_tissue_arguments
     from pathtwt.models.defaults import FORWARD_BATCH_SIZE
 
@@ -49,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tile side in pixels (default: the runs' training features', else 256)")
     add_tissue_arguments(parser)
     parser.add_argument("--batch-size", type=int, default=FORWARD_BATCH_SIZE, help="tiles per forward pass")
+    add_precision_argument(parser)
     add_device_argument(parser)
     add_workers_argument(parser, "tile-reading processes")
     add_progress_argument(parser)
@@ -114,21 +116,20 @@ def run(args: argparse.Namespace) -> int:
         features_dir = Path(args.features) if args.features else Path(scratch) / "features"
         coords_dir = Path(args.coords_dir) if args.coords_dir else features_dir / "coords"
         todo = {s: p for s, p in slides.items() if not (features_dir / f"{s}.h5").is_file()}
-        backbone = _load_backbone(args, device) if todo else None
-        if backbone is not None:
-            # refuse a mismatched head before any slide is tiled or embedded
+        if todo:
+            from pathtwt.cli.extract import load_backbone
             from pathtwt.models.embedding import embedding_dim
 
+            backbone, autocast = load_backbone(args, device)
+            # refuse a mismatched head before any slide is tiled or embedded
             for head in heads:
                 check_applicable(head, dim=embedding_dim(backbone.spec.embed_dim, embedding), backbone=backbone.spec.name,
                                  weights_sha256=backbone.weights_sha256 or "", recipe=embedding,
                                  where=f"--backbone {args.backbone} with --embedding {embedding}")
+            _tile_and_extract(args, todo, coords_dir, features_dir, backbone, autocast, embedding, roi_dir)
         rows = []
         for slide_id, path in slides.items():
             features_path = features_dir / f"{slide_id}.h5"
-            if slide_id in todo:
-                _tile_and_extract(args, slide_id, path, coords_dir / f"{slide_id}.h5", features_path, backbone,
-                                  embedding, roi_dir)
             features, _coords, attrs = read_features(features_path)
             if str(attrs.get("status", "ok")) != "ok" or len(features) == 0:
                 raise PathtwtError(f"{path}: no tiles to classify ({features_path}: status {attrs.get('status', 'ok')}, "
@@ -155,29 +156,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_backbone(args: argparse.Namespace, device):
-    from pathtwt.models.registry import create_backbone
-
-    return create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,
-                           precision="fp32", **normalisation(args))
-
-
-def _tile_and_extract(args, slide_id, slide_path, coords_path, features_path, backbone, embedding, roi_dir) -> None:
-    """Tile ``slide_path`` as `pathtwt tile` would, then embed it as `pathtwt extract` would."""
+def _tile_and_extract(args, todo, coords_dir, features_dir, backbone, autocast, embedding, roi_dir) -> None:
+    """Tile the slides of ``todo`` (slide_id -> file) as `pathtwt tile` would, then embed
+    them together as `pathtwt extract` would (one bf16 check for the run, as there)."""
     from pathtwt.cli.tile import write_tiles
-    from pathtwt.features.extract import extract_slide
+    from pathtwt.errors import PathtwtError
+    from pathtwt.features.extract import ExtractJob, extract_many
 
-    tile_args = argparse.Namespace(**vars(args))
-    if roi_dir is not None:
-        roi = roi_dir / f"{slide_id}.geojson"
-        tile_args.roi = str(roi) if roi.is_file() else None
-        if tile_args.roi is None:
-            print(f"pathtwt predict: {slide_id}: no {roi.name} in {roi_dir}; the whole slide is tiled", file=sys.stderr)
-    tiling = write_tiles(tile_args, slide_path, coords_path)
-    if not len(tiling.coords):
-        from pathtwt.errors import PathtwtError
-
-        raise PathtwtError(f"{slide_path}: no tissue tile ({tiling.attrs['status']} at {args.mpp:g} um/px, "
-                           f"{args.tile_size} px tiles); check it with pathtwt tile --thumbnail")
-    extract_slide(slide_path, coords_path, features_path, backbone, batch_size=args.batch_size, workers=args.workers,
-                  progress=show_progress(args), embedding=embedding)
+    jobs = []
+    for slide_id, slide_path in todo.items():
+        tile_args = argparse.Namespace(**vars(args))
+        if roi_dir is not None:
+            roi = roi_dir / f"{slide_id}.geojson"
+            tile_args.roi = str(roi) if roi.is_file() else None
+            if tile_args.roi is None:
+                print(f"pathtwt predict: {slide_id}: no {roi.name} in {roi_dir}; the whole slide is tiled", file=sys.stderr)
+        coords = coords_dir / f"{slide_id}.h5"
+        tiling = write_tiles(tile_args, slide_path, coords)
+        if not len(tiling.coords):
+            raise PathtwtError(f"{slide_path}: no tissue tile ({tiling.attrs['status']} at {args.mpp:g} um/px, "
+                               f"{args.tile_size} px tiles); check it with pathtwt tile --thumbnail")
+        jobs.append(ExtractJob(Path(slide_path), coords, features_dir / f"{slide_id}.h5"))
+    extract_many(jobs, backbone, batch_size=args.batch_size, workers=args.workers, progress=show_progress(args),
+                 embedding=embedding, bf16_autocast=autocast)

@@ -9,7 +9,7 @@ normalised so that it does not bleed into background), colour-mapped through a 2
 table and blended over the slide in strips of rows.
 
 Memory bound: about 7 bytes per canvas pixel (the RGB slide image, 3, and the scores
-upsampled to the canvas, 4; 12 more while ``smooth_um`` blurs), plus 8 bytes per tile-grid
+upsampled over the tiles' bounding box, 4; 12 more while ``smooth_um`` blurs), plus 8 bytes per tile-grid
 cell and the tiles' coordinates and scores: it grows with the slide's area over ``mpp``
 squared, not with its number of tiles (blending goes strip by strip of rows). A 20,000-tile
 slide (256-px tiles at 0.5 um/px, 330 mm^2 of tissue) spread over 25 x 20 mm^2 draws at the
@@ -37,7 +37,7 @@ DEFAULT_MPP = 4.0
 MAX_PIXELS = 40_000_000
 DEFAULT_CMAP = "turbo"
 DEFAULT_ALPHA = 0.45
-STRIP_ROWS = 512  # rows blended at a time
+STRIP_ROWS = 64  # rows blended at a time: temporaries of ~12 bytes per pixel of a strip
 
 
 @dataclass(frozen=True)
@@ -98,20 +98,29 @@ def colour_table(cmap: str) -> np.ndarray:
     return np.round(table * 255).astype(np.uint8)
 
 
-def score_canvas(canvas: Canvas, coords: np.ndarray, values: np.ndarray, side_level0: int, smooth_um: float = 0.0) -> np.ndarray:
-    """float32 (height, width): ``values`` (one per tile) painted over their tiles at the
-    canvas resolution, NaN where there is no tile."""
-    out = np.full((canvas.height, canvas.width), np.nan, dtype=np.float32)
+@dataclass
+class ScoreLayer:
+    """Scores at the canvas resolution over the tiles' bounding box only (NaN where no
+    tile): ``values`` float32 (h, w) whose top-left canvas pixel is ``offset`` (x, y)."""
+
+    values: np.ndarray
+    offset: tuple[int, int]
+
+
+def score_layer(canvas: Canvas, coords: np.ndarray, values: np.ndarray, side_level0: int, smooth_um: float = 0.0) -> ScoreLayer:
+    """``values`` (one per tile) painted over their tiles at the canvas resolution."""
     if len(coords) == 0:
-        return out
+        return ScoreLayer(np.full((0, 0), np.nan, np.float32), (0, 0))
     pitch = grid_pitch(coords)
     grid = attention_grid(coords, values, pitch, side=side_level0)
     x0, y0 = grid_origin(coords)
     # the grid's extent: cells of `pitch` level-0 px from the first tile's corner
     x1, y1 = x0 + grid.shape[1] * pitch, y0 + grid.shape[0] * pitch
-    cx0, cy0 = round(x0 * canvas.scale), round(y0 * canvas.scale)
+    cx0, cy0 = min(round(x0 * canvas.scale), canvas.width - 1), min(round(y0 * canvas.scale), canvas.height - 1)
     cx1, cy1 = max(cx0 + 1, round(x1 * canvas.scale)), max(cy0 + 1, round(y1 * canvas.scale))
     up = cv2.resize(grid, (cx1 - cx0, cy1 - cy0), interpolation=cv2.INTER_NEAREST)
+    # clip to the canvas (tiles reach the slide's edge at most)
+    up = up[: canvas.height - cy0, : canvas.width - cx0]
     if smooth_um > 0:
         sigma = smooth_um / canvas.mpp
         valid = np.isfinite(up).astype(np.float32)
@@ -119,25 +128,24 @@ def score_canvas(canvas: Canvas, coords: np.ndarray, values: np.ndarray, side_le
         weight = cv2.GaussianBlur(valid, (0, 0), sigma)
         with np.errstate(invalid="ignore", divide="ignore"):
             up = np.where(valid > 0, blurred / np.maximum(weight, 1e-6), np.nan).astype(np.float32)
-    # clip to the canvas (tiles reach the slide's edge at most)
-    w, h = min(cx1, canvas.width) - cx0, min(cy1, canvas.height) - cy0
-    out[cy0 : cy0 + h, cx0 : cx0 + w] = up[:h, :w]
-    return out
+    return ScoreLayer(np.ascontiguousarray(up), (cx0, cy0))
 
 
-def blend(background: np.ndarray, scores: np.ndarray, table: np.ndarray, alpha: float = DEFAULT_ALPHA) -> np.ndarray:
+def blend(background: np.ndarray, layer: ScoreLayer, table: np.ndarray, alpha: float = DEFAULT_ALPHA) -> np.ndarray:
     """``background`` with the colour of each finite score in [0, 1] blended over it, in
-    place, strip by strip."""
-    for top in range(0, background.shape[0], STRIP_ROWS):
-        s = scores[top : top + STRIP_ROWS]
+    place, strip by strip of rows."""
+    x0, y0 = layer.offset
+    h, w = layer.values.shape
+    for top in range(0, h, STRIP_ROWS):
+        s = layer.values[top : top + STRIP_ROWS]
         finite = np.isfinite(s)
         if not finite.any():
             continue
         index = np.clip(np.nan_to_num(s, nan=0.0) * 255.0 + 0.5, 0, 255).astype(np.uint8)
         colour = table[index]
-        strip = background[top : top + STRIP_ROWS]
-        mixed = (strip.astype(np.float32) * (1 - alpha) + colour.astype(np.float32) * alpha + 0.5).astype(np.uint8)
-        strip[finite] = mixed[finite]
+        strip = background[y0 + top : y0 + top + len(s), x0 : x0 + w]
+        mixed = cv2.addWeighted(np.ascontiguousarray(strip), 1.0 - alpha, colour, alpha, 0.0)
+        np.copyto(strip, mixed, where=finite[..., None])
     return background
 
 

@@ -81,12 +81,12 @@ def explain_slide(
         table = heatmap.colour_table(options.cmap)
         image = heatmap.read_background(slide, canvas)
         values = scale_scores(scores.attention, options.scale)
-        heatmap.blend(image, heatmap.score_canvas(canvas, coords, values, side, options.smooth_um), table, options.alpha)
+        heatmap.blend(image, heatmap.score_layer(canvas, coords, values, side, options.smooth_um), table, options.alpha)
         tissue = []
         if options.tissue:
             mask = detect_tissue(slide, TissueParams(mask_mpp=float(coords_attrs.get("mask_mpp") or TissueParams.mask_mpp)),
                                  coords_attrs.get("modality") or None)
-            tissue = mask_contours(mask.mask, mask.downsample)
+            tissue = mask_contours(mask.mask, mask.downsample, slide.dimensions)
     if options.tiff:
         from pathtwt.explain.tiff import write_pyramid_tiff
 

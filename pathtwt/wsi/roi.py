@@ -294,8 +294,10 @@ def apply_roi(tiling: Any, roi: Roi, slide: str | os.PathLike) -> Any:
     return replace(tiling, coords=tiling.coords[keep], tissue_fraction=tiling.tissue_fraction[keep], attrs=new_attrs)
 
 
-def mask_contours(mask: np.ndarray, downsample: tuple[float, float], min_points: int = 3) -> list[list[np.ndarray]]:
-    """The outlines of a boolean mask as polygons in level-0 pixels: per connected region
+def mask_contours(mask: np.ndarray, downsample: tuple[float, float], level0_size: tuple[int, int],
+                  min_points: int = 3) -> list[list[np.ndarray]]:
+    """The outlines of a boolean mask as polygons in level-0 pixels, inside the slide's
+    ``level0_size`` (the mask's last pixels may cover a padded edge): per connected region
     its exterior and its holes ((K, 2) float arrays), mask pixel (i, j) covering the level-0
     box from (j * downsample[0], i * downsample[1])."""
     contours, hierarchy = cv2.findContours(np.ascontiguousarray(mask, dtype=np.uint8), cv2.RETR_CCOMP, cv2.CHAIN_APPROX_SIMPLE)
@@ -308,7 +310,7 @@ def mask_contours(mask: np.ndarray, downsample: tuple[float, float], min_points:
         if len(contour) < min_points:
             continue
         # pixel centres to level-0 coordinates (half a mask pixel in from the box edge)
-        ring = (contour[:, 0, :].astype(np.float64) + 0.5) * scale
+        ring = np.clip((contour[:, 0, :].astype(np.float64) + 0.5) * scale, 0, level0_size)
         if parent < 0:
             outers[i] = [ring]
         else:
