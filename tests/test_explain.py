@@ -157,3 +157,18 @@ def test_pyramidal_tiff_opens_in_tiffslide_with_levels_and_mpp(tmp_path):
         assert slide.level_dimensions[0] == (900, 1300) and slide.level_count == 3
         assert float(slide.properties["tiffslide.mpp-x"]) == pytest.approx(2.0)
         assert (np.asarray(slide.read_region((0, 0), 0, (64, 64)))[..., :3] == image[:64, :64]).all()
+
+
+def test_report_links_the_workflow_heatmaps_and_copies_them(tmp_path):
+    from pathtwt.report.html import heatmaps_html
+
+    folder = tmp_path / "results" / "heatmaps" / "h0-mini" / "twt-4" / "isup" / "abmil" / "panda"
+    folder.mkdir(parents=True)
+    for suffix in (".heatmap.png", ".top_tiles.png", ".geojson"):
+        (folder / f"p6{suffix}").write_bytes(b"x")
+    page = heatmaps_html(tmp_path / "results", tmp_path / "report")
+    assert "Attention heatmaps" in page and "p6" in page and "h0-mini / twt-4" in page
+    for suffix in (".heatmap.png", ".top_tiles.png", ".geojson"):
+        href = f"figures/heatmaps/h0-mini/twt-4/isup/abmil/panda/p6{suffix}"
+        assert f'href="{href}"' in page and (tmp_path / "report" / href).is_file()
+    assert heatmaps_html(tmp_path / "nothing", tmp_path / "report") == ""

@@ -182,6 +182,38 @@ def attention_figures(results: Path, out: Path, task: str, rows: list, n_slides:
     return figs
 
 
+HEATMAP_OUTPUTS = (("heatmap", ".heatmap.png"), ("top/bottom tiles", ".top_tiles.png"), ("QuPath GeoJSON", ".geojson"))
+
+
+def heatmaps_html(results: Path, out: Path) -> str:
+    """A table linking the heatmaps `pathtwt heatmap` drew for the report (workflow
+    `report: {heatmaps: N}`): results/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/,
+    copied under figures/heatmaps/ so the report folder stands alone."""
+    root = results / "heatmaps"
+    pngs = [p for p in sorted(root.glob("*/*/*/*/*/*.heatmap.png")) if not p.name.startswith(".")]
+    if not pngs:
+        return ""
+    body = []
+    for png in pngs:
+        rel = png.relative_to(root)
+        backbone, variant, task, head, cohort = rel.parts[:5]
+        slide = png.name[: -len(".heatmap.png")]
+        links = []
+        for label, suffix in HEATMAP_OUTPUTS:
+            src = png.with_name(slide + suffix)
+            if src.is_file():
+                dest = Path("heatmaps", *rel.parts[:5], src.name)
+                href = _copy_figure(src, out, str(dest))
+                links.append(f'<a href="{html.escape(href)}">{html.escape(label)}</a>')
+        body.append([html.escape(x) for x in (task, cohort, slide, f"{backbone} / {variant}", head)] + [" | ".join(links)])
+    head_row = "".join(f"<th>{h}</th>" for h in ("task", "cohort", "slide", "variant", "head", "files"))
+    rows = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in body)
+    return ("<h2>Attention heatmaps</h2><p class='note'>Test slides (the first by slide id of each reported cohort) "
+            "drawn by <code>pathtwt heatmap</code> with each variant's head (lowest seed): attention over the slide, "
+            "the tiles of highest and lowest attention, and the tiles with their attention as QuPath objects.</p>"
+            f"<div class='scroll'><table><thead><tr>{head_row}</tr></thead><tbody>{rows}</tbody></table></div>")
+
+
 def _table_html(header: list[str], body: list[list[str]], css: str = "", references: set[int] = frozenset(),
                 flagged: set[tuple[int, int]] = frozenset()) -> str:
     """``references``: indices of rows drawn as reference rows (muted); ``flagged``: (row,
@@ -267,6 +299,7 @@ def render_html(
         parts += [f"<p class='note'>{html.escape(n)}</p>" for n in t["notes"]]
     parts.append(_figures_html("Layer similarity and discovered blocks", similarity_figures(results, out)))
     parts.append(_figures_html("MIL attention", attention, wide=True))
+    parts.append(heatmaps_html(results, out))
     parts.append(_figures_html("Tissue detection", thumbnail_figures(results, out)))
     parts.append(_figures_html("Analyses", analysis_figures(results, out)))
     parts.append("</body></html>\n")
