@@ -62,7 +62,7 @@ def test_only_excluded_regions_keep_everything_else():
     ("{not json", "invalid JSON"),
     (json.dumps({"type": "FeatureCollection", "features": []}), "no polygon"),
     (json.dumps([{"type": "Feature", "geometry": {"type": "Point", "coordinates": [1, 2]}, "properties": {}}]),
-     "point/line objects only"),
+     "point/line/detection/tile objects only"),
     (json.dumps({"type": "Feature", "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [1, 1]]]}}),
      "fewer than 3"),
     (json.dumps({"hello": 1}), "not GeoJSON"),

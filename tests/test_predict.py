@@ -162,6 +162,11 @@ def test_heatmap_and_qupath_geojson_of_the_cmu_slide(study, tmp_path, capsys):
     assert measured[hi] > measured[lo]
     np.testing.assert_allclose(measured, attention, rtol=1e-5)
     assert {f["properties"]["classification"]["name"] for f in tiles} == {f"class {int(json.loads(stdout)['predicted'])}"}
+    # QuPath out, then in: the GeoJSON as a ROI keeps the tiles inside its tissue outline
+    assert main(["tile", str(study["slide"]), "--out", str(tmp_path / "again.h5"), *TILING,
+                 "--roi", str(out / "cmu.geojson")]) == 0
+    kept = h5py.File(tmp_path / "again.h5", "r")["coords"][()]
+    assert 0.8 * len(coords) <= len(kept) <= len(coords)
     tiffslide = pytest.importorskip("tiffslide")
     with tiffslide.TiffSlide(out / "cmu.heatmap.tif") as tif:
         assert tif.level_dimensions[0] == (plain.shape[1], plain.shape[0])

@@ -49,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tile-size", type=int, default=None,
                         help="tile side in pixels (default: the runs' training features', else 256)")
     add_tissue_arguments(parser)
+    parser.set_defaults(roi=None)
+    for action in parser._actions:
+        if "--roi" in action.option_strings:  # here it may also name a folder, for several slides
+            action.help = ("QuPath GeoJSON of the regions to tile (as pathtwt tile --roi), or a folder of "
+                           "<slide_id>.geojson files, one per slide (a slide without one is tiled whole) (default: none)")
     parser.add_argument("--batch-size", type=int, default=FORWARD_BATCH_SIZE, help="tiles per forward pass")
     add_precision_argument(parser)
     add_device_argument(parser)

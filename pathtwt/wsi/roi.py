@@ -6,7 +6,9 @@ A ROI file is a GeoJSON FeatureCollection, a bare list of Features (QuPath's
 geometry. Coordinates are level-0 pixels with the origin at the top left of the
 full-resolution image, QuPath's convention (qupath-docs, "Exporting annotations": "Units
 and origin"). Only areas count: Polygon and MultiPolygon geometries (a GeometryCollection is
-opened); points and lines are ignored.
+opened); points, lines and QuPath's non-annotation objects (``objectType`` tile, detection,
+cell, tmaCore) are ignored, so a GeoJSON of ``pathtwt heatmap`` serves as a ROI through its
+tissue annotations.
 
 Each area is an *include* region unless its classification marks it *excluded*: the
 QuPath class names ``Ignore*``, ``Exclude``, ``Excluded``, ``Exclusion`` and ``Background``
@@ -34,6 +36,8 @@ import numpy as np
 
 from pathtwt.errors import PathtwtError
 
+# QuPath object types that are results, not drawn regions: left out of a ROI
+OBJECTS_NOT_REGIONS = ("tile", "detection", "cell", "tmaCore")
 EXCLUDED_CLASSES = ("ignore", "exclude", "excluded", "exclusion", "background")
 POINTS_PER_CHUNK = 4096  # point-in-polygon tests per vectorised chunk: bounded memory
 
@@ -191,6 +195,9 @@ def parse_roi(data: Any, path: str | os.PathLike, sha256: str = "") -> Roi:
         if not isinstance(feature, dict):
             raise PathtwtError(f"{where}: a feature is not a JSON object")
         props = feature.get("properties") or {}
+        if isinstance(props, dict) and props.get("objectType", "annotation") in OBJECTS_NOT_REGIONS:
+            ignored += 1  # QuPath's detections and tiles (e.g. a `pathtwt heatmap` GeoJSON's tiles)
+            continue
         name = _classification(props)
         polygons, other = _polygons(feature.get("geometry"), where)
         ignored += other
@@ -198,7 +205,7 @@ def parse_roi(data: Any, path: str | os.PathLike, sha256: str = "") -> Roi:
             if rings:
                 regions.append(Region(rings=tuple(rings), classification=name, excluded=is_excluded_class(name)))
     if not regions:
-        what = f" ({ignored} point/line objects only)" if ignored else ""
+        what = f" ({ignored} point/line/detection/tile objects only)" if ignored else ""
         raise PathtwtError(f"{where}: no polygon in the file{what}; draw or export area annotations (Polygon/MultiPolygon)")
     return Roi(path=Path(path), regions=tuple(regions), sha256=sha256, ignored=ignored)
 
