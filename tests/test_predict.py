@@ -210,7 +210,13 @@ def test_tile_with_a_roi_keeps_only_the_tiles_inside_it(study, tmp_path):
     roi = _cmu_roi(tmp_path / "roi.geojson", [_polygon(700, 900, 1700, 2400, "Tumor"),
                                               _polygon(1000, 1500, 1400, 1900, "Ignore*")])
     out = tmp_path / "roi.h5"
-    assert main(["tile", str(study["slide"]), "--out", str(out), *TILING, "--roi", str(roi)]) == 0
+    assert main(["tile", str(study["slide"]), "--out", str(out), *TILING, "--roi", str(roi),
+                 "--thumbnail", str(tmp_path / "roi.png")]) == 0
+    thumb = np.asarray(Image.open(tmp_path / "roi.png").convert("RGB")).reshape(-1, 3)
+    from pathtwt.wsi.thumbnail import EXCLUDED_COLOUR, ROI_COLOUR
+
+    for colour in (ROI_COLOUR, EXCLUDED_COLOUR):  # both regions outlined on the thumbnail
+        assert (thumb == colour).all(axis=1).sum() > 100
     kept, _, attrs = read_coords(out)
     side = attrs["patch_size_level0"]
     centres = kept + side / 2

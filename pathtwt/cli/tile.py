@@ -156,7 +156,7 @@ def write_tiles(args: argparse.Namespace, slide_path, out, thumbnail=None):
     # Thumbnail first: the coords file is the output the workflow waits for, so it
     # appears last, once everything else has succeeded.
     if thumbnail:
-        write_thumbnail(thumbnail, tiling)
+        write_thumbnail(thumbnail, tiling, regions=roi.regions if roi is not None else ())
     texts = {"roi": json.dumps(roi.to_geojson())} if roi is not None else None
     write_coords(out, tiling.coords, tiling.tissue_fraction, tiling.attrs, texts=texts)
     return tiling

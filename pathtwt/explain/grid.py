@@ -82,4 +82,4 @@ def scale_scores(scores: np.ndarray, scale: str) -> np.ndarray:
     raise ValueError(f"unknown scale {scale!r}; use rank or max")
 
 
-SCALE_LABELS = {"rank": "attention: percentile rank within the slide", "max": "attention / slide max"}
+SCALE_LABELS = {"rank": "attention percentile in slide", "max": "attention / slide max"}
