@@ -172,3 +172,18 @@ def test_report_links_the_workflow_heatmaps_and_copies_them(tmp_path):
         href = f"figures/heatmaps/h0-mini/twt-4/isup/abmil/panda/p6{suffix}"
         assert f'href="{href}"' in page and (tmp_path / "report" / href).is_file()
     assert heatmaps_html(tmp_path / "nothing", tmp_path / "report") == ""
+
+
+def test_predict_takes_folders_of_slides(tmp_path):
+    from pathtwt.cli.predict import slide_list
+
+    for name in ("a.svs", "b.jpeg", "notes.txt", ".tmp.svs"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "a.tiff").write_bytes(b"")
+    assert slide_list([str(tmp_path)]) == {"a": tmp_path / "a.svs", "b": tmp_path / "b.jpeg"}
+    with pytest.raises(PathtwtError, match="two slides with the id 'a'"):
+        slide_list([str(tmp_path), str(tmp_path / "other")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PathtwtError, match="no slide files"):
+        slide_list([str(tmp_path / "empty")])

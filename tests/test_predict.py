@@ -234,6 +234,30 @@ def test_tile_with_a_roi_keeps_only_the_tiles_inside_it(study, tmp_path):
     assert [r.classification for r in recorded_roi(out).regions] == ["Tumor", "Ignore*"]
 
 
+def test_runs_without_recorded_provenance_and_folders_of_runs(study, tmp_path):
+    """A checkpoint written before heads recorded their features' provenance falls back on
+    the features folder its metrics.json names; a folder holding runs only below it is
+    refused naming them."""
+    import torch
+
+    from pathtwt.errors import PathtwtError
+    from pathtwt.explain.runs import load_head
+
+    old = tmp_path / "old" / "seed0"
+    shutil.copytree(study["runs"]["abmil"], old)
+    state = torch.load(old / "checkpoint.pt", weights_only=True)
+    assert state["features"]["backbone"] == "vit-s14-tiny" and state["features"]["target_mpp"] == 1.0
+    del state["features"]
+    torch.save(state, old / "checkpoint.pt")
+    assert load_head(old).provenance["embedding_recipe"] == "cls+mean"  # from metrics.json's features folder
+    metrics = json.loads((old / "metrics.json").read_text())
+    metrics["sources"]["features"] = str(tmp_path / "gone")
+    (old / "metrics.json").write_text(json.dumps(metrics))
+    assert load_head(old).provenance == {}
+    with pytest.raises(PathtwtError, match=r"no checkpoint.pt; it holds runs in seed0"):
+        load_head(tmp_path / "old")
+
+
 def _fake_head_run(folder, aggregator="meanpool"):
     import torch
 
@@ -251,6 +275,7 @@ BAD = {
     "head of another embedding": ("predict", "other_embedding", "64-d"),
     "head of another backbone": ("predict", "other_backbone", "h0-mini-tiny"),
     "head without attention": ("heatmap", "meanpool", "no per-tile attention"),
+    "heatmap of another slide than its coords": ("heatmap", "other_slide", "does not match the coords file"),
     "slide without a pixel size": ("tile", "bach_no_mpp", "--slide-mpp"),
 }
 
@@ -283,8 +308,9 @@ def test_bad_input_is_one_line_and_writes_nothing(study, bach_image, tmp_path, c
         argv = ["predict", str(slide), "--run", str(run), "--out", str(out), *FAST, *extra, "--random-init",
                 "--backbone", "h0-mini-tiny" if kind == "other_backbone" else "vit-s14-tiny"]
     else:
-        argv = ["heatmap", str(slide), "--coords", str(study["coords"]), "--features", str(study["features"]),
-                "--run", str(_fake_head_run(tmp_path / "meanpool")), "--out", str(out)]
+        run = _fake_head_run(tmp_path / "meanpool") if kind == "meanpool" else study["runs"]["abmil"]
+        argv = ["heatmap", str(slide.with_name("small.svs") if kind == "other_slide" else slide), "--coords", str(study["coords"]),
+                "--features", str(study["features"]), "--run", str(run), "--out", str(out)]
     code, _, err = _run(capsys, argv)
     assert code == 1, err
     assert message in err and len(err.strip().splitlines()) == 1, err

@@ -65,6 +65,7 @@ def explain_slide(
     slide_id: str | None = None,
 ) -> dict[str, Any]:
     from pathtwt.wsi.coords_tiles import TileGeometry
+    from pathtwt.wsi.fingerprint import check_coords_belong_to_slide
     from pathtwt.wsi.roi import mask_contours, recorded_roi
     from pathtwt.wsi.tissue import TissueParams, detect_tissue
 
@@ -77,6 +78,8 @@ def explain_slide(
     geometry = TileGeometry.from_attrs(coords_path, coords_attrs, slide_path=slide_path)
     paths = output_paths(out_dir, slide_id, options.tiff)
     with geometry.open() as slide:
+        # the slide must be the one the coords (and so the features) were made from
+        check_coords_belong_to_slide(slide, coords_path, coords_attrs)
         canvas = heatmap.canvas_for(slide.dimensions, slide.mpp, options.mpp, options.max_pixels, where=str(slide_path))
         table = heatmap.colour_table(options.cmap)
         image = heatmap.read_background(slide, canvas)
