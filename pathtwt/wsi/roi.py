@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import cv2
 import numpy as np
@@ -326,7 +326,3 @@ def mask_contours(mask: np.ndarray, downsample: tuple[float, float], level0_size
         if parent in outers:
             outers[parent].append(ring)
     return list(outers.values())
-
-
-def regions_from_rings(polygons: Iterable[list[np.ndarray]], classification: str = "") -> tuple[Region, ...]:
-    return tuple(Region(rings=tuple(r), classification=classification, excluded=is_excluded_class(classification)) for r in polygons)
