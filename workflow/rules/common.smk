@@ -614,7 +614,8 @@ def get_heatmap_slides(task):
     """(cohort, slide): the first `report.heatmaps` test slides by id of each reported cohort."""
     n, pairs = config["report"]["heatmaps"], []
     for i, cohort in enumerate(get_task_cohorts(task)):
-        ids = get_slide_ids(cohort, "test") if i == 0 else get_slide_ids(cohort)
+        # the training cohort's test split; an external cohort is tested whole
+        ids = get_slide_ids(cohort, config["tasks"][task]["test_split"]) if i == 0 else get_slide_ids(cohort)
         pairs += [(cohort, s) for s in sorted(ids)[:n]]
     return pairs
 
