@@ -9,6 +9,11 @@ the same number of tiles forwarded in memory at the same batch size by the same 
 extract / model-only (1.0: reading costs nothing beside the model).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/extract_variants.py [--backbone vit-s14-imgfocus]
+    ... --against main --depths 6     # the extraction of git ref `main` too, interleaved
+
+With ``--against REF`` every round runs REF's ``pathtwt/features/extract.py``, this
+checkout's and the model alone back to back, so a load that drifts during the run (a
+shared machine) weighs on all three alike.
 """
 
 from __future__ import annotations
@@ -69,7 +74,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=2, help="best of this many (extract, model-only) pairs")
+    ap.add_argument("--against", default=None, help="a git ref whose extraction is timed in the same rounds")
     args = ap.parse_args(argv)
+    others = {}
+    if args.against:
+        import importlib.util
+        import subprocess
+
+        source = subprocess.run(["git", "show", f"{args.against}:pathtwt/features/extract.py"], cwd=REPO,
+                                capture_output=True, text=True, check=True).stdout
+        path = Path(tempfile.mkdtemp()) / "extract_before.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location("extract_before", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["extract_before"] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+        others[args.against] = module.extract_many
     if not SLIDE.is_file():
         print(json.dumps({"skipped": f"{SLIDE} absent"}))
         return 0
@@ -87,7 +107,13 @@ def main(argv: list[str] | None = None) -> int:
             jobs = cohort(Path(tmp), backbone.spec.input_size)
             best_extract = best_model = float("inf")
             first_extract = None
+            best_other = {ref: float("inf") for ref in others}
             for _ in range(args.rounds):
+                for ref, other in others.items():
+                    other_jobs = [sys.modules["extract_before"].ExtractJob(j.slide, j.coords, j.out) for j in jobs]
+                    start = time.perf_counter()
+                    other(other_jobs, backbone, batch_size=args.batch_size, workers=args.workers, progress=False)
+                    best_other[ref] = min(best_other[ref], time.perf_counter() - start)
                 start = time.perf_counter()
                 extract_many(jobs, backbone, batch_size=args.batch_size, workers=args.workers, progress=False)
                 seconds = time.perf_counter() - start
@@ -98,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                 "depth": depth, "extract_s": round(best_extract, 3), "first_round_extract_s": round(first_extract, 3),
                 "model_only_s": round(best_model, 3), "ratio": round(best_extract / best_model, 3),
                 "first_round_ratio": round(first_extract / best_model, 3),
+                **{f"{ref}_extract_s": round(t, 3) for ref, t in best_other.items()},
+                **{f"{ref}_ratio": round(t / best_model, 3) for ref, t in best_other.items()},
             }
     print(json.dumps(result, indent=2))
     return 0
