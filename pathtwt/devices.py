@@ -121,7 +121,16 @@ class GpuClaim:
 def _try_lock(path: str) -> Any:
     import fcntl
 
-    handle = open(path, "a+")  # noqa: SIM115 - kept open for as long as the claim holds
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot open the GPU claim ({exc.strerror}); set {LOCK_DIR_VARIABLE} "
+                          "to a node-local folder of yours, or PATHTWT_GPU_CLAIMS=0") from None
+    try:
+        os.fchmod(fd, 0o666)  # every user of a shared workstation claims through the same file
+    except OSError:
+        pass  # another user's file, already shared
+    handle = os.fdopen(fd, "r+")  # kept open for as long as the claim holds
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -146,7 +155,11 @@ def claim_gpus(n: int, count: int, lock_dir: str | None = None, wait_s: float | 
             "(compress.gpus, snakemake --resources gpu=N)"
         )
     folder = lock_dir or gpu_lock_dir()
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{folder}: cannot make the GPU claims folder ({exc.strerror}); set "
+                          f"{LOCK_DIR_VARIABLE} to a node-local folder of yours, or PATHTWT_GPU_CLAIMS=0") from None
     try:
         os.chmod(folder, 0o1777)  # several users of one workstation share the claims
     except OSError:

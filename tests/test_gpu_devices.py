@@ -247,3 +247,18 @@ def test_devices_module_runs_as_a_script():
     res = subprocess.run([sys.executable, "-m", "pathtwt.devices", "--help"], capture_output=True, text=True,
                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert res.returncode == 0 and "--gpus" in res.stdout
+
+
+def test_an_unusable_claim_folder_is_one_line(gpus, monkeypatch, tmp_path):
+    gpus(2)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setenv(devices.LOCK_DIR_VARIABLE, str(blocked / "claims"))
+    with pytest.raises(ConfigError, match=r"cannot make the GPU claims folder"):
+        devices.claim_gpus(1, 2, wait_s=0)
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    (folder / "gpu0.lock").mkdir()  # a lock path that cannot be opened as a file
+    monkeypatch.setenv(devices.LOCK_DIR_VARIABLE, str(folder))
+    with pytest.raises(ConfigError, match=r"gpu0.lock: cannot open the GPU claim .*PATHTWT_GPU_LOCK_DIR"):
+        devices.claim_gpus(1, 2, wait_s=0)
