@@ -132,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
     from pathtwt.devices import resolve_device
 
     from pathtwt.compress.ranks import init_from_env, is_writer, world_size
-    from pathtwt.devices import resolve_training_precision
+    from pathtwt.models.precision import resolve_precision
 
     method = get_method(args.method)  # fail on an unknown method before loading anything
     extra = parse_method_options(args.option)
@@ -145,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
         from pathtwt.errors import ConfigError
 
         raise ConfigError(f"--batch-size {args.batch_size} is not divisible by the {world_size()} ranks; choose a multiple")
-    precision = resolve_training_precision(args.precision, device)
+    precision = resolve_precision(args.precision, device, training=True).compute
     # float32 teacher whatever the backbone's inference precision: its outputs are the targets
     from pathtwt.cli.options import normalisation
 

@@ -85,18 +85,15 @@ def run(args: argparse.Namespace) -> int:
         raise PathtwtError(f"--workers must be >= 0 (0 reads tiles in the main process), got {args.workers}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from pathtwt.devices import native_bf16
-
     device = resolve_device(args.device)
-    autocast = args.precision == "auto" and native_bf16(device)
     backbone = create_backbone(
         args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,
-        precision="fp32" if autocast else args.precision, **normalisation(args)
+        precision=args.precision, **normalisation(args)
     )
     summaries = extract_many(
         jobs, backbone, batch_size=args.batch_size, workers=args.workers,
         progress=show_progress(args), skip_existing=args.skip_existing, failures=args.failures,
-        embedding=args.embedding, force=args.force, bf16_autocast=autocast,
+        embedding=args.embedding, force=args.force, bf16_autocast=backbone.bf16_autocast,
     )
     for summary in summaries:
         print(json.dumps(summary))

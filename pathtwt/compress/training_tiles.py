@@ -61,8 +61,12 @@ class ArrayTiles:
 class SlideTiles:
     """Every tile of the given coords files (status ok), read from its slide on demand.
 
-    Each DataLoader worker gets a copy without open handles (``__getstate__``) and opens
-    its own, so no slide handle is shared across processes."""
+    No slide handle is shared across processes: a pickled copy (a spawned DataLoader
+    worker) carries none (``__getstate__``), and a forked worker, which inherits the
+    handles the main process opened (the loss normalisation and the bf16 check read the
+    first tiles there) together with their file offsets, leaves those alone and opens its
+    own: the handles are kept per process id. Two processes reading through one inherited
+    descriptor move one shared file offset, so each could read the other's bytes."""
 
     def __init__(self, coords_files: Sequence[Path], *, excluded: dict[str, str] | None = None) -> None:
         from pathtwt.io.h5 import read_coords
@@ -85,6 +89,7 @@ class SlideTiles:
         self.coords = np.concatenate(parts)
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._open: OrderedDict[int, Slide] = OrderedDict()
+        self._owner = os.getpid()  # the process whose handles ``_open`` holds
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -101,6 +106,10 @@ class SlideTiles:
         return s, int(x), int(y)
 
     def _slide(self, s: int) -> Slide:
+        if self._owner != os.getpid():
+            # a forked copy: the parent's handles stay the parent's (closing them here could
+            # touch its library state); this process opens its own
+            self._open, self._owner = OrderedDict(), os.getpid()
         if s in self._open:
             self._open.move_to_end(s)
             return self._open[s]
@@ -114,6 +123,12 @@ class SlideTiles:
     def read(self, index: int) -> np.ndarray:
         s, x, y = self.locate(index)
         return self.entries[s].read(self._slide(s), x, y)
+
+    def close(self) -> None:
+        """Close this process's open slides (they reopen on the next read)."""
+        if self._owner == os.getpid():
+            while self._open:
+                self._open.popitem(last=False)[1].close()
 
     def describe(self) -> dict[str, Any]:
         return {"source": "coords files, streamed from the slides", "tiles": len(self), "slides": len(self.entries),
