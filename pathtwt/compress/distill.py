@@ -65,7 +65,7 @@ class DistillOptions:
     seed: int = 0
     device: str = "cpu"
     precision: str = "fp32"  # fp32 | bf16 (autocast; master weights and optimiser state stay fp32)
-    workers: int = 0  # DataLoader workers reading and augmenting tiles
+    workers: int = 0  # DataLoader workers reading and resizing tiles (augmentation runs on the batch, on the device)
     checkpoint: Path | None = None  # file; resumed from when it exists
     checkpoint_every: int = 100
     stop_after: int | None = None  # stop after this step as if interrupted (checkpoint kept)
@@ -469,11 +469,11 @@ def distill(
                 optimizer.zero_grad(set_to_none=True)
                 loss_sum, term_sums = 0.0, {}
                 for micro in range(accumulate):
-                    idx, x, errors = next(stream)
+                    positions, idx, tiles_u8, errors = next(stream)
                     bad = next((i for i, e in enumerate(errors) if e), None)
                     if bad is not None:
                         raise items.failure(int(idx[bad]), errors[bad])
-                    x = x.to(device, non_blocking=True)
+                    x = items.to_model_input(positions, tiles_u8, device)
                     targets = cache.get(idx, device) if cache is not None else teacher_targets(objective, teacher, x, precision)
                     sync = world == 1 or micro == accumulate - 1
                     with (contextlib.nullcontext() if sync else model.no_sync()), _autocast(device, precision):

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from pathtwt.compress.augment import TileAugmenter, step_seed
+from pathtwt.compress.augment import BatchAugmenter, normalise_batch, step_seed
 from pathtwt.errors import ConfigError, PathtwtError, SlideError
 from pathtwt.wsi.coords_tiles import cv2_pool_stopped, reader_worker_init  # noqa: F401 - cv2_pool_stopped: used with loader()
 from pathtwt.wsi.slides import Slide
@@ -228,14 +228,17 @@ class MicroBatches(torch.utils.data.Sampler):
 
 
 class TrainingItems(torch.utils.data.Dataset):
-    """(position, tile) -> (tile index, model input, error text or ""): read, resize to the
-    backbone's input, augment (seeded by position), normalise, all in the worker. A tile that
-    cannot be read comes back as zeros with the reason, raised in the main process as one
-    line naming the slide (a worker's exception would arrive as a multi-line traceback)."""
+    """(position, tile) -> (position, tile index, uint8 (3, S, S) tile at the backbone's
+    input size, error text or ""): the worker reads and resizes only; augmentation and
+    normalisation run on the whole batch where the model trains (:meth:`to_model_input`),
+    and uint8 tiles are a quarter of float32's shared memory and host-to-device traffic. A
+    tile that cannot be read comes back as zeros with the reason, raised in the main
+    process as one line naming the slide (a worker's exception would arrive as a multi-line
+    traceback)."""
 
     def __init__(self, source: Any, transform: Any, *, augment: bool, seed: int) -> None:
         self.source, self.transform, self.seed = source, transform, int(seed)
-        self.augmenter = TileAugmenter() if augment else None
+        self.augmenter = BatchAugmenter() if augment else None
 
     def __len__(self) -> int:
         return len(self.source)
@@ -244,12 +247,19 @@ class TrainingItems(torch.utils.data.Dataset):
         position, index = key
         try:
             tile = self.transform.resize(self.source.read(index))
-            if self.augmenter is not None:
-                tile = self.augmenter(tile[None], seed=step_seed(self.seed, position))[0]
-            return index, self.transform(tile), ""
+            return position, index, torch.from_numpy(np.ascontiguousarray(tile.transpose(2, 0, 1))), ""
         except Exception as exc:  # noqa: BLE001 - carried to the main process and raised there
             size = self.transform.input_size
-            return index, torch.zeros(3, size, size), " ".join(f"{type(exc).__name__}: {exc}".split())
+            return position, index, torch.zeros(3, size, size, dtype=torch.uint8), " ".join(f"{type(exc).__name__}: {exc}".split())
+
+    def to_model_input(self, positions: torch.Tensor, tiles: torch.Tensor, device: str) -> torch.Tensor:
+        """uint8 (B, 3, S, S) tiles of the stream ``positions`` -> the model's input on
+        ``device``: augmented there (seeded by position) and normalised with the backbone's
+        mean and std, bit-identical to its per-tile transform when not augmented."""
+        x = tiles.to(device, non_blocking=True)
+        if self.augmenter is not None:
+            x = self.augmenter(x, [step_seed(self.seed, int(p)) for p in positions])
+        return normalise_batch(x, self.transform.mean, self.transform.inv_std)
 
     def failure(self, index: int, reason: str) -> PathtwtError:
         if isinstance(self.source, SlideTiles):
