@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="distillation autocast (default auto: bf16 where the device has native bf16, else fp32); "
                         "weights and optimiser state stay fp32")
     parser.add_argument("--workers", type=int, default=None,
-                        help="processes reading training tiles (default: cores - 1, at most 4, when streaming; 0 in memory)")
+                        help="processes reading training tiles (default when streaming: the job's cores - 1, at most 16 on a "
+                        "GPU and 4 on CPU; 0 in memory)")
     parser.add_argument("--lr", type=float, default=LR, help=f"peak learning rate (default {LR:g})")
     parser.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up before the cosine decay (default 0)")
     parser.add_argument("--audition-steps", type=int, default=50,
@@ -153,15 +154,13 @@ def _run(args: argparse.Namespace) -> int:
                               device=device, precision="fp32", **normalisation(args))
     calib = load_calibration(args.calibration, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout,
                              resize_to=teacher.spec.input_size)
-    workers = args.workers
     if args.train_coords:
         from pathtwt.compress.training_tiles import with_streamed_training
 
         calib = with_streamed_training(calib, args.calibration, args.train_coords)
-        if workers is None:
-            from pathtwt.features.extract import default_workers
+    from pathtwt.compress.training_tiles import default_workers
 
-            workers = default_workers()
+    workers = default_workers(device, bool(args.train_coords)) if args.workers is None else args.workers
     options = CompressOptions(
         out=args.out, depth=args.depth, eps=args.eps, plan=args.plan, tokens=args.tokens, steps=args.steps,
         epochs=args.epochs, batch_size=args.batch_size, accumulate=args.accumulate, precision=precision,

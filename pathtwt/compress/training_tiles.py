@@ -268,6 +268,32 @@ class TrainingItems(torch.utils.data.Dataset):
         return PathtwtError(f"training tile {index}: {reason}")
 
 
+# most reading processes a GPU run starts by default: enough to keep a GPU busy with JPEG/
+# JPEG 2000 tiles of ~224 px (a few ms each) at thousands of tiles/s, without a worker per
+# core of a 128-core node (each holds prefetched batches and open slides)
+GPU_FEEDERS = 16
+
+
+def default_workers(device: str, streaming: bool) -> int:
+    """Reading processes of a distillation when ``--workers`` is not given: none for tiles
+    in memory (a worker would only copy them; augmentation runs on the device); when
+    streaming, this rank's share of the job's cores (SLURM's allocation or the affinity
+    mask, over torchrun's ranks on the node) less the training process: at most
+    :data:`GPU_FEEDERS` on a GPU, whose training leaves the cores to the readers, and at
+    most 4 on CPU, where the training itself computes on them (as extraction's readers)."""
+    if not streaming:
+        return 0
+    if not str(device).startswith("cuda"):
+        from pathtwt.features.extract import default_workers as cpu_readers
+
+        return cpu_readers()
+    from pathtwt.devices import available_cores
+
+    local_ranks = os.environ.get("LOCAL_WORLD_SIZE", "")
+    share = available_cores() // (int(local_ranks) if local_ranks.isdigit() and int(local_ranks) > 0 else 1)
+    return max(1, min(GPU_FEEDERS, share - 1))
+
+
 def loader(items: TrainingItems, sampler: MicroBatches, *, workers: int, pin_memory: bool) -> torch.utils.data.DataLoader:
     """Batches of this rank's tiles; iterate it inside :func:`cv2_pool_stopped` when
     ``workers`` > 0."""
