@@ -90,13 +90,14 @@ class SlideTiles:
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._open: OrderedDict[int, Slide] = OrderedDict()
         self._owner = os.getpid()  # the process whose handles ``_open`` holds
+        self._inherited: list[Slide] = []  # a forked copy's handles of its parent, never used
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_open"] = OrderedDict()
+        state["_open"], state["_inherited"] = OrderedDict(), []
         return state
 
     def locate(self, index: int) -> tuple[int, int, int]:
@@ -107,8 +108,10 @@ class SlideTiles:
 
     def _slide(self, s: int) -> Slide:
         if self._owner != os.getpid():
-            # a forked copy: the parent's handles stay the parent's (closing them here could
-            # touch its library state); this process opens its own
+            # a forked copy: the parent's handles stay the parent's, kept referenced and
+            # never closed here (closing could touch the library state the parent shares);
+            # this process opens its own
+            self._inherited = [*self._inherited, *self._open.values()]
             self._open, self._owner = OrderedDict(), os.getpid()
         if s in self._open:
             self._open.move_to_end(s)
