@@ -65,7 +65,7 @@ class DistillOptions:
     seed: int = 0
     device: str = "cpu"
     precision: str = "fp32"  # fp32 | bf16 (autocast; master weights and optimiser state stay fp32)
-    workers: int = 0  # DataLoader workers reading and resizing tiles (augmentation runs on the batch, on the device)
+    workers: int = 0  # DataLoader workers reading and resizing tiles (augmentation runs on the device)
     checkpoint: Path | None = None  # file; resumed from when it exists
     checkpoint_every: int = 100
     stop_after: int | None = None  # stop after this step as if interrupted (checkpoint kept)
@@ -382,7 +382,6 @@ def distill(
 
     from pathtwt.compress import ranks
     from pathtwt.compress.training_tiles import EpochOrder, MicroBatches, Sharding, TrainingItems, cv2_pool_stopped, loader
-
     from pathtwt.models.precision import choose_fp32_matmul, resolve_precision
 
     source = _as_source(tiles)
