@@ -14,6 +14,7 @@ ADVICE = {
                 "batch size x accumulate tiles, so the run trains the same), e.g. --batch-size 16 --accumulate 2 "
                 "instead of 32 x 1",
     "extract": "lower --batch-size (tiles per forward pass; the features do not depend on it)",
+    "predict": "lower --batch-size (tiles per forward pass; the predictions do not depend on it)",
     "probe": "lower --batch-size (tiles per forward pass; the embeddings do not depend on it)",
     "discover": "lower --batch-size (tiles per forward pass)",
     "analyze": "lower --batch-size (tiles per forward pass) or --n-tiles",
