@@ -112,3 +112,15 @@ def test_a_method_cannot_overwrite_a_shared_record(teacher, calib, tmp_path):
 def test_the_calibration_set_is_frozen(calib):
     with pytest.raises(dataclasses.FrozenInstanceError):
         calib.training = None
+
+
+def test_compress_discovers_through_the_one_discovery_function(teacher, calib, tmp_path, monkeypatch):
+    from pathtwt.compress import discovery
+    from pathtwt.compress.pipeline import resolve_plan
+
+    real, calls = discovery.discover, []
+    monkeypatch.setattr(discovery, "discover", lambda *a, **k: calls.append(k) or real(*a, **k))
+    plan = resolve_plan(teacher, calib, CompressOptions.from_flat(out=tmp_path, depth=3, batch_size=4, tokens="cls"))
+    assert len(calls) == 1 and calls[0]["depth"] == 3 and calls[0]["tokens"] == "cls"
+    direct = real(teacher, calib, depth=3, tokens="cls", batch_size=4, device="cpu").plan()
+    assert plan == direct and plan["num_layers"] == 12 and len(plan["blocks"]) == 3

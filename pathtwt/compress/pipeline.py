@@ -143,19 +143,10 @@ def resolve_plan(teacher: "Backbone", calib: "CalibrationSet", options: Compress
         raise ConfigError("give exactly one of --depth, --eps or --plan")
     if options.depth is not None and not 1 <= options.depth <= num_layers:
         raise ConfigError(f"--depth {options.depth}: must be between 1 and the backbone's {num_layers} layers")
-    from pathtwt.compress.partition import default_eps_grid, eps_sweep, partition_exact_k, partition_min_blocks
-    from pathtwt.compress.similarity import similarity_from_outputs, similarity_matrix
-    from pathtwt.compress.teacher_cache import whole_fit_outputs
+    from pathtwt.compress.discovery import discover
 
-    kw = dict(num_prefix_tokens=teacher.spec.num_prefix_tokens, tokens=options.tokens, batch_size=options.batch_size)
-    # from the teacher's shared layer outputs when they hold the whole fit split
-    outputs = whole_fit_outputs(teacher, calib)
-    S = (similarity_matrix(teacher.model, teacher.transform, calib.fit, device=options.device, **kw) if outputs is None
-         else similarity_from_outputs(outputs[1:], **kw))
-    part = partition_exact_k(S, options.depth) if options.depth is not None else partition_min_blocks(S, options.eps)
-    grid = default_eps_grid(S)
-    return {"eps": options.eps, "depth": options.depth, "num_layers": num_layers, **part.to_dict(),
-            "tokens": options.tokens, "eps_sweep": [[float(e), int(n)] for e, n in zip(grid, eps_sweep(S, grid))]}
+    return discover(teacher, calib, depth=options.depth, eps=options.eps, tokens=options.tokens,
+                    batch_size=options.batch_size, device=options.device).plan()
 
 
 # the keys every model.json holds, whatever the method: the architecture (models.registry.
