@@ -341,7 +341,7 @@ def get_compress_target_args(wildcards):
     depth or eps and `pathtwt compress` partitions the similarity matrix itself."""
     v = get_variant(wildcards)
     if v["method"] == "twt" and (v["depth"], v["eps"]) == _discovery_goal(wildcards.backbone):
-        return f"--plan results/discovery/{wildcards.backbone}/plan.json"
+        return f"--plan {layout.DISCOVERY_DIR.format(backbone=wildcards.backbone)}/plan.json"
     if v["method"] == "nose":  # every layer kept, attention removed from all of them
         return ""
     return f"--depth {v['depth']}" if v["depth"] is not None else f"--eps {v['eps']}"
@@ -400,7 +400,7 @@ def get_calibration_coords(wildcards):
     files = []
     for task in tasks:
         t = config["tasks"][task]
-        files += [f"results/tiles/{t['cohort']}/{s}.h5" for s in get_slide_ids(t["cohort"], t["train_split"])]
+        files += [layout.TILES.format(cohort=t["cohort"], slide=s) for s in get_slide_ids(t["cohort"], t["train_split"])]
     return sorted(set(files))
 
 
@@ -413,7 +413,7 @@ def write_file_list(files, out):
 
 
 def get_cohort_coords(wildcards):
-    return [f"results/tiles/{wildcards.cohort}/{s}.h5" for s in get_slide_ids(wildcards.cohort)]
+    return [layout.TILES.format(cohort=wildcards.cohort, slide=s) for s in get_slide_ids(wildcards.cohort)]
 
 
 def write_extract_manifest(wildcards, out):
@@ -424,7 +424,7 @@ def write_extract_manifest(wildcards, out):
     folder = get_features_dir(wildcards.backbone, wildcards.variant, wildcards.cohort)
     write_text_atomic(
         out,
-        "".join(f"{slides[s]}\tresults/tiles/{wildcards.cohort}/{s}.h5\t{folder}/{s}.h5\n" for s in slides),
+        "".join(f"{slides[s]}\t{layout.TILES.format(cohort=wildcards.cohort, slide=s)}\t{folder}/{s}.h5\n" for s in slides),
     )
 
 
@@ -460,7 +460,7 @@ def get_mil_override_args(wildcards):
 def get_mil_runs():
     """Every (backbone, variant, task, head, seed) metrics file of the study."""
     return [
-        f"results/mil/{b}/{v}/{task}/{head}/seed{seed}/metrics.json"
+        layout.MIL_RUN_DIR.format(backbone=b, variant=v, task=task, head=head, seed=seed) + "/metrics.json"
         for b in get_backbones()
         for v in get_variants(b)
         for task in config["tasks"]
@@ -553,7 +553,7 @@ def get_probe_args(wildcards):
 def get_probe_targets():
     """probe.json of every (backbone, probed variant, probe set)."""
     return [
-        f"results/probes/{b}/{v}/{p}/probe.json"
+        layout.PROBE_RESULT.format(backbone=b, variant=v, probe=p)
         for b in get_backbones()
         for v in get_probe_variants(b)
         for p in PROBES
