@@ -460,7 +460,7 @@ def get_mil_override_args(wildcards):
 def get_mil_runs():
     """Every (backbone, variant, task, head, seed) metrics file of the study."""
     return [
-        layout.MIL_RUN_DIR.format(backbone=b, variant=v, task=task, head=head, seed=seed) + "/metrics.json"
+        f"{layout.MIL_RUN_DIR.format(backbone=b, variant=v, task=task, head=head, seed=seed)}/metrics.json"
         for b in get_backbones()
         for v in get_variants(b)
         for task in config["tasks"]
