@@ -355,33 +355,6 @@ def use_node_local_miopen_cache() -> dict[str, str]:
     return chosen
 
 
-def native_bf16(device: object) -> bool:
-    """Whether ``device`` computes bf16 natively (CUDA/ROCm GPUs that support it; CPUs with
-    AVX512-BF16 or AMX). Elsewhere bf16 autocast is emulated and slower than fp32."""
-    import torch
-
-    name = str(device)
-    if name.startswith("cuda"):
-        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-    if name == "cpu":
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as fh:
-                flags = next((line for line in fh if line.startswith("flags")), "").split()
-        except OSError:
-            return False
-        return "avx512_bf16" in flags or "amx_bf16" in flags
-    return False
-
-
-def resolve_training_precision(name: str, device: object) -> str:
-    """``--precision auto|fp32|bf16`` of a training run: auto is bf16 where native."""
-    if name == "auto":
-        return "bf16" if native_bf16(device) else "fp32"
-    if name not in ("fp32", "bf16"):
-        raise ConfigError(f"--precision {name}: use auto, fp32 or bf16")
-    return name
-
-
 def run_with_gpus(argv: list[str]) -> int:
     """``python -m pathtwt.devices --gpus N -- COMMAND ...``: run COMMAND (a torchrun of N
     ranks) on N GPUs of this machine. Where no launcher chose the GPUs, N free ones are
