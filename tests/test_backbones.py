@@ -398,6 +398,9 @@ def test_device_rule_is_shared_by_every_command(monkeypatch):
         resolve_device("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    # the name rule alone: the per-job GPU claim that `auto` takes on a machine with several
+    # GPUs (and its set_device, which a CPU build of torch cannot run) is tests/test_gpu_devices.py's
+    monkeypatch.setenv("PATHTWT_GPU_CLAIMS", "0")
     assert resolve_device("auto") == "cuda" and resolve_device("cuda:1") == "cuda:1"
     with pytest.raises(ConfigError, match="--device cuda:2: only 2 CUDA device"):
         resolve_device("cuda:2")
