@@ -77,13 +77,14 @@ def config_reference() -> str:
     from pathtwt.config.check import load_schema
 
     schema = load_schema()
-    lines = [_cell(schema.get("description", "")), ""]
+    lines = []
     plain = [k for k, v in schema["properties"].items() if "properties" not in v and "additionalProperties" not in v]
     sections = [k for k in schema["properties"] if k not in plain]
     header = ["| key | type | default | description |", "|---|---|---|---|"]
 
     def row(path: str, node: dict, required: bool) -> str:
-        return f"| `{path}` | {_type_of(node)} | {_default_of(node, required)} | {_cell(node.get('description', ''))} |"
+        text = node.get("description") or ("One entry per name you choose; its keys follow." if path.endswith(".NAME") else "")
+        return f"| `{path}` | {_type_of(node)} | {_default_of(node, required)} | {_cell(text)} |"
 
     lines += ["## Top-level keys", "", *header]
     lines += [row(k, schema["properties"][k], False) for k in plain]
