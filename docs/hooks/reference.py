@@ -217,7 +217,7 @@ def _message_text(node: ast.AST) -> str:
 def _plain(text: str) -> str:
     """``text`` as literal Markdown table text: one line, nothing read as markup."""
     text = " ".join(str(text).split()).replace("`", "")
-    for char in ("\\", "_", "*", "[", "]", ">"):
+    for char in ("\\", "_", "*", "[", "]", ">", "{", "}"):
         text = text.replace(char, "\\" + char)
     return text.replace("<", "&lt;").replace("|", "\\|")
 
