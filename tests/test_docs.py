@@ -157,7 +157,9 @@ def test_every_full_config_shown_validates_against_the_schema():
 def test_readme_is_a_front_page():
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 250
-    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text) + re.findall(r'src="([^"]+)"', text)
+    assert "docs/assets/similarity-vit-s14.png" in targets
+    for target in targets:
         if "://" not in target:
             assert (REPO / target).exists(), f"README links to {target}, which does not exist"
     two = text.split("## Two commands", 1)[1].split("\n## ", 1)[0]
