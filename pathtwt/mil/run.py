@@ -26,7 +26,7 @@ import torch
 
 from pathtwt import __version__
 from pathtwt.io.atomic import atomic_output, write_json_atomic
-from pathtwt.mil.data import MILData
+from pathtwt.mil.data import MILData, features_provenance
 from pathtwt.mil.protocols import MILConfig
 from pathtwt.mil.train import RESUME_FILE, Evaluation, evaluate, fit
 
@@ -47,6 +47,8 @@ def run_mil(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model, summary = fit(data, config, out_dir=out_dir, device=device, progress=progress, resume=resume, on_epoch_end=on_epoch_end)
+    # what the head was trained on, so `pathtwt predict` can refuse another backbone or embedding
+    provenance = features_provenance(data.train.bags[0].path) if data.train.bags else {}
     evaluations = [evaluate(model, c, n_classes=data.n_classes, device=torch.device(device), keep_attention=True) for c in data.evaluated]
     with atomic_output(out_dir / "checkpoint.pt") as tmp:
         torch.save(
@@ -57,6 +59,7 @@ def run_mil(
                 "n_classes": data.n_classes,
                 "config": config.to_dict(),
                 "selected_epoch": summary["selected_epoch"],
+                "features": provenance,
             },
             tmp,
         )
@@ -70,6 +73,7 @@ def run_mil(
         "seed": config.seed,
         "n_classes": data.n_classes,
         "feature_dim": data.dim,
+        "features": provenance,
         "selected_epoch": summary["selected_epoch"],
         "selection": {
             "rule": config.selection,

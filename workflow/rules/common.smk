@@ -594,3 +594,44 @@ def get_probe_targets():
 
 def get_final_targets():
     return ["results/report/index.html"] + get_failure_summaries()
+
+
+# ---- QuPath regions and heatmaps ------------------------------------------------------
+
+
+def get_roi(wildcards):
+    """The slide's GeoJSON in its cohort's `roi` folder, as a list ([] when none)."""
+    folder = config["cohorts"][wildcards.cohort].get("roi")
+    path = config_check.resolve(config, folder) / f"{wildcards.slide}.geojson" if folder else None
+    return [str(path)] if path is not None and path.is_file() else []
+
+
+# heads with per-tile attention (a mean-pooling head has no heatmap)
+HEATMAP_HEADS = ("abmil", "transmil")
+
+
+def get_heatmap_slides(task):
+    """(cohort, slide): the first `report.heatmaps` test slides by id of each reported cohort."""
+    n, pairs = config["report"]["heatmaps"], []
+    for i, cohort in enumerate(get_task_cohorts(task)):
+        # the training cohort's test split; an external cohort is tested whole
+        ids = get_slide_ids(cohort, config["tasks"][task]["test_split"]) if i == 0 else get_slide_ids(cohort)
+        pairs += [(cohort, s) for s in sorted(ids)[:n]]
+    return pairs
+
+
+def get_heatmap_run(wildcards):
+    """The run folder a report heatmap uses: the head's lowest seed."""
+    return f"results/mil/{wildcards.backbone}/{wildcards.variant}/{wildcards.task}/{wildcards.head}/seed{min(config['mil']['seeds'])}"
+
+
+def get_heatmaps():
+    return [
+        f"results/heatmaps/{b}/{v}/{task}/{head}/{cohort}/{slide}.heatmap.png"
+        for b in get_backbones()
+        for v in get_variants(b)
+        for task in config["tasks"]
+        for head in config["mil"]["heads"]
+        if head in HEATMAP_HEADS and config["report"]["heatmaps"] > 0
+        for cohort, slide in get_heatmap_slides(task)
+    ]
