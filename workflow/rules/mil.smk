@@ -11,11 +11,12 @@ rule train_mil:
         metrics=expand("results/mil/{{backbone}}/{{variant}}/{{task}}/{{head}}/seed{seed}/metrics.json", seed=config["mil"]["seeds"]),
         predictions=expand("results/mil/{{backbone}}/{{variant}}/{{task}}/{{head}}/seed{seed}/predictions.csv", seed=config["mil"]["seeds"]),
     params:
-        cohort=lambda wc: config["tasks"][wc.task]["cohort"],
+        features=lambda wc: get_features_dir(wc.backbone, wc.variant, config["tasks"][wc.task]["cohort"]),
+        labels=lambda wc: layout.LABELS.format(cohort=config["tasks"][wc.task]["cohort"]),
         protocol=lambda wc: config["tasks"][wc.task]["protocol"],
         classes=lambda wc: config["tasks"][wc.task]["classes"],
         external=get_external_args,
-        epochs=get_epochs_arg,
+        overrides=get_mil_override_args,
         seeds=" ".join(str(s) for s in config["mil"]["seeds"]),
         device=config["mil"]["device"],
         failed=config["mil"]["failed_slides"],
@@ -33,11 +34,11 @@ rule train_mil:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt train-mil --features results/features/{wildcards.backbone}/{wildcards.variant}/{params.cohort}"
-        " --labels results/labels/{params.cohort}.csv --protocol {params.protocol} --classes {params.classes}"
+        "pathtwt train-mil --features {params.features}"
+        " --labels {params.labels} --protocol {params.protocol} --classes {params.classes}"
         " --aggregator {wildcards.head} --seed {params.seeds}"
         " --out 'results/mil/{wildcards.backbone}/{wildcards.variant}/{wildcards.task}/{wildcards.head}/seed{{seed}}'"
-        " {params.external} {params.epochs} --device {params.device} --threads {threads} --failed-slides {params.failed} --no-progress {params.extra} > {log} 2>&1"
+        " {params.external} {params.overrides} --device {params.device} --threads {threads} --failed-slides {params.failed} --no-progress {params.extra} > {log} 2>&1"
 
 
 rule summarize_mil:
