@@ -3,7 +3,8 @@ then runs `pathtwt extract --precision fp32` on its tiles once per setting below
 a fresh process, and compares every features file with the first, bit for bit and by the
 largest absolute difference:
 
-- ``default``: the CPU's own instruction set;
+- ``default``: the CPU's own instruction set, and ``default-again`` (a second process at
+  the same setting: the control, which says whether a run repeats itself bit for bit);
 - ``aten-avx2``: ``ATEN_CPU_CAPABILITY=avx2`` (torch's own vectorised kernels: norms,
   softmax, activations, element-wise);
 - ``all-avx2``: that, plus ``ONEDNN_MAX_CPU_ISA=AVX2`` and ``MKL_ENABLE_INSTRUCTIONS=AVX2``
@@ -28,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 SETTINGS = {
     "default": {},
+    "default-again": {},  # the control: a second process at the same setting
     "aten-avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
     "all-avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
 }
