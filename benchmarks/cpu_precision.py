@@ -10,7 +10,7 @@ so a drifting load on a shared machine favours no variant:
 - ``forward``: tiles/s of ViT-S (the vit-s14-imgfocus architecture) and H0-mini through
   ``embed_tiles`` under inference mode, as extraction runs it: fp32; bf16 autocast over
   fp32 weights with timm's fused attention (``pathtwt extract --precision auto`` before
-  :mod:`pathtwt.models.cpu_attention`); bf16 autocast with the matrix weights cast once
+  :mod:`pathtwt.models.bf16_guard`); bf16 autocast with the matrix weights cast once
   (autocast re-casts a frozen model's weights on every call; same numbers); the whole
   model cast to bf16; bf16 autocast with explicit attention (extraction's path now); and
   fp32 with explicit attention.

@@ -5,8 +5,12 @@ and its TWT students, with peak memory and the fraction of the GPU's dense bf16 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/device_check.py --cpu       # tiny models, < 3 min
     ... --json device_check.json                                            # the rows as JSON too
 
-Needs nothing beyond the repository and ../shared (the real slide CMU-1-Small-Region.svs;
-without it the extraction rows say "skipped"). All weights are random: throughput does not
+Needs nothing beyond the repository: the real slide CMU-1-Small-Region.svs comes from
+.smoke_data/ (``benchmarks/gpu_smoke --prepare``) or ../shared; without either, or
+without OpenSlide, the extraction rows say why and the run goes on. The budget
+(``--budget-s``) stops new measurements; a measurement still running at
+``--hard-limit-s`` (default: the budget + 90 s, at most 570 s) is stopped, so the run
+fits a 10-minute slot. The JSON is rewritten after every phase. All weights are random: throughput does not
 depend on them. Printed as one table, one row per measurement:
 
 - ``forward``: tiles/s of the backbone forward alone (in-memory tensors, the tile
@@ -57,7 +61,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 SHARED = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared"))
-SLIDE = SHARED / "data" / "slides" / "CMU-1-Small-Region.svs"
+# the copy carried with the repository (benchmarks/gpu_smoke --prepare), else ../shared's
+SMOKE_DATA = Path(os.environ.get("PATHTWT_SMOKE_DATA", REPO / ".smoke_data"))
+SLIDE = next((p for p in (SMOKE_DATA / "slides" / "CMU-1-Small-Region.svs",
+                          SHARED / "data" / "slides" / "CMU-1-Small-Region.svs") if p.is_file()),
+             SHARED / "data" / "slides" / "CMU-1-Small-Region.svs")
+# a 10-minute slot: the run stops a measurement that overruns the budget by this much
+HARD_LIMIT_S = 570.0
 # CMU-1-Small-Region: 2220 x 2967 px at 0.499 um/px, one level
 SLIDE_W, SLIDE_H, SLIDE_MPP = 2220, 2967, 0.499
 
@@ -316,6 +326,10 @@ def measure_compiled(run: Run) -> None:
     s = run.s
     if not s.compile_batch:
         return
+    if not hasattr(torch, "compile"):
+        run.add(Row(kind="forward", model="-", precision="-", batch=s.compile_batch, compiled=True,
+                    note=f"skipped: torch {torch.__version__} has no torch.compile"))
+        return
     spec = get_spec(s.backbone)
     for precision in s.compile_precisions:
         for depth in s.compile_depths:
@@ -392,9 +406,9 @@ def write_slide_coords(path: Path, n_tiles: int, tile: int) -> Path:
 
 
 def measure_extract(run: Run) -> None:
-    from pathtwt.features.extract import AutoPrecision, TileDataset, extract_slide
+    from pathtwt.features.extract import AutoPrecision, ExtractJob, JobTiles, extract_slide, prepare_slide
+    from pathtwt.models.embedding import DEFAULT_RECIPE
     from pathtwt.wsi.coords_tiles import reader_worker_init
-    from pathtwt.io.h5 import read_coords
     from pathtwt.models.flops import count_macs
     from pathtwt.models.registry import create_backbone
 
@@ -409,7 +423,6 @@ def measure_extract(run: Run) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         coords = write_slide_coords(Path(tmp) / "coords.h5", s.extract_tiles, backbone.spec.input_size)
         warm = write_slide_coords(Path(tmp) / "warm.h5", 2 * s.extract_batch, backbone.spec.input_size)
-        xy, _t, attrs = read_coords(coords)
         for workers in s.workers:
             if run.out_of_time():
                 run.add(Row(kind="extract", model="teacher-12", precision="bf16-autocast", batch=s.extract_batch,
@@ -431,7 +444,9 @@ def measure_extract(run: Run) -> None:
             # the loader alone, the same DataLoader: reading, decoding and normalising, no model
             loader_row = Row(kind="loader", model="-", precision="-", batch=s.extract_batch, workers=workers)
             try:
-                loader_row.tiles_per_s = _loader_rate(TileDataset(SLIDE, xy, attrs, backbone.transform),
+                prepared = prepare_slide(ExtractJob(SLIDE, coords, Path(tmp) / "unused.h5"), backbone,
+                                         DEFAULT_RECIPE, True, None)
+                loader_row.tiles_per_s = _loader_rate(JobTiles([prepared], backbone.transform),
                                                       s.extract_batch, workers, run.gpu, reader_worker_init)
                 if row.tiles_per_s:
                     bound = "loader" if loader_row.tiles_per_s < 1.25 * row.tiles_per_s else "model"
@@ -445,11 +460,11 @@ def measure_extract(run: Run) -> None:
 
 
 def _loader_rate(dataset, batch: int, workers: int, pin: bool, worker_init) -> float:
-    """Tiles/s of extraction's DataLoader alone over the same tiles (workers started anew,
-    as each slide's extraction starts them)."""
-    from pathtwt.compress.training_tiles import cv2_pool_stopped
+    """Tiles/s of extraction's DataLoader alone over the same tiles (uint8 tiles, the
+    workers started once, as an extraction job starts them)."""
+    from pathtwt.wsi.coords_tiles import cv2_pool_stopped
 
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=workers,
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=dataset.batches(batch), num_workers=workers,
                                          worker_init_fn=worker_init if workers else None,
                                          prefetch_factor=4 if workers else None, pin_memory=pin)
     with cv2_pool_stopped(workers > 0):  # as extraction does before forking its workers
@@ -510,7 +525,7 @@ def measure_distill(run: Run) -> None:
 
 def _training_tiles(size: int, n: int) -> np.ndarray:
     """uint8 tiles of the real slide at the model's input size (random ones without it)."""
-    if SLIDE.is_file():
+    try:
         from pathtwt.wsi.slides import open_slide
 
         with open_slide(SLIDE) as slide:
@@ -518,7 +533,8 @@ def _training_tiles(size: int, n: int) -> np.ndarray:
             tiles = [slide.read_tile(x, y, size, 0, size) for x, y in grid[:n]]
         reps = -(-n // len(tiles))
         return np.stack((tiles * reps)[:n])
-    return np.random.default_rng(0).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+    except Exception:  # noqa: BLE001 - no slide or no OpenSlide here: random tiles time the same
+        return np.random.default_rng(0).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
 
 
 def _free(run: Run) -> None:
@@ -564,12 +580,64 @@ def machine(run: Run) -> dict[str, Any]:
         "gpu_peak_label": run.peak_label,
         "gpu_dense_bf16_tflops": run.peak_tflops,
         "torch": torch.__version__,
+        "timm": _version("timm"),
         "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
+        "driver": _driver(),
+        "dev_shm": _shm(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "slide": str(SLIDE) if SLIDE.is_file() else "absent",
     }
     return info
+
+
+def _version(module: str) -> str:
+    try:
+        return __import__(module).__version__
+    except Exception as exc:  # noqa: BLE001
+        return f"missing ({type(exc).__name__})"
+
+
+def _driver() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        return Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
+    except OSError:
+        return "unknown"
+
+
+def _shm() -> str:
+    import shutil
+
+    try:
+        usage = shutil.disk_usage("/dev/shm")
+        return f"{usage.free / 2**30:.1f} GiB free of {usage.total / 2**30:.1f}"
+    except OSError as exc:
+        return f"unavailable ({exc.strerror})"
+
+
+class OutOfTime(Exception):
+    """The hard limit passed: the measurement running then is stopped."""
+
+
+def _arm_hard_limit(seconds: float) -> None:
+    import signal
+
+    def stop(_signum, _frame):
+        raise OutOfTime(f"hard limit of {seconds:.0f} s passed")
+
+    if hasattr(signal, "SIGALRM"):
+        signal.signal(signal.SIGALRM, stop)
+        signal.alarm(max(1, int(seconds)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -588,6 +656,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch compute threads (default: torch's own)")
     ap.add_argument("--skip", default="", help="phases to leave out: comma list of mm,forward,extract,distill,compile")
     ap.add_argument("--budget-s", type=float, default=None, help="stop starting new measurements after this long")
+    ap.add_argument("--hard-limit-s", type=float, default=None,
+                    help=f"stop a measurement still running after this long (default budget + 90 s, at most {HARD_LIMIT_S:.0f})")
     ap.add_argument("--json", default=None, help="also write the rows and the machine as JSON to this file")
     args = ap.parse_args(argv)
 
@@ -604,23 +674,44 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cudnn.allow_tf32 = False
     run = Run(s)
     info = machine(run)
+    # where it ran, first: a run that dies later still says so
     print(f"device check: {info['device']} (dense bf16 peak: {run.peak_label}"
           f"{'' if run.peak_tflops is None else f', {run.peak_tflops} TFLOP/s'}), torch {info['torch']}, "
-          f"backbone {s.backbone}, budget {s.budget_s:.0f} s", flush=True)
+          f"timm {info['timm']}, CUDA {info['cuda']}, ROCm {info['hip']}, driver {info['driver']}, "
+          f"/dev/shm {info['dev_shm']}, slide {info['slide']}; backbone {s.backbone}, budget {s.budget_s:.0f} s",
+          flush=True)
     print(header(), flush=True)
+    hard = min(args.hard_limit_s or s.budget_s + 90.0, HARD_LIMIT_S)
+    _arm_hard_limit(hard - run.elapsed())
     skip = {p for p in args.skip.split(",") if p}
-    for name, phase in (("mm", measure_mm), ("forward", measure_forward), ("extract", measure_extract),
-                        ("distill", measure_distill), ("compile", measure_compiled)):
-        if name not in skip:
-            phase(run)
+    try:
+        for name, phase in (("mm", measure_mm), ("forward", measure_forward), ("extract", measure_extract),
+                            ("distill", measure_distill), ("compile", measure_compiled)):
+            if name in skip:
+                continue
+            try:
+                phase(run)
+            except Exception as exc:  # noqa: BLE001 - one phase failing (no OpenSlide, an old torch) ends only itself
+                run.add(Row(kind=name, model="-", precision="-", batch=None, note=f"phase {_error(exc)}"))
+                _free(run)
+                if isinstance(exc, OutOfTime):
+                    run.s.budget_s = 0.0  # every later measurement says "skipped: time budget"
+            _write(args.json, info, s, run)
+    finally:
+        if hasattr(__import__("signal"), "SIGALRM"):
+            __import__("signal").alarm(0)
     total = run.elapsed()
     print(f"device check done in {total:.0f} s", flush=True)
-    if args.json:
+    _write(args.json, info, s, run)
+    return 0
+
+
+def _write(path: str | None, info: dict[str, Any], s: Settings, run: Run) -> None:
+    if path:
         from pathtwt.io.atomic import write_json_atomic
 
-        write_json_atomic(args.json, {"machine": info, "settings": asdict(s), "seconds": round(total, 1),
-                                      "rows": [asdict(r) for r in run.rows]})
-    return 0
+        write_json_atomic(path, {"machine": info, "settings": asdict(s), "seconds": round(run.elapsed(), 1),
+                                 "rows": [asdict(r) for r in run.rows]})
 
 
 if __name__ == "__main__":

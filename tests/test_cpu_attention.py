@@ -1,4 +1,4 @@
-"""bf16 autocast on CPU computes attention explicitly (pathtwt.models.cpu_attention): the
+"""bf16 autocast on CPU computes attention explicitly (pathtwt.models.bf16_guard): the
 switches are restored afterwards, and the embeddings stay those of fp32 to bf16 rounding."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pathtwt.features.extract import AutoPrecision
-from pathtwt.models.cpu_attention import explicit_attention
+from pathtwt.models.bf16_guard import explicit_attention
 from pathtwt.models.embedding import embed_tiles
 from pathtwt.models.registry import create_backbone
 

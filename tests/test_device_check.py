@@ -105,3 +105,61 @@ def test_cpu_compiled_row(tmp_path):
     assert [(r["model"], r["precision"], r["batch"]) for r in compiled] == [("twt-4", "fp32", 8)], compiled
     assert _positive(compiled[0]["tiles_per_s"]) and compiled[0]["extra"]["compile_s"] >= 0
     assert compiled[0]["note"].startswith("compile ") and "(eager)" in compiled[0]["note"]
+
+
+def test_cpu_mode_tiny_budget_travels(tmp_path, capsys, monkeypatch):
+    """The run as a GPU machine receives it: no ../shared and no carried slide (the
+    extraction rows say so), OpenSlide unusable (the tiles fall back), a budget of a
+    second and a hard limit: it ends in seconds, with the JSON and the versions first."""
+    import time
+
+    dc = _load()
+    monkeypatch.setattr(dc, "SLIDE", tmp_path / "absent.svs")
+    out = tmp_path / "check.json"
+    start = time.perf_counter()
+    assert dc.main(["--device", "cpu", "--cpu", "--threads", "1", "--batch-sizes", "8", "--no-compile",
+                    "--budget-s", "1", "--hard-limit-s", "20", "--json", str(out)]) == 0
+    assert time.perf_counter() - start < 40
+    first = capsys.readouterr().out.splitlines()[0]
+    for word in ("torch ", "timm ", "CUDA ", "driver ", "/dev/shm ", "slide absent"):
+        assert word in first, (word, first)
+    data = json.loads(out.read_text())
+    assert data["machine"]["dev_shm"] and data["machine"]["timm"]
+    notes = [r["note"] for r in data["rows"]]
+    assert any(n.startswith("skipped: time budget") for n in notes)  # the budget stopped new measurements
+    assert not any("Traceback" in n for n in notes)
+
+
+def test_a_failing_phase_ends_only_itself(tmp_path, monkeypatch):
+    dc = _load()
+
+    def broken(run):
+        raise ImportError("libopenslide.so.0: cannot open shared object file")
+
+    monkeypatch.setattr(dc, "measure_extract", broken)
+    out = tmp_path / "check.json"
+    assert dc.main(["--device", "cpu", "--cpu", "--threads", "1", "--batch-sizes", "8", "--no-compile",
+                    "--skip", "forward,distill", "--budget-s", "30", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["kind"] for r in rows] == ["mm", "mm", "extract"]
+    assert rows[-1]["note"].startswith("phase error: ImportError: libopenslide")
+    assert all(_positive(r["tflops"]) for r in rows[:2])
+
+
+def test_hard_limit_stops_a_running_measurement(tmp_path, monkeypatch):
+    import time
+
+    dc = _load()
+
+    def slow(run):
+        time.sleep(30)
+
+    monkeypatch.setattr(dc, "measure_mm", slow)
+    out = tmp_path / "check.json"
+    start = time.perf_counter()
+    assert dc.main(["--device", "cpu", "--cpu", "--skip", "extract,distill,compile", "--batch-sizes", "8",
+                    "--budget-s", "1", "--hard-limit-s", "2", "--json", str(out)]) == 0
+    assert time.perf_counter() - start < 20
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["note"].startswith("phase error: OutOfTime: hard limit of")
+    assert all(r["note"].startswith("skipped: time budget") for r in rows[1:])

@@ -107,8 +107,9 @@ def test_a_streamed_epoch_reads_every_training_tile_once(workdir, world):
         sampler = MicroBatches(order, Sharding(batch, world, rank), 0, 2 * n // batch)  # two epochs
         with cv2_pool_stopped():
             batches = list(loader(items, sampler, workers=1, pin_memory=False))
-        for idx, x, errors in batches:
-            assert not any(errors) and x.shape[1:] == (3, 56, 56)
+        for pos, idx, tiles, errors in batches:
+            assert not any(errors) and tiles.dtype == torch.uint8 and tiles.shape[1:] == (3, 56, 56)
+            x = items.to_model_input(pos, tiles, "cpu")  # augmented by position, normalised
             seen += idx.tolist()
             for i, t in zip(idx.tolist(), x):
                 tensors.setdefault(i, []).append(t)

@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
 SNIPPET = re.compile(r'^--8<-- "([^":]+)(?::[^"]*)?"\s*$', re.M)
+INCLUDE = re.compile(r"^<!-- pathtwt: include (\S+) -->$", re.M)
 
 
 def _hook():
@@ -46,7 +47,8 @@ def _hook():
 def _pages() -> list[Path]:
     """The README, every docs page, and every file a page includes as a snippet."""
     pages = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
-    included = {REPO / m for p in pages for m in SNIPPET.findall(p.read_text(encoding="utf-8"))}
+    included = {REPO / m for p in pages for pattern in (SNIPPET, INCLUDE)
+                for m in pattern.findall(p.read_text(encoding="utf-8"))}
     return pages + sorted(included - set(pages))
 
 
@@ -79,6 +81,8 @@ def _commands(block: str) -> list[list[str]]:
             head = token.rsplit("/", 1)[-1]
             if head == "pathtwt" and (i == 0 or tokens[i - 1] in ("-m", "srun", "&&", ";") or "/" in token):
                 rest = tokens[i + 1:]
+                if rest and rest[0].endswith(":"):
+                    continue  # a message the command prints ("pathtwt tile: error: ..."), not a command
                 for j, t in enumerate(rest):
                     if t in ("|", "&&", ";", ">", "2>", "||"):
                         rest = rest[:j]
@@ -137,6 +141,7 @@ def test_the_command_finder_reads_continuations_and_stops_at_pipes():
     assert _commands(block) == [["compress", "--backbone", "h0-mini", "--depth", "5"]]
     assert _commands(".venv/bin/pathtwt tile s.svs --out s.h5 && .venv/bin/pathtwt report") == [
         ["tile", "s.svs", "--out", "s.h5"], ["report"]]
+    assert _commands("pathtwt compress: error: lower --batch-size") == []
 
 
 def test_every_full_config_shown_validates_against_the_schema():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,9 @@ SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 
 def test_local_profile_settings():
     settings = yaml.safe_load((PROFILE / "config.yaml").read_text())
-    # the lighter scheduler, and nothing a cluster profile would carry
-    assert settings == {"cores": "all", "scheduler": "greedy"}
+    # the lighter scheduler, one GPU job at a time unless --resources gpu=N, and nothing a
+    # cluster profile would carry
+    assert settings == {"cores": "all", "scheduler": "greedy", "resources": ["gpu=1"]}
 
 
 def test_demo_plans_through_the_local_profile(tmp_path):
@@ -26,3 +28,41 @@ def test_demo_plans_through_the_local_profile(tmp_path):
                          capture_output=True, text=True, cwd=REPO, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "demo_slides" in res.stdout and "train_mil" in res.stdout
+
+
+def _plan(tmp_path, *extra, env=None, configfiles=()):
+    import os
+
+    return subprocess.run([str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n",
+                           "--profile", str(PROFILE), "--configfile", str(REPO / "config" / "config.yaml"),
+                           *map(str, configfiles), *extra],
+                          capture_output=True, text=True, cwd=REPO, timeout=600, env={**os.environ, **(env or {})})
+
+
+def test_cpu_stages_ask_for_no_gpu_and_gpu_stages_one(tmp_path):
+    # the demo runs compress, extract and MIL on the CPU: none of its jobs holds the one gpu
+    res = _plan(tmp_path, "--cores", "2")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    gpus = re.findall(r"^\s+resources: .*?\bgpu=(\d+)", res.stdout, re.M)
+    assert gpus and set(gpus) == {"0"}
+    # a GPU stage (extract on cuda) asks for one
+    cuda = tmp_path / "cuda.yaml"
+    cuda.write_text("extract:\n  device: cuda\n")
+    res = _plan(tmp_path, "--cores", "2", configfiles=[cuda])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    extract = re.findall(r"rule extract:.*?resources: [^\n]*?\bgpu=(\d+)", res.stdout, re.S)
+    assert extract and set(extract) == {"1"}
+
+
+def test_more_gpus_than_the_machine_shows_is_one_line(tmp_path):
+    res = _plan(tmp_path, "--resources", "gpu=3", env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert res.returncode != 0
+    assert "--resources gpu=3: this machine shows 2 GPU(s); give at most gpu=2" in res.stdout + res.stderr
+
+
+def test_multi_gpu_compress_needs_as_many_gpus_in_the_run(tmp_path):
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("compress:\n  device: cuda\n  gpus: 2\n")
+    res = _plan(tmp_path, configfiles=[gpus])
+    assert res.returncode != 0
+    assert "compress.gpus 2: the run allows gpu=1; give --resources gpu=2 or more" in res.stdout + res.stderr

@@ -155,6 +155,8 @@ def test_cli_train_and_summarize(small, tmp_path, capsys):
         runs.append(out)
     metrics = json.loads((runs[0] / "metrics.json").read_text())
     assert set(metrics["cohorts"]) == {"val", "test", "ext"}
+    # which device trained it, and the torch build
+    assert metrics["device"]["device"] == "cpu" and metrics["device"]["torch_version"] == torch.__version__
     assert metrics["config"]["epochs"] == 3 and metrics["config"]["lr"] == 1e-3 and metrics["config"]["weight_decay"] == 1e-4
     assert metrics["selection"]["rule"] == "moving-average" and 1 <= metrics["selected_epoch"] <= 3
     assert all(set(h) >= {"val", "test", "ext"} for h in metrics["history"])  # metastasis: every cohort, every epoch

@@ -410,6 +410,8 @@ def test_exported_variant_loads_with_timm_alone_through_local_dir(name, tmp_path
     meta = json.loads((out / "model.json").read_text())
     config = json.loads((out / "config.json").read_text())
     assert config["architecture"] == meta["timm_name"] and config["model_args"]["depth"] == 6
+    # the device the compression ran on, and the torch build
+    assert meta["provenance"]["device"]["device"] == "cpu" and meta["provenance"]["device"]["gpu_name"] == ""
     assert config["pretrained_cfg"]["mean"] == meta["mean"] and config["pretrained_cfg"]["num_classes"] == 0
     assert config["pretrained_cfg"]["input_size"] == [3, meta["input_size"], meta["input_size"]]
 

@@ -51,13 +51,14 @@ def make_tree(root: Path, sizes: dict) -> int:
     return total
 
 
-def dry_run(tmp_path: Path, profile: str, sizes: dict, env: dict | None = None, extra=()) -> tuple[str, float]:
+def dry_run(tmp_path: Path, profile: str, sizes: dict, env: dict | None = None, extra=(),
+            configfiles=()) -> tuple[str, float]:
     data, work = tmp_path / "data", tmp_path / "work"
     make_tree(data, sizes)
-    work.mkdir()
+    work.mkdir(exist_ok=True)
     cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(work), "-n",
            "--profile", str(PROFILES / profile), "--configfile", str(REPO / "config" / "paper.yaml"),
-           "--config", f"data_root={data}", *extra]
+           *map(str, configfiles), "--config", f"data_root={data}", *extra]
     start = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900,
                          env={**os.environ, **(env or {})})
@@ -115,15 +116,28 @@ def submissions(output: str) -> dict[str, int]:
     return counted
 
 
-GPU_RULES = {"discover", "compress", "extract", "train_mil", "analyze_norms", "analyze_intrinsic_dim", "analyze_stability"}
+GPU_RULES = {"discover", "compress", "extract", "probe", "train_mil", "analyze_norms", "analyze_intrinsic_dim",
+             "analyze_stability"}
+# a labelled tile set for the probe jobs (the paper's config has none; the files need not be images to plan)
+PROBE_CONFIG = "probes={'lung': {'tiles': 'probe-tiles'}}"
+
+
+def with_probe_tiles(tmp_path: Path) -> None:
+    for label in ("a", "b"):
+        (tmp_path / "work" / "probe-tiles" / label).mkdir(parents=True, exist_ok=True)
+        for i in range(2):
+            (tmp_path / "work" / "probe-tiles" / label / f"s{i}_t.png").touch()
 
 
 @pytest.mark.parametrize("profile,cpu,gpu,cores", [("slurm", "cpu", "gpu", 8), ("lumi", "small", "small-g", 7)])
 def test_account_from_the_environment_keeps_every_partition(tmp_path, profile, cpu, gpu, cores):
     # --cores only lifts the dry run's own cap of one core per job, so the printed
     # threads are the ones a submission asks for
-    output, _ = dry_run(tmp_path, profile, SMALL_SIZES, env={"SBATCH_ACCOUNT": "project_465000042"}, extra=["--cores", "64"])
+    with_probe_tiles(tmp_path)
+    output, _ = dry_run(tmp_path, profile, SMALL_SIZES, env={"SBATCH_ACCOUNT": "project_465000042"},
+                        extra=[PROBE_CONFIG, "--cores", "64"])
     planned = [j for j in jobs(output) if j["rule"] not in local_rules()]
+    # probe (gpu=1) among them: every GPU rule on the GPU partition
     assert {j["rule"] for j in planned} >= GPU_RULES | {"tile", "calibrate"}
     for job in planned:
         res = job["resources"]
@@ -131,12 +145,37 @@ def test_account_from_the_environment_keeps_every_partition(tmp_path, profile, c
         assert "mem_mb" in res and "runtime" in res
         if profile == "lumi":  # the account from SBATCH_ACCOUNT, beside every rule's own partition
             assert res.get("slurm_account") == "project_465000042", (job["rule"], res)
-        if job["rule"] in {"discover", "compress", "extract", "train_mil"}:
+        if job["rule"] in {"discover", "compress", "extract", "probe", "train_mil"}:
             assert res.get("gpu") == "1"
     # GPU jobs ask for the site's cores per GPU and extract passes them on as workers
     assert re.findall(r"pathtwt extract .*?--workers (\d+)", output) and set(
         re.findall(r"pathtwt extract .*?--workers (\d+)", output)) == {str(cores - 1)}
     assert f"--threads {2 if profile == 'slurm' else 7}" in output.split("pathtwt train-mil", 1)[1].split("\n", 1)[0]
+
+
+@pytest.mark.parametrize("profile,cpu,gpu,mem,threads", [("slurm", "cpu", "gpu", 4 * 32000, 4 * 2),
+                                                        ("lumi", "small", "small-g", 4 * 60000, 4 * 7)])
+def test_multi_gpu_compress_keeps_every_partition(tmp_path, profile, cpu, gpu, mem, threads):
+    """`compress: {gpus: 4}` (the config key that replaces a command-line --set-resources,
+    which dropped the profile's whole block): compress asks for 4 GPUs, 4 x the per-GPU
+    memory and cores, and every rule keeps its partition."""
+    gpus = tmp_path / "gpus.yaml"  # a second config file, merged into the paper's
+    gpus.write_text("compress:\n  gpus: 4\n")
+    output, _ = dry_run(tmp_path, profile, SMALL_SIZES, env={"SBATCH_ACCOUNT": "project_465000042"},
+                        extra=["--cores", "64"], configfiles=[gpus])
+    planned = [j for j in jobs(output) if j["rule"] not in local_rules()]
+    compress = [j["resources"] for j in planned if j["rule"] == "compress"]
+    assert compress and all(r.get("gpu") == "4" and r.get("mem_mb") == str(mem) for r in compress), sorted(compress[0].items())
+    for job in planned:
+        assert job["resources"].get("slurm_partition") == (gpu if job["rule"] in GPU_RULES else cpu), job
+        if job["rule"] in GPU_RULES - {"compress"} and "gpu" in job["resources"]:
+            assert job["resources"]["gpu"] == "1", job
+    # the other keys of the section are the config file's, and the job starts 4 ranks on claimed GPUs
+    command = next(line for line in output.splitlines() if "$run compress" in line)
+    assert "ranks=4;" in command and 'run="python -m pathtwt.devices --gpus $ranks -- $run"' in command
+    assert "--batch-size 64 " in command  # the section's other keys come from the config file
+    block = output.split("rule compress:", 1)[1].split("\n\n", 1)[0]
+    assert f"threads: {threads}" in block, block
 
 
 def test_a_cpu_stage_stays_off_the_gpu_partition(tmp_path):

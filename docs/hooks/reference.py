@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -270,8 +271,20 @@ def layout_reference() -> str:
 
 # ---------------------------------------------------------------- the hook
 
+# A page can be a README that lives beside the files it documents (workflow/profiles/,
+# workflow/envs/): `<!-- pathtwt: include PATH -->` puts that file in. It links into the docs
+# as ../../docs/PAGE.md, which is right where it lives; on the site the page is beside them.
+INCLUDE = re.compile(r"^<!-- pathtwt: include (\S+) -->$", re.M)
+LINK_INTO_DOCS = re.compile(r"\]\((?:\.\./)+docs/")
+
+
+def include(match: re.Match) -> str:
+    text = (Path(__file__).resolve().parents[2] / match.group(1)).read_text(encoding="utf-8")
+    return LINK_INTO_DOCS.sub("](", text)
+
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs' signature)
+    markdown = INCLUDE.sub(include, markdown)
     if CONFIG_MARKER in markdown:
         markdown = markdown.replace(CONFIG_MARKER, config_reference())
     if CLI_MARKER in markdown:

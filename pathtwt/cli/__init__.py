@@ -97,6 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"pathtwt {args.command}: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
+        from pathtwt.cli.out_of_memory import is_out_of_memory, out_of_memory_line
+
+        if not is_out_of_memory(exc):
+            raise
+        print(f"pathtwt {args.command}: error: {out_of_memory_line(args.command, exc)}", file=sys.stderr)
+        return 1
     return int(code or 0)
 
 

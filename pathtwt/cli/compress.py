@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="distillation autocast (default auto: bf16 where the device has native bf16, else fp32); "
                         "weights and optimiser state stay fp32")
     parser.add_argument("--workers", type=int, default=None,
-                        help="processes reading training tiles (default: cores - 1, at most 4, when streaming; 0 in memory)")
+                        help="processes reading training tiles (default when streaming: the job's cores - 1, at most 16 on a "
+                        "GPU and 4 on CPU; 0 in memory)")
     parser.add_argument("--lr", type=float, default=D.lr, help=f"peak learning rate (default {D.lr:g})")
     parser.add_argument("--warmup-steps", type=int, default=D.warmup_steps, help="linear warm-up before the cosine decay")
     parser.add_argument("--audition-steps", type=int, default=D.audition_steps,
@@ -152,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
     from pathtwt.devices import resolve_device
 
     from pathtwt.compress.ranks import init_from_env, is_writer, world_size
-    from pathtwt.devices import resolve_training_precision
+    from pathtwt.models.precision import resolve_precision
 
     method = get_method(args.method)  # fail on an unknown method before loading anything
     extra = parse_method_options(args.option)
@@ -165,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
         from pathtwt.errors import ConfigError
 
         raise ConfigError(f"--batch-size {args.batch_size} is not divisible by the {world_size()} ranks; choose a multiple")
-    precision = resolve_training_precision(args.precision, device)
+    precision = resolve_precision(args.precision, device, training=True).compute
     # float32 teacher whatever the backbone's inference precision: its outputs are the targets
     from pathtwt.cli.options import normalisation
 
@@ -173,15 +174,13 @@ def _run(args: argparse.Namespace) -> int:
                               device=device, precision="fp32", **normalisation(args))
     calib = load_calibration(args.calibration, n_tiles=args.n_tiles, seed=args.seed, holdout=args.holdout,
                              resize_to=teacher.spec.input_size)
-    workers = args.workers
     if args.train_coords:
         from pathtwt.compress.training_tiles import with_streamed_training
 
         calib = with_streamed_training(calib, args.calibration, args.train_coords)
-        if workers is None:
-            from pathtwt.features.extract import default_workers
+    from pathtwt.compress.training_tiles import default_workers
 
-            workers = default_workers()
+    workers = default_workers(device, bool(args.train_coords)) if args.workers is None else args.workers
     options = compress_options(args, precision=precision, workers=workers or 0, device=teacher.device, extra=extra)
     if is_writer() and args.method not in CLOSED_FORM:
         from pathtwt.compress.distill import plan_summary

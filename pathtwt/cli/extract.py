@@ -69,15 +69,15 @@ def add_precision_argument(parser: argparse.ArgumentParser) -> None:
 def load_backbone(args: argparse.Namespace, device):
     """(backbone, bf16 autocast?) as --precision asks; shared with `pathtwt predict`, so a
     slide embedded there gets the features `pathtwt extract` would write."""
-    from pathtwt.devices import native_bf16
     from pathtwt.models.registry import create_backbone
 
-    autocast = args.precision == "auto" and native_bf16(device)
+    # --precision as pathtwt.models.precision resolves it: on native bf16 hardware, auto is
+    # fp32 weights under bf16 autocast, guarded by the run's first tiles
     backbone = create_backbone(
         args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,
-        precision="fp32" if autocast else args.precision, **normalisation(args)
+        precision=args.precision, **normalisation(args)
     )
-    return backbone, autocast
+    return backbone, backbone.bf16_autocast
 
 
 def run(args: argparse.Namespace) -> int:

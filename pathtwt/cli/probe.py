@@ -65,19 +65,16 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    from pathtwt.devices import native_bf16
-
     device = resolve_device(args.device)
     # the probe embeds tiles as extraction does, so that it measures the features MIL reads
-    autocast = args.precision == "auto" and native_bf16(device)
     backbone = create_backbone(
         args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,
-        precision="fp32" if autocast else args.precision,
+        precision=args.precision,
     )
     summary = probe_backbone(
         backbone, probe_set, args.out, variant=str(args.backbone), name=args.name or args.tiles.resolve().name,
         seed=args.seed, batch_size=args.batch_size, max_per_class=args.max_per_class, random_init=args.random_init,
-        bf16_autocast=autocast,
+        bf16_autocast=backbone.bf16_autocast,
     )
     print(summary_line(summary), file=sys.stdout)
     return 0

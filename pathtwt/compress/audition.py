@@ -95,7 +95,7 @@ def _mse(layer: nn.Module, h_in: torch.Tensor, h_out: torch.Tensor, *, device: s
 
 
 def _fit(layer: nn.Module, h_in: torch.Tensor, h_out: torch.Tensor, options: AuditionOptions) -> None:
-    from pathtwt.compress.autocast import autocast, bf16_attention
+    from pathtwt.models.bf16_guard import autocast, bf16_attention
 
     layer.train().to(options.device)
     opt = torch.optim.AdamW(layer.parameters(), lr=options.lr, weight_decay=0.0)

@@ -1,17 +1,33 @@
-"""Training-time augmentation of calibration tiles: colour jitter and Gaussian blur.
+"""Training-time augmentation of distillation tiles: colour jitter and Gaussian blur, applied
+to a whole batch on the device it trains on.
 
-Applied to uint8 tiles before the backbone's own transform, so normalisation stays the
-backbone's. Randomness comes from a seed derived from (run seed, step), drawn inside a
-forked RNG: a resumed run therefore augments step t exactly as an uninterrupted one, and
-augmentation never disturbs the global RNG stream.
+Tiles arrive as uint8 (the DataLoader workers only read and resize them); the batch is
+augmented where the model runs, a handful of batched kernels per micro-batch instead of
+~10 small ones per tile on a reading core, then normalised with the backbone's own mean
+and std (:func:`normalise_batch`). Each tile's parameters come from its own seed,
+derived from (run seed, stream position) and drawn on the CPU with a private generator:
+a tile is augmented the same whichever rank draws it and whether or not the run was
+resumed, and augmentation never touches the global RNG stream.
+
+The colour jitter follows torchvision's ``ColorJitter`` (brightness, contrast, saturation
+and hue factors drawn uniformly, applied in a random order per tile); the hue shift is a
+rotation of the chroma plane in YIQ space (as NVIDIA DALI's hue operator), one 3 x 3
+matrix per tile, rather than a round trip through HSV. The blur is a separable Gaussian
+of a drawn sigma, reflect-padded, on a drawn share of the tiles.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Sequence
 
-import numpy as np
 import torch
+
+# ITU-R 601 luma, as torchvision's rgb_to_grayscale
+LUMA = (0.2989, 0.587, 0.114)
+RGB_TO_YIQ = ((0.299, 0.587, 0.114), (0.596, -0.274, -0.322), (0.211, -0.523, 0.312))
+OPERATIONS = ("brightness", "contrast", "saturation", "hue")
 
 
 @dataclass(frozen=True)
@@ -30,25 +46,114 @@ def step_seed(seed: int, step: int) -> int:
     return (int(seed) * 1_000_003 + int(step)) % (2**63 - 1)
 
 
-class TileAugmenter:
-    """Random colour jitter (every tile) and Gaussian blur (a fraction of tiles), per tile."""
+@dataclass(frozen=True)
+class TileDraws:
+    """One batch's augmentation parameters, a row per tile (CPU tensors)."""
+
+    factors: torch.Tensor  # (N, 4): brightness, contrast, saturation factors and hue shift (turns)
+    order: torch.Tensor  # (N, 4): the operations in the order each tile applies them
+    blur: torch.Tensor  # (N,) bool
+    sigma: torch.Tensor  # (N,)
+
+
+class BatchAugmenter:
+    """Colour jitter (every tile) and Gaussian blur (a fraction of tiles) of a batch."""
 
     def __init__(self, config: AugmentConfig | None = None) -> None:
-        from torchvision.transforms import v2
+        self.config = config or AugmentConfig()
 
-        self.config = cfg = config or AugmentConfig()
-        self._jitter = v2.ColorJitter(brightness=cfg.brightness, contrast=cfg.contrast, saturation=cfg.saturation, hue=cfg.hue)
-        self._blur = v2.GaussianBlur(kernel_size=cfg.blur_kernel, sigma=cfg.blur_sigma)
+    def draw(self, seeds: Sequence[int]) -> TileDraws:
+        """Each tile's parameters from its own seed (see the module doc)."""
+        cfg = self.config
+        low = torch.tensor([1 - cfg.brightness, 1 - cfg.contrast, 1 - cfg.saturation, -cfg.hue], dtype=torch.float64)
+        high = torch.tensor([1 + cfg.brightness, 1 + cfg.contrast, 1 + cfg.saturation, cfg.hue], dtype=torch.float64)
+        factors, order, blur, sigma = [], [], [], []
+        for seed in seeds:
+            g = torch.Generator().manual_seed(int(seed))
+            order.append(torch.randperm(4, generator=g))
+            factors.append(low + (high - low) * torch.rand(4, generator=g, dtype=torch.float64))
+            blur.append(bool(torch.rand((), generator=g) < cfg.blur_probability))
+            lo, hi = cfg.blur_sigma
+            sigma.append(lo + (hi - lo) * float(torch.rand((), generator=g)))
+        return TileDraws(torch.stack(factors).float(), torch.stack(order), torch.tensor(blur, dtype=torch.bool),
+                         torch.tensor(sigma, dtype=torch.float32))
 
-    def __call__(self, tiles: np.ndarray, *, seed: int) -> np.ndarray:
-        """``tiles`` uint8 (N, H, W, 3) -> augmented uint8 (N, H, W, 3), deterministic in ``seed``."""
-        out = np.empty_like(tiles)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            for i, tile in enumerate(tiles):
-                t = torch.from_numpy(np.ascontiguousarray(tile)).permute(2, 0, 1)
-                t = self._jitter(t)
-                if torch.rand(()) < self.config.blur_probability:
-                    t = self._blur(t)
-                out[i] = t.permute(1, 2, 0).numpy()
-        return out
+    def __call__(self, tiles: torch.Tensor, seeds: Sequence[int]) -> torch.Tensor:
+        """uint8 or float (N, 3, H, W) tiles with values in [0, 255] -> augmented float32 in
+        [0, 255] on the same device, deterministic in ``seeds`` (one per tile)."""
+        if len(seeds) != len(tiles):
+            raise ValueError(f"{len(seeds)} seeds for {len(tiles)} tiles")
+        draws = self.draw(seeds)
+        x = tiles.float() / 255.0
+        factors = draws.factors.to(x.device)
+        order = draws.order.to(x.device)
+        for slot in range(4):
+            for op, name in enumerate(OPERATIONS):
+                chosen = torch.nonzero(order[:, slot] == op).flatten()
+                if len(chosen):
+                    x[chosen] = getattr(self, f"_{name}")(x[chosen], factors[chosen, op])
+        chosen = torch.nonzero(draws.blur).flatten()
+        if len(chosen):
+            chosen_dev = chosen.to(x.device)
+            x[chosen_dev] = gaussian_blur(x[chosen_dev], draws.sigma[chosen].to(x.device), self.config.blur_kernel)
+        return x * 255.0
+
+    @staticmethod
+    def _brightness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        return (x * f.view(-1, 1, 1, 1)).clamp_(0, 1)
+
+    @staticmethod
+    def _contrast(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        mean = _grey(x).mean(dim=(-3, -2, -1), keepdim=True)
+        return _blend(x, mean, f)
+
+    @staticmethod
+    def _saturation(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        return _blend(x, _grey(x), f)
+
+    @staticmethod
+    def _hue(x: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
+        yiq = torch.tensor(RGB_TO_YIQ, dtype=x.dtype, device=x.device)
+        angle = 2 * math.pi * turns
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        rotation = torch.zeros(len(x), 3, 3, dtype=x.dtype, device=x.device)
+        rotation[:, 0, 0] = 1
+        rotation[:, 1, 1], rotation[:, 1, 2] = cos, -sin
+        rotation[:, 2, 1], rotation[:, 2, 2] = sin, cos
+        matrix = torch.linalg.inv(yiq) @ rotation @ yiq  # (N, 3, 3): RGB -> rotated RGB
+        return torch.einsum("nij,njhw->nihw", matrix, x).clamp_(0, 1)
+
+
+def _grey(x: torch.Tensor) -> torch.Tensor:
+    w = torch.tensor(LUMA, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    return (x * w).sum(dim=1, keepdim=True)
+
+
+def _blend(x: torch.Tensor, other: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    f = f.view(-1, 1, 1, 1)
+    return (f * x + (1 - f) * other).clamp_(0, 1)
+
+
+def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int) -> torch.Tensor:
+    """(N, C, H, W) blurred by a separable Gaussian of ``kernel`` taps and a sigma per tile,
+    reflect-padded (as torchvision's GaussianBlur): one grouped convolution per axis."""
+    n, c, h, w = x.shape
+    half = (kernel - 1) / 2
+    taps = torch.linspace(-half, half, kernel, device=x.device, dtype=x.dtype)
+    weights = torch.exp(-0.5 * (taps.view(1, -1) / sigma.view(-1, 1)) ** 2)
+    weights = (weights / weights.sum(dim=1, keepdim=True)).repeat_interleave(c, dim=0)  # (N C, k)
+    pad = kernel // 2
+    y = torch.nn.functional.pad(x.reshape(1, n * c, h, w), (pad, pad, pad, pad), mode="reflect")
+    y = torch.nn.functional.conv2d(y, weights.view(n * c, 1, 1, kernel), groups=n * c)
+    y = torch.nn.functional.conv2d(y, weights.view(n * c, 1, kernel, 1), groups=n * c)
+    return y.view(n, c, h, w)
+
+
+def normalise_batch(tiles: torch.Tensor, mean: Sequence[float], inv_std: Sequence[float]) -> torch.Tensor:
+    """(N, 3, H, W) tiles in [0, 255] (uint8 or float) -> the model's input, ``(x - mean) *
+    inv_std`` per channel with the backbone's constants scaled to [0, 255]
+    (:class:`pathtwt.models.transform.TileTransform`'s ``mean`` and ``inv_std``): the same
+    float32 operations as its per-tile normalisation, so the values are bit-identical."""
+    m = torch.as_tensor(mean, dtype=torch.float32, device=tiles.device).view(1, -1, 1, 1)
+    s = torch.as_tensor(inv_std, dtype=torch.float32, device=tiles.device).view(1, -1, 1, 1)
+    return (tiles.float() - m) * s

@@ -38,9 +38,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from pathtwt.compress.autocast import autocast as _autocast
-from pathtwt.compress.autocast import bf16_attention
-from pathtwt.compress.autocast import teacher_targets
+from pathtwt.models.bf16_guard import autocast as _autocast
+from pathtwt.models.bf16_guard import bf16_attention, teacher_targets
 from pathtwt.compress.defaults import COMPRESS_DEFAULTS as D
 from pathtwt.errors import NumericsError, PathtwtError
 from pathtwt.io.atomic import atomic_output
@@ -66,7 +65,7 @@ class DistillOptions:
     seed: int = D.seed
     device: str = "cpu"
     precision: str = "fp32"  # fp32 | bf16 (autocast; master weights and optimiser state stay fp32)
-    workers: int = 0  # DataLoader workers reading and augmenting tiles
+    workers: int = 0  # DataLoader workers reading and resizing tiles (augmentation runs on the device)
     checkpoint: Path | None = None  # file; resumed from when it exists
     checkpoint_every: int = 100
     stop_after: int | None = None  # stop after this step as if interrupted (checkpoint kept)
@@ -77,7 +76,7 @@ class DistillOptions:
     # early ones); "none": plain MSE sums (the paper's loss)
     loss_norm: str = D.loss_norm
     # bf16 is kept only when the first step's loss under bf16 autocast is within this
-    # relative difference of the fp32 loss (pathtwt.compress.bf16_check), else fp32
+    # relative difference of the fp32 loss (pathtwt.models.bf16_guard.check_bf16_first_step), else fp32
     bf16_tolerance: float = 0.02
 
     def resolved_steps(self, n_tiles: int) -> int:
@@ -100,6 +99,7 @@ class DistillResult:
     history: list[dict[str, float]] = field(default_factory=list)
     precision: str = "fp32"  # what the run trained in (bf16 asked for may have fallen back)
     bf16_check: dict[str, Any] | None = None  # the first-step comparison, when bf16 was asked for
+    fp32_matmul: str = "ieee"  # "tf32" where the GPU computes fp32 matrix multiplies in TF32
 
 
 class Objective(Protocol):
@@ -382,14 +382,15 @@ def distill(
 
     from pathtwt.compress import ranks
     from pathtwt.compress.training_tiles import EpochOrder, MicroBatches, Sharding, TrainingItems, cv2_pool_stopped, loader
+    from pathtwt.models.precision import choose_fp32_matmul, resolve_precision
 
     source = _as_source(tiles)
     n_tiles = len(source)
     if n_tiles == 0:
         raise PathtwtError("no calibration tiles to distill on; check --calibration")
-    if options.precision not in ("fp32", "bf16"):
-        raise PathtwtError(f"--precision {options.precision!r}: use fp32 or bf16")
-    device, precision = options.device, options.precision
+    device = options.device
+    precision = resolve_precision(options.precision, device, training=True).compute
+    fp32_matmul = choose_fp32_matmul(device)
     world, rank, writer = ranks.world_size(), ranks.rank(), ranks.is_writer()
     sharding = Sharding(batch=int(options.batch_size), world=world, rank=rank)
     accumulate = max(1, int(options.accumulate))
@@ -398,13 +399,11 @@ def distill(
     objective = normalised_objective(objective, teacher, source, transform, options,
                                      teacher_outputs if isinstance(tiles, np.ndarray) else None)
     student.to(device).train()
-    in_memory = isinstance(tiles, np.ndarray)
-    # with augmentation off, the targets of in-memory tiles covered by the teacher's shared
-    # fp32 outputs are read from them (no forward pass, the same whatever the precision)
+    target_source = _target_source(teacher, tiles, transform, objective, options, teacher_outputs)
+    # the teacher's shared fp32 outputs give the targets (no forward pass, the same whatever
+    # the precision), so the bf16 check compares only the student's side, as the loop will
     shared_targets = None
-    if (in_memory and not options.augment and teacher_outputs is not None and len(teacher_outputs[0]) >= n_tiles
-            and hasattr(objective, "targets_from_outputs")
-            and _estimate_target_bytes(teacher, tiles, transform, objective, device) <= options.cache_limit_bytes):
+    if target_source == "shared outputs":
         shared_targets = TargetCache.from_outputs(teacher, teacher_outputs, objective=objective, n_tiles=n_tiles,
                                                   device=device, chunk=options.batch_size)
     bf16_check = None
@@ -431,11 +430,11 @@ def distill(
             raise PathtwtError(f"{ckpt}: sampler position {state['sampler']} does not match step {start}; delete it to start over")
 
     cache = shared_targets
-    if cache is None and in_memory and not options.augment and start < total:
-        if _estimate_target_bytes(teacher, tiles, transform, objective, device) <= options.cache_limit_bytes:
-            with bf16_attention([teacher], device, precision):
-                cache = TargetCache.build(teacher, tiles, transform=transform, objective=objective, device=device,
-                                          chunk=options.batch_size, precision=precision)
+    if target_source == "target cache" and start < total:
+        # in the precision the run trains in, which the bf16 check has just settled
+        with bf16_attention([teacher], device, precision):
+            cache = TargetCache.build(teacher, tiles, transform=transform, objective=objective, device=device,
+                                      chunk=options.batch_size, precision=precision)
 
     end = total if options.stop_after is None else min(total, max(start, int(options.stop_after)))
     step, saved_at = start, start
@@ -469,11 +468,11 @@ def distill(
                 optimizer.zero_grad(set_to_none=True)
                 loss_sum, term_sums = 0.0, {}
                 for micro in range(accumulate):
-                    idx, x, errors = next(stream)
+                    positions, idx, tiles_u8, errors = next(stream)
                     bad = next((i for i, e in enumerate(errors) if e), None)
                     if bad is not None:
                         raise items.failure(int(idx[bad]), errors[bad])
-                    x = x.to(device, non_blocking=True)
+                    x = items.to_model_input(positions, tiles_u8, device)
                     targets = cache.get(idx, device) if cache is not None else teacher_targets(objective, teacher, x, precision)
                     sync = world == 1 or micro == accumulate - 1
                     with (contextlib.nullcontext() if sync else model.no_sync()), _autocast(device, precision):
@@ -508,7 +507,25 @@ def distill(
     checkpoint_now()
     student.eval()
     return DistillResult(steps_done=step, total_steps=total, completed=step >= total, resumed_from=start, history=history,
-                         precision=precision, bf16_check=bf16_check)
+                         precision=precision, bf16_check=bf16_check, fp32_matmul=fp32_matmul)
+
+
+TARGET_SOURCES = ("shared outputs", "target cache", "teacher pass per step")
+
+
+def _target_source(teacher: nn.Module, tiles: Any, transform: Transform, objective: Objective, options: DistillOptions,
+                   teacher_outputs: Sequence[torch.Tensor] | None) -> str:
+    """Where the loop's teacher targets come from, decided once before the bf16 check: the
+    teacher's shared fp32 outputs (in-memory tiles without augmentation that they cover), a
+    cache of every in-memory tile's targets computed once (without augmentation), or a
+    teacher pass per step (augmentation, streamed tiles, or targets above the cache limit)."""
+    if not isinstance(tiles, np.ndarray) or options.augment:
+        return TARGET_SOURCES[2]
+    if _estimate_target_bytes(teacher, tiles, transform, objective, options.device) > options.cache_limit_bytes:
+        return TARGET_SOURCES[2]
+    if teacher_outputs is not None and len(teacher_outputs[0]) >= len(tiles) and hasattr(objective, "targets_from_outputs"):
+        return TARGET_SOURCES[0]
+    return TARGET_SOURCES[1]
 
 
 def _check_bf16(student: nn.Module, teacher: nn.Module, source: Any, transform: Transform, objective: Objective,
@@ -517,7 +534,7 @@ def _check_bf16(student: nn.Module, teacher: nn.Module, source: Any, transform: 
     index order (the same tiles on every rank and on a resumed run, so the choice is the
     same everywhere); every rank falls back when one does."""
     from pathtwt.compress import ranks
-    from pathtwt.compress.bf16_check import check_bf16_first_step
+    from pathtwt.models.bf16_guard import check_bf16_first_step
 
     n = min(len(source), max(1, int(options.batch_size)))
     x = tiles_to_batch(transform, np.stack([source.read(j) for j in range(n)]), options.device)

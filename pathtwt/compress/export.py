@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from pathtwt.errors import PathtwtError
+from pathtwt.devices import device_provenance
 from pathtwt.io.atomic import atomic_output, sha256_file, write_json_atomic
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ def export_backbone(
         "calibration_sha256": calibration_hashes(calibration_sources or []),
         "options": options or {},
         "versions": _versions(),
+        "device": device_provenance(teacher.device),
     }
     write_hub_format(out, meta)  # timm's config.json + README.md model card, before the model.json that completes the folder
     write_json_atomic(out / "model.json", meta)

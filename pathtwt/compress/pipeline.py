@@ -198,7 +198,9 @@ def distillation_record(run: "DistillResult | None", calib: "CalibrationSet", ea
             "last": run.history[-1] if run.history else {}, "training": calib.training_record(),
             # what the main loop trained in: bf16 asked for falls back to fp32 when its first
             # step's loss strays from fp32's (bf16_check)
-            "precision": run.precision, "bf16_check": run.bf16_check}
+            "precision": run.precision, "bf16_check": run.bf16_check,
+            # recorded where fp32 matrix multiplies ran in TF32 (GPUs); absent: full fp32
+            **({"fp32_matmul": run.fp32_matmul} if run.fp32_matmul != "ieee" else {})}
 
 
 def export_variant(

@@ -1,10 +1,17 @@
 """Data-parallel ranks (torch.distributed) as the distillation loop sees them.
 
 A run launched by ``torchrun`` (or ``srun``, one task per GPU) has ``WORLD_SIZE`` > 1 in
-its environment; :func:`init_from_env` joins the process group (NCCL on CUDA, which is
-RCCL on ROCm builds; gloo on CPU) and picks this rank's device. Every rank computes the
-same discovery, auditioning and fidelity (cheap next to distillation) so that they need
-no communication; only distillation is split, and only rank 0 writes files.
+its environment; :func:`init_from_env` joins the process group and picks this rank's
+device. Every rank computes the same discovery, auditioning and fidelity (cheap next to
+distillation) so that they need no communication; only distillation is split, and only
+rank 0 writes files.
+
+A GPU run's group has a backend per device type, ``cpu:gloo,cuda:nccl`` (NCCL is RCCL on
+ROCm builds): NCCL alone handles CUDA tensors only, and a CPU tensor reaching a plain
+``nccl`` group fails every rank with "No backend type associated with device type cpu".
+The small reductions of the loop (:func:`all_mean`) run on the rank's own device
+(:func:`collective_device`), on NCCL for a GPU run, so the gloo half only serves
+collectives that are CPU by nature. A CPU run uses gloo alone.
 """
 
 from __future__ import annotations
@@ -32,13 +39,37 @@ def launched_world_size() -> int:
     return _env_int("WORLD_SIZE", default=1)
 
 
+# the process group's backends: one per device type on a GPU, gloo alone on CPU
+GPU_BACKEND = "cpu:gloo,cuda:nccl"
+CPU_BACKEND = "gloo"
+# where the loop's reductions run: this rank's device once the group is joined
+_device = "cpu"
+
+
+def check_rendezvous() -> None:
+    """Several ranks need the address and port rank 0 listens on (torchrun and srun with
+    MASTER_ADDR set give both): refuse in one line rather than wait for torch's timeout
+    or fail with its multi-line traceback."""
+    from pathtwt.errors import ConfigError
+
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
+    if missing:
+        raise ConfigError(
+            f"WORLD_SIZE={os.environ.get('WORLD_SIZE')} ranks but {' and '.join(missing)} not set: launch with "
+            "torchrun (e.g. torchrun --standalone --nproc-per-node N -m pathtwt compress ...) or export "
+            "MASTER_ADDR and MASTER_PORT of rank 0's node"
+        )
+
+
 def init_from_env(device: str) -> str:
     """Join the process group when launched with several ranks; returns this rank's
     device (``cuda:LOCAL_RANK`` on CUDA). A single-process run is left untouched."""
     import torch.distributed as dist
 
+    global _device
     if launched_world_size() <= 1 or dist.is_initialized():
         return device
+    check_rendezvous()
     on_cuda = str(device).startswith("cuda")
     local = _env_int("LOCAL_RANK", "SLURM_LOCALID", default=0)
     if on_cuda:
@@ -46,8 +77,14 @@ def init_from_env(device: str) -> str:
         local %= max(1, torch.cuda.device_count())
         torch.cuda.set_device(local)
         device = f"cuda:{local}"
-    dist.init_process_group(backend="nccl" if on_cuda else "gloo")
+    dist.init_process_group(backend=GPU_BACKEND if on_cuda else CPU_BACKEND)
+    _device = device
     return device
+
+
+def collective_device() -> torch.device:
+    """The device the loop's reductions run on: this rank's GPU under NCCL, else the CPU."""
+    return torch.device(_device)
 
 
 def world_size() -> int:
@@ -80,13 +117,16 @@ def all_mean(values: torch.Tensor) -> torch.Tensor:
         return values
     import torch.distributed as dist
 
-    out = values.clone()
+    # on the rank's device: a GPU group's NCCL backend takes CUDA tensors only
+    out = values.to(collective_device(), copy=True)
     dist.all_reduce(out)
-    return out / world_size()
+    return (out / world_size()).to(values.device)
 
 
 def shutdown() -> None:
     import torch.distributed as dist
 
+    global _device
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _device = "cpu"

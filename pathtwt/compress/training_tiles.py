@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from pathtwt.compress.augment import TileAugmenter, step_seed
+from pathtwt.compress.augment import BatchAugmenter, normalise_batch, step_seed
 from pathtwt.errors import ConfigError, PathtwtError, SlideError
 from pathtwt.wsi.coords_tiles import cv2_pool_stopped, reader_worker_init  # noqa: F401 - cv2_pool_stopped: used with loader()
 from pathtwt.wsi.slides import Slide
@@ -61,8 +61,12 @@ class ArrayTiles:
 class SlideTiles:
     """Every tile of the given coords files (status ok), read from its slide on demand.
 
-    Each DataLoader worker gets a copy without open handles (``__getstate__``) and opens
-    its own, so no slide handle is shared across processes."""
+    No slide handle is shared across processes: a pickled copy (a spawned DataLoader
+    worker) carries none (``__getstate__``), and a forked worker, which inherits the
+    handles the main process opened (the loss normalisation and the bf16 check read the
+    first tiles there) together with their file offsets, leaves those alone and opens its
+    own: the handles are kept per process id. Two processes reading through one inherited
+    descriptor move one shared file offset, so each could read the other's bytes."""
 
     def __init__(self, coords_files: Sequence[Path], *, excluded: dict[str, str] | None = None) -> None:
         from pathtwt.io.h5 import read_coords
@@ -85,13 +89,15 @@ class SlideTiles:
         self.coords = np.concatenate(parts)
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._open: OrderedDict[int, Slide] = OrderedDict()
+        self._owner = os.getpid()  # the process whose handles ``_open`` holds
+        self._inherited: list[Slide] = []  # a forked copy's handles of its parent, never used
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_open"] = OrderedDict()
+        state["_open"], state["_inherited"] = OrderedDict(), []
         return state
 
     def locate(self, index: int) -> tuple[int, int, int]:
@@ -101,6 +107,12 @@ class SlideTiles:
         return s, int(x), int(y)
 
     def _slide(self, s: int) -> Slide:
+        if self._owner != os.getpid():
+            # a forked copy: the parent's handles stay the parent's, kept referenced and
+            # never closed here (closing could touch the library state the parent shares);
+            # this process opens its own
+            self._inherited = [*self._inherited, *self._open.values()]
+            self._open, self._owner = OrderedDict(), os.getpid()
         if s in self._open:
             self._open.move_to_end(s)
             return self._open[s]
@@ -114,6 +126,12 @@ class SlideTiles:
     def read(self, index: int) -> np.ndarray:
         s, x, y = self.locate(index)
         return self.entries[s].read(self._slide(s), x, y)
+
+    def close(self) -> None:
+        """Close this process's open slides (they reopen on the next read)."""
+        if self._owner == os.getpid():
+            while self._open:
+                self._open.popitem(last=False)[1].close()
 
     def describe(self) -> dict[str, Any]:
         return {"source": "coords files, streamed from the slides", "tiles": len(self), "slides": len(self.entries),
@@ -213,14 +231,17 @@ class MicroBatches(torch.utils.data.Sampler):
 
 
 class TrainingItems(torch.utils.data.Dataset):
-    """(position, tile) -> (tile index, model input, error text or ""): read, resize to the
-    backbone's input, augment (seeded by position), normalise, all in the worker. A tile that
-    cannot be read comes back as zeros with the reason, raised in the main process as one
-    line naming the slide (a worker's exception would arrive as a multi-line traceback)."""
+    """(position, tile) -> (position, tile index, uint8 (3, S, S) tile at the backbone's
+    input size, error text or ""): the worker reads and resizes only; augmentation and
+    normalisation run on the whole batch where the model trains (:meth:`to_model_input`),
+    and uint8 tiles are a quarter of float32's shared memory and host-to-device traffic. A
+    tile that cannot be read comes back as zeros with the reason, raised in the main
+    process as one line naming the slide (a worker's exception would arrive as a multi-line
+    traceback)."""
 
     def __init__(self, source: Any, transform: Any, *, augment: bool, seed: int) -> None:
         self.source, self.transform, self.seed = source, transform, int(seed)
-        self.augmenter = TileAugmenter() if augment else None
+        self.augmenter = BatchAugmenter() if augment else None
 
     def __len__(self) -> int:
         return len(self.source)
@@ -229,18 +250,51 @@ class TrainingItems(torch.utils.data.Dataset):
         position, index = key
         try:
             tile = self.transform.resize(self.source.read(index))
-            if self.augmenter is not None:
-                tile = self.augmenter(tile[None], seed=step_seed(self.seed, position))[0]
-            return index, self.transform(tile), ""
+            return position, index, torch.from_numpy(np.ascontiguousarray(tile.transpose(2, 0, 1))), ""
         except Exception as exc:  # noqa: BLE001 - carried to the main process and raised there
             size = self.transform.input_size
-            return index, torch.zeros(3, size, size), " ".join(f"{type(exc).__name__}: {exc}".split())
+            return position, index, torch.zeros(3, size, size, dtype=torch.uint8), " ".join(f"{type(exc).__name__}: {exc}".split())
+
+    def to_model_input(self, positions: torch.Tensor, tiles: torch.Tensor, device: str) -> torch.Tensor:
+        """uint8 (B, 3, S, S) tiles of the stream ``positions`` -> the model's input on
+        ``device``: augmented there (seeded by position) and normalised with the backbone's
+        mean and std, bit-identical to its per-tile transform when not augmented."""
+        x = tiles.to(device, non_blocking=True)
+        if self.augmenter is not None:
+            x = self.augmenter(x, [step_seed(self.seed, int(p)) for p in positions])
+        return normalise_batch(x, self.transform.mean, self.transform.inv_std)
 
     def failure(self, index: int, reason: str) -> PathtwtError:
         if isinstance(self.source, SlideTiles):
             s, x, y = self.source.locate(index)
             return SlideError(f"{self.source.entries[s].slide_path}: cannot read training tile at level-0 (x={x}, y={y}): {reason}")
         return PathtwtError(f"training tile {index}: {reason}")
+
+
+# most reading processes a GPU run starts by default: enough to keep a GPU busy with JPEG/
+# JPEG 2000 tiles of ~224 px (a few ms each) at thousands of tiles/s, without a worker per
+# core of a 128-core node (each holds prefetched batches and open slides)
+GPU_FEEDERS = 16
+
+
+def default_workers(device: str, streaming: bool) -> int:
+    """Reading processes of a distillation when ``--workers`` is not given: none for tiles
+    in memory (a worker would only copy them; augmentation runs on the device); when
+    streaming, this rank's share of the job's cores (SLURM's allocation or the affinity
+    mask, over torchrun's ranks on the node) less the training process: at most
+    :data:`GPU_FEEDERS` on a GPU, whose training leaves the cores to the readers, and at
+    most 4 on CPU, where the training itself computes on them (as extraction's readers)."""
+    if not streaming:
+        return 0
+    if not str(device).startswith("cuda"):
+        from pathtwt.features.extract import default_workers as cpu_readers
+
+        return cpu_readers()
+    from pathtwt.devices import available_cores
+
+    local_ranks = os.environ.get("LOCAL_WORLD_SIZE", "")
+    share = available_cores() // (int(local_ranks) if local_ranks.isdigit() and int(local_ranks) > 0 else 1)
+    return max(1, min(GPU_FEEDERS, share - 1))
 
 
 def loader(items: TrainingItems, sampler: MicroBatches, *, workers: int, pin_memory: bool) -> torch.utils.data.DataLoader:

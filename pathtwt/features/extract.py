@@ -1,10 +1,12 @@
-"""Frozen-backbone tile embeddings of a slide, to a features HDF5 file.
+"""Frozen-backbone tile embeddings of slides, to features HDF5 files.
 
 Tiles are read at the geometry stored in the coords file (``Slide.read_tile``) by
-DataLoader worker processes, each with its own slide handle and one compute thread, so
+DataLoader worker processes, each with its own slide handles and one compute thread, so
 reading and decoding overlap with the batched forward pass in the main process, which
-keeps all the compute threads. Several slides are extracted with one loaded backbone
-(:func:`extract_many`), since loading it costs more than a small slide's forward passes.
+keeps all the compute threads. One extraction job embeds its slides with one loaded
+backbone and one DataLoader over all their tiles (:func:`extract_many`): the workers start
+once per job and read the next slide while the last batches of one are embedded. Tiles
+travel as uint8 and are normalised on the model's device.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from pathtwt.devices import device_provenance
 from pathtwt.models.bf16_guard import BF16_CHECK_TILES, AutoPrecision, check_bf16_on
 from pathtwt.models.registry import Backbone
 from pathtwt.models.embedding import DEFAULT_RECIPE, check_recipe, embed_tiles, embedding_dim
@@ -93,6 +96,9 @@ def features_attrs(
         n_tiles=int(n),
         status="ok",
     )
+    # the device the forward passes ran on (a GPU claimed among several: which one), its
+    # name and the torch build: device, gpu_name, torch_version, cuda_version, hip_version
+    attrs.update(device_provenance(backbone.device))
     return attrs
 
 
@@ -102,7 +108,7 @@ def transform_attrs(transform: Any) -> dict[str, Any]:
     return {f"transform_{k}": v for k, v in describe().items()} if describe else {}
 
 
-# slides of at most this many batches are read in the embedding process (see _embed_stream)
+# on CPU, a job of at most this many batches of tiles is read in the embedding process (see _embed_slides)
 IN_PROCESS_BATCHES = 2
 
 
@@ -141,7 +147,35 @@ def extract_slide(
     """Embed every tile of ``slide`` listed in ``coords`` into ``out`` (written atomically).
     Returns a summary (tiles, seconds, tiles/s). The slide must be the one the coords were
     made from (its fingerprint, :mod:`pathtwt.wsi.fingerprint`) unless ``force``."""
-    slide, coords, out = Path(slide), Path(coords), Path(out)
+    job = ExtractJob(Path(slide), Path(coords), Path(out))
+    prepared = prepare_slide(job, backbone, embedding, force, auto_precision)
+    for _prepared, outcome in _embed_slides([prepared], backbone, batch_size, workers, progress, embedding,
+                                             auto_precision):
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+    raise AssertionError("unreachable: one slide in, one outcome out")
+
+
+@dataclass
+class PreparedSlide:
+    """A slide whose coords and slide file passed the checks: what its features file holds."""
+
+    job: ExtractJob
+    xy: np.ndarray
+    coords_attrs: dict[str, Any]
+    attrs: dict[str, Any]
+
+    @property
+    def n(self) -> int:
+        return len(self.xy)
+
+
+def prepare_slide(job: ExtractJob, backbone: Backbone, embedding: str, force: bool,
+                  auto_precision: AutoPrecision | None) -> PreparedSlide:
+    """The checks before any tile is read (coords geometry, slide file, fingerprint) and
+    the features file's attributes; a SlideError names what is wrong."""
+    slide, coords = job.slide, job.coords
     xy, _tissue, coords_attrs = read_coords(coords)
     check_geometry(coords, coords_attrs)
     if slide.is_dir():
@@ -149,32 +183,11 @@ def extract_slide(
     if not slide.is_file():
         raise SlideError(f"{slide}: slide file not found (named by {coords})")
     slide_check = "forced" if force else _check_slide(slide, coords, coords_attrs)
-    n = len(xy)
-    attrs = features_attrs(backbone, coords_attrs, slide, coords, n, embedding)
+    attrs = features_attrs(backbone, coords_attrs, slide, coords, len(xy), embedding)
     attrs["slide_check"] = slide_check
     if auto_precision is not None:
         attrs.update(auto_precision.attrs())
-    start = time.perf_counter()
-    timing = {"embed_seconds": 0.0}
-    with FeaturesWriter(out, n_tiles=n, dim=attrs["embedding_dim"], attrs=attrs) as writer:
-        writer.coords[...] = xy
-        if n:
-            dataset = TileDataset(slide, xy, coords_attrs, backbone.transform)
-            for index, feats in _embed_stream(
-                dataset, backbone, batch_size, workers, progress, slide, embedding, auto_precision, timing
-            ):
-                writer.features[index[0] : index[-1] + 1] = feats
-        seconds = time.perf_counter() - start
-        # measured throughput, summed per variant by pathtwt.features.throughput for the report
-        writer.h5.attrs["extract_seconds"] = seconds
-        writer.h5.attrs["embed_seconds"] = timing["embed_seconds"]
-        # the CPU threads of the forward passes: a one-thread job (extract.threads 1, jobs
-        # side by side) embeds at a lower tiles/s than one with every core
-        writer.h5.attrs["torch_threads"] = torch.get_num_threads()
-    return {
-        "slide": str(slide), "out": str(out), "tiles": n, "seconds": seconds, "tiles_per_s": n / max(seconds, 1e-9),
-        "embed_seconds": timing["embed_seconds"],
-    }
+    return PreparedSlide(job, xy, coords_attrs, attrs)
 
 
 def _check_slide(slide: Path, coords: Path, coords_attrs: dict[str, Any]) -> str:
@@ -184,59 +197,155 @@ def _check_slide(slide: Path, coords: Path, coords_attrs: dict[str, Any]) -> str
         return check_coords_belong_to_slide(opened, coords, coords_attrs)
 
 
-def _embed_stream(
-    dataset: TileDataset, backbone: Backbone, batch_size: int, workers: int | None, progress: bool, slide: Path,
+class JobTiles(torch.utils.data.Dataset):
+    """Tile k of a job's slides, numbered across them (slide j holds ``offsets[j]`` to
+    ``offsets[j+1] - 1``) -> (k, uint8 tile (S, S, 3) at the model's input size, error text
+    or ""). One dataset for every slide of a job, so one set of reading processes serves
+    them all: a worker keeps the slide it read last open and opens the next on first use.
+
+    Tiles leave the workers as uint8, a quarter of float32's bytes in shared memory and
+    over PCIe; the model's normalisation runs on the device
+    (:meth:`pathtwt.models.transform.TileTransform.normalise_batch`). A tile that cannot
+    be read comes as zeros with the reason, and the main process raises one SlideError
+    naming the slide and the tile (an exception in a worker would arrive wrapped in a
+    multi-line traceback)."""
+
+    def __init__(self, slides: Sequence[PreparedSlide], transform: Any):
+        # each slide reopened exactly as it was tiled (the coords file's own reader)
+        self.readers = [
+            CoordsTileReader(TileGeometry.from_attrs(p.job.coords, p.coords_attrs, slide_path=p.job.slide), p.xy)
+            for p in slides
+        ]
+        self.offsets = np.cumsum([0] + [len(r) for r in self.readers])
+        self.transform = transform
+        self._open: int | None = None  # the reader whose slide this process holds open
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_open": None}
+
+    def slide_of(self, k: int) -> int:
+        return int(np.searchsorted(self.offsets, k, side="right") - 1)
+
+    def batches(self, batch_size: int) -> list[list[int]]:
+        """Batches of tile numbers, each within one slide, in order."""
+        return [list(range(i, min(i + batch_size, int(end))))
+                for start, end in zip(self.offsets[:-1], self.offsets[1:]) for i in range(int(start), int(end), batch_size)]
+
+    def __getitem__(self, k: int):
+        j = self.slide_of(k)
+        if self._open is not None and self._open != j:
+            self.readers[self._open].close()
+        self._open = j
+        try:
+            return k, torch.from_numpy(np.ascontiguousarray(self.transform.resize(self.readers[j].read(k - int(self.offsets[j]))))), ""
+        except Exception as exc:  # noqa: BLE001 - carried to the main process and raised there
+            size = self.transform.input_size
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+            return k, torch.zeros(size, size, 3, dtype=torch.uint8), reason
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
+        self._open = None
+
+
+def _embed_slides(
+    prepared: Sequence[PreparedSlide], backbone: Backbone, batch_size: int, workers: int | None, progress: bool,
     embedding: str = DEFAULT_RECIPE, auto_precision: AutoPrecision | None = None,
-    timing: dict[str, float] | None = None,
 ):
-    """(tile indices, features) per batch; ``timing["embed_seconds"]`` accumulates the
-    backbone's own time (forward pass to features on the host), without tile reading."""
+    """(prepared slide, summary or the SlideError/NumericsError that stopped it) per slide,
+    in order. One DataLoader reads the tiles of every slide, so its workers start once per
+    job and read the next slide while the last batches of one are embedded."""
     from tqdm import tqdm
 
-    timing = {} if timing is None else timing
-    timing.setdefault("embed_seconds", 0.0)
-
+    dataset = JobTiles(prepared, backbone.transform)
+    batch_size = int(batch_size)
+    batches = dataset.batches(batch_size)
     workers = default_workers() if workers is None else int(workers)
-    if len(dataset) <= IN_PROCESS_BATCHES * int(batch_size):
-        # a reading process costs about 0.3 s to start (fork, reader set-up, first
-        # transfer), more than reading a batch or two here (a few ms a tile): small slides
-        # and biopsies are read in this process, large slides by the workers beside it
-        workers = 0
     on_cuda = str(backbone.device).startswith("cuda")
+    if not on_cuda and len(dataset) <= IN_PROCESS_BATCHES * batch_size:
+        # a reading process costs about 0.3 s to start (fork, reader set-up, first
+        # transfer), more than reading a batch or two here (a few ms a tile) while the CPU
+        # has nothing else to do: a job of a biopsy or two is read in this process
+        workers = 0
     loader = torch.utils.data.DataLoader(
         dataset,
-        batch_size=int(batch_size),
-        shuffle=False,  # in order: batch b holds tiles [b * batch_size, ...)
+        batch_sampler=batches,  # in order, each batch within one slide
         num_workers=workers,
         worker_init_fn=reader_worker_init if workers else None,
         prefetch_factor=4 if workers else None,
         pin_memory=on_cuda,
     )
     model, prefix = backbone.model, backbone.spec.num_prefix_tokens
-    bar = tqdm(total=len(dataset), unit="tile", desc=slide.name, disable=not progress, dynamic_ncols=True)
+    per_slide = np.diff(dataset.offsets)
+    bar = tqdm(total=len(dataset), unit="tile", disable=not progress, dynamic_ncols=True)
     try:
         with torch.inference_mode(), cv2_pool_stopped(workers > 0):
-            for index, images, errors in loader:
-                bad = next((i for i, e in enumerate(errors) if e), None)
-                if bad is not None:
-                    x, y = dataset.coords[int(index[bad])]
-                    raise SlideError(f"{slide}: cannot read tile at level-0 (x={x}, y={y}): {errors[bad]}")
-                began = time.perf_counter()
-                with (auto_precision or AutoPrecision()).context(backbone.device, model):
-                    feats = embed_tiles(model, images.to(backbone.device, non_blocking=on_cuda), prefix, embedding)
-                finite = torch.isfinite(feats).all(dim=1)
-                if not bool(finite.all()):
-                    x, y = dataset.coords[int(index[int((~finite).nonzero()[0])])]
-                    raise NumericsError(
-                        f"{slide}: NaN/inf features (first at tile x={x}, y={y}) with precision "
-                        f"{backbone.precision}; retry with --precision fp32 or check the weights"
-                    )
-                host = feats.cpu().numpy()  # waits for the device, so the time is the forward's
-                timing["embed_seconds"] += time.perf_counter() - began
-                bar.update(len(index))
-                yield index.tolist(), host
+            stream = iter(loader) if batches else iter(())
+            for j, slide in enumerate(prepared):
+                bar.set_description(slide.job.slide.name)
+                start, first = time.perf_counter(), int(dataset.offsets[j])
+                timing = {"embed_seconds": 0.0}
+                left = -(-int(per_slide[j]) // batch_size)  # this slide's batches still in the stream
+                try:
+                    with FeaturesWriter(slide.job.out, n_tiles=slide.n, dim=slide.attrs["embedding_dim"],
+                                        attrs=slide.attrs) as writer:
+                        writer.coords[...] = slide.xy
+                        while left:
+                            index, images, errors = next(stream)
+                            left -= 1
+                            feats = _embed_batch(slide, index - first, images, errors, backbone, model, prefix,
+                                                 embedding, auto_precision, timing)
+                            writer.features[int(index[0]) - first : int(index[-1]) - first + 1] = feats
+                            bar.update(len(index))
+                        seconds = time.perf_counter() - start
+                        # measured throughput, summed per variant by pathtwt.features.throughput
+                        writer.h5.attrs["extract_seconds"] = seconds
+                        writer.h5.attrs["embed_seconds"] = timing["embed_seconds"]
+                        # the CPU threads of the forward passes: a one-thread job (extract.threads
+                        # 1, jobs side by side) embeds at a lower tiles/s than one with every core
+                        writer.h5.attrs["torch_threads"] = torch.get_num_threads()
+                except (SlideError, NumericsError) as exc:
+                    for _ in range(left):  # the failed slide's remaining batches, already on their way
+                        next(stream)
+                    bar.update(int(per_slide[j]))
+                    yield slide, exc
+                    continue
+                yield slide, {
+                    "slide": str(slide.job.slide), "out": str(slide.job.out), "tiles": slide.n, "seconds": seconds,
+                    "tiles_per_s": slide.n / max(seconds, 1e-9), "embed_seconds": timing["embed_seconds"],
+                }
     finally:
         bar.close()
+        dataset.close()
+
+
+def _embed_batch(slide: PreparedSlide, index: torch.Tensor, images: torch.Tensor, errors: Sequence[str],
+                 backbone: Backbone, model: torch.nn.Module, prefix: int, embedding: str,
+                 auto_precision: AutoPrecision | None, timing: dict[str, float]) -> np.ndarray:
+    """Features (B, D) on the host of one batch of a slide's uint8 tiles; ``timing``
+    accumulates the backbone's own time (normalisation and forward, without reading)."""
+    bad = next((i for i, e in enumerate(errors) if e), None)
+    if bad is not None:
+        x, y = slide.xy[int(index[bad])]
+        raise SlideError(f"{slide.job.slide}: cannot read tile at level-0 (x={x}, y={y}): {errors[bad]}")
+    began = time.perf_counter()
+    with (auto_precision or AutoPrecision()).context(backbone.device, model):
+        inputs = backbone.transform.normalise_batch(images, backbone.device)
+        feats = embed_tiles(model, inputs, prefix, embedding)
+    finite = torch.isfinite(feats).all(dim=1)
+    if not bool(finite.all()):
+        x, y = slide.xy[int(index[int((~finite).nonzero()[0])])]
+        raise NumericsError(
+            f"{slide.job.slide}: NaN/inf features (first at tile x={x}, y={y}) with precision "
+            f"{backbone.precision}; retry with --precision fp32 or check the weights"
+        )
+    host = feats.float().cpu().numpy()  # waits for the device, so the time is the forward's
+    timing["embed_seconds"] += time.perf_counter() - began
+    return host
 
 
 def extract_many(
@@ -251,7 +360,7 @@ def extract_many(
     force: bool = False,
     bf16_autocast: bool = False,
 ) -> list[dict[str, Any]]:
-    """Extract several slides with one loaded backbone.
+    """Extract several slides with one loaded backbone and one set of reading processes.
 
     Without ``failures`` the first slide that fails stops the run (SlideError /
     NumericsError). With it, a failing slide is recorded in that table (this run's own:
@@ -259,26 +368,35 @@ def extract_many(
     file with no tiles, ``status`` "failed" and ``failure_reason``, so the workflow goes
     on and the MIL stage excludes or refuses it as configured; the other slides are
     extracted as usual. The table exists at the end even when nothing failed."""
-    summaries = []
-    auto = check_bf16([j for j in jobs if not (skip_existing and j.out.exists())], backbone, batch_size) if bf16_autocast else None
-    for job in jobs:
-        if skip_existing and job.out.exists():
-            summaries.append({"slide": str(job.slide), "out": str(job.out), "skipped": True})
-            continue
+    summaries: dict[int, dict[str, Any]] = {}
+    todo = [i for i, job in enumerate(jobs) if not (skip_existing and job.out.exists())]
+    for i in sorted(set(range(len(jobs))) - set(todo)):
+        summaries[i] = {"slide": str(jobs[i].slide), "out": str(jobs[i].out), "skipped": True}
+    auto = check_bf16([jobs[i] for i in todo], backbone, batch_size) if bf16_autocast else None
+
+    def failed(i: int, exc: PathtwtError) -> None:
+        if failures is None:
+            raise exc
+        summaries[i] = record_failed_slide(jobs[i], backbone, str(exc), failures, embedding)
+
+    prepared, number = [], {}
+    for i in todo:
         try:
-            summaries.append(
-                extract_slide(job.slide, job.coords, job.out, backbone, batch_size, workers, progress, embedding,
-                              force=force, auto_precision=auto)
-            )
+            prepared.append(prepare_slide(jobs[i], backbone, embedding, force, auto))
+            number[id(prepared[-1])] = i
         except (SlideError, NumericsError) as exc:
-            if failures is None:
-                raise
-            summaries.append(record_failed_slide(job, backbone, str(exc), failures, embedding))
+            failed(i, exc)
+    if prepared:
+        for slide, outcome in _embed_slides(prepared, backbone, batch_size, workers, progress, embedding, auto):
+            if isinstance(outcome, Exception):
+                failed(number[id(slide)], outcome)
+            else:
+                summaries[number[id(slide)]] = outcome
     if failures is not None and not Path(failures).exists():
         from pathtwt.io.failures import write_failures
 
         write_failures(failures, [])
-    return summaries
+    return [summaries[i] for i in sorted(summaries)]
 
 
 def record_failed_slide(

@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from pathtwt import __version__
+from pathtwt.devices import device_provenance
 from pathtwt.io.atomic import atomic_output, write_json_atomic
 from pathtwt.mil.data import MILData, features_provenance
 from pathtwt.mil.protocols import MILConfig
@@ -88,6 +89,7 @@ def run_mil(
         "config": config.to_dict(),
         "sources": sources or {},
         "versions": {"pathtwt": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        "device": device_provenance(device),
     }
     write_json_atomic(out_dir / "metrics.json", metrics)
     # the run is complete: the resume state (weights + optimiser) is no longer needed

@@ -1,19 +1,37 @@
-"""``--precision auto`` on hardware with native bf16: bf16 autocast over an fp32 model,
-kept for a run only when its embeddings of the run's first tiles agree with fp32 ones.
+"""bf16 autocast over fp32 weights, and the guards that keep it only where its numbers agree
+with fp32: the one place a run switches precision.
 
-Extraction (:func:`pathtwt.features.extract.check_bf16`) and the tile probe decide this
-once per run on their first :data:`BF16_CHECK_TILES` tiles; a run whose bf16 numerics
-break (a model, a kernel) falls back to fp32 and says so. The distillation's own guard on
-its first step's loss is :mod:`pathtwt.compress.bf16_check`."""
+Whether a run asks for bf16 at all is :func:`pathtwt.models.precision.resolve_precision`'s
+decision. Here:
+
+* :func:`autocast` and :func:`bf16_attention` (training) and :meth:`AutoPrecision.context`
+  (inference): bf16 autocast, with timm's attention computed explicitly on CPU
+  (:func:`explicit_attention`). timm calls ``F.scaled_dot_product_attention``, whose fused
+  CPU kernel takes as long in bf16 as in fp32 (``torch.profiler``, ViT-S, one thread: ~240
+  ms per 4-tile forward either way, 13 % of the fp32 forward, 28 % of the bf16 one), while
+  q @ k^T and @ v as explicit bf16 matrix multiplies (softmax in fp32 under autocast) run
+  on the bf16 matrix units (a ViT-S distillation step 1.34x faster;
+  ``benchmarks/cpu_precision.py`` measures both). Nothing changes in fp32 or on GPUs.
+* :func:`check_bf16_on` (extraction and the tile probe): the run's first
+  :data:`BF16_CHECK_TILES` tiles embedded in fp32 and in bf16; bf16 is kept when every
+  tile's cosine is at least :data:`BF16_MIN_COSINE`, else the run falls back to fp32 and
+  says so.
+* :func:`check_bf16_first_step` (distillation): the first step's loss computed twice,
+  teacher targets and student forward both in fp32 and both under bf16 autocast; bf16 is
+  kept when the two differ by at most ``tolerance`` relative to fp32. No gradient is
+  computed and no parameter changes, so the check does not alter the run it guards.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
+from torch import nn
 
 from pathtwt.models.embedding import embed_tiles
 
@@ -24,8 +42,52 @@ BF16_MIN_COSINE = 0.999
 # kernel whose bf16 numerics break, few enough that a job does not pay a full fp32 batch
 # (ViT-S on 2 CPU cores: about 0.2 s a tile in fp32)
 BF16_CHECK_TILES = 8
+# the largest relative difference between the first step's bf16 and fp32 losses that
+# keeps bf16 (bf16 keeps 8 bits of mantissa: a few 1e-3 per value, averaged in the MSE)
+BF16_LOSS_TOLERANCE = 0.02
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def explicit_attention(model: nn.Module) -> Iterator[nn.Module]:
+    """Within the block, every timm attention module of ``model`` (those with a
+    ``fused_attn`` switch) computes attention explicitly; the switches are restored after."""
+    modules = [m for m in model.modules() if hasattr(m, "fused_attn")]
+    before = [m.fused_attn for m in modules]
+    try:
+        for m in modules:
+            m.fused_attn = False
+        yield model
+    finally:
+        for m, b in zip(modules, before):
+            m.fused_attn = b
+
+
+def autocast(device: str, precision: str) -> Any:
+    """bf16 autocast on ``device``'s type, or nothing for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+def bf16_attention(modules: list[nn.Module], device: str, precision: str) -> contextlib.ExitStack:
+    """Within the block, bf16 on CPU computes the attention of ``modules`` explicitly (see
+    the module doc). Nothing changes in fp32 or on GPUs."""
+    stack = contextlib.ExitStack()
+    if precision == "bf16" and torch.device(device).type == "cpu":
+        for module in modules:
+            stack.enter_context(explicit_attention(module))
+    return stack
+
+
+def teacher_targets(objective: Any, teacher: nn.Module, x: torch.Tensor, precision: str) -> list[torch.Tensor]:
+    """The teacher's targets (``objective.targets``) in ``precision`` under inference mode
+    (no autograd bookkeeping at all), returned as ordinary float32 tensors so the loss may
+    save them for its backward pass."""
+    with torch.inference_mode(), autocast(str(x.device), precision):
+        targets = objective.targets(teacher, x)
+    return [t.to(torch.float32, copy=True) for t in targets]
 
 
 @dataclass
@@ -37,16 +99,13 @@ class AutoPrecision:
     note: str = "not checked"
 
     def context(self, device: Any, model: torch.nn.Module | None = None):
-        """bf16 autocast; on CPU also ``model``'s attention computed explicitly, whose bf16
-        matrix multiplies beat the fused kernel (:mod:`pathtwt.models.cpu_attention`)."""
+        """bf16 autocast; on CPU also ``model``'s attention computed explicitly."""
         if not self.bf16:
             return contextlib.nullcontext()
         kind = torch.device(device).type
         stack = contextlib.ExitStack()
         stack.enter_context(torch.autocast(device_type=kind, dtype=torch.bfloat16))
         if kind == "cpu" and model is not None:
-            from pathtwt.models.cpu_attention import explicit_attention
-
             stack.enter_context(explicit_attention(model))
         return stack
 
@@ -74,3 +133,44 @@ def check_bf16_on(model: torch.nn.Module, x: torch.Tensor, num_prefix_tokens: in
     log.warning("fell back to fp32: bf16 autocast %s < %s", measured, BF16_MIN_COSINE)
     print(f"{tool}: fell back to fp32: bf16 autocast {measured} < {BF16_MIN_COSINE}", flush=True)
     return AutoPrecision(bf16=False, note=f"fell back to fp32: first-tiles bf16 cosine to fp32 < {BF16_MIN_COSINE}")
+
+
+@dataclass(frozen=True)
+class Bf16Check:
+    precision: str  # "bf16" (kept) or "fp32" (fell back)
+    loss_fp32: float
+    loss_bf16: float
+    relative_difference: float
+    note: str
+
+
+def check_bf16_first_step(student: nn.Module, teacher: nn.Module, x: torch.Tensor, objective,
+                          tolerance: float = BF16_LOSS_TOLERANCE, step: int = 0,
+                          targets: list[torch.Tensor] | None = None) -> Bf16Check:
+    """Compare the first-step loss of ``objective`` (``targets(teacher, x)`` and
+    ``loss(student, x, targets, step)``, as the distillation loop computes them)
+    in fp32 and under bf16 autocast on the batch ``x``; see the module doc.
+    ``targets``: the fp32 targets of ``x`` the loop will train on whatever its precision
+    (its target cache from the teacher's shared outputs); then only the student's side
+    differs between the two losses, as it does in the loop."""
+    device_type = x.device.type
+    was_training = student.training
+    losses = {}
+    try:
+        with torch.no_grad():
+            for precision in ("fp32", "bf16"):
+                used = targets if targets is not None else teacher_targets(objective, teacher, x, precision)
+                amp = torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=precision == "bf16")
+                with amp:
+                    loss, _terms = objective.loss(student, x, used, step)
+                losses[precision] = float(loss.float())
+    finally:
+        student.train(was_training)
+    ref, low = losses["fp32"], losses["bf16"]
+    rel = abs(low - ref) / max(abs(ref), 1e-12)
+    measured = f"first-step loss bf16 {low:.6g} vs fp32 {ref:.6g} (relative difference {rel:.3g})"
+    if math.isfinite(low) and math.isfinite(rel) and rel <= tolerance:
+        log.info("bf16 autocast kept: %s <= %s", measured, tolerance)
+        return Bf16Check("bf16", ref, low, rel, f"bf16 autocast kept: first-step loss within {tolerance} of fp32")
+    log.warning("distillation falls back to fp32: %s > %s", measured, tolerance)
+    return Bf16Check("fp32", ref, low, rel, f"fell back to fp32: first-step bf16 loss differs from fp32 by more than {tolerance}")

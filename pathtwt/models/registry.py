@@ -203,6 +203,10 @@ class Backbone:
     weights_sha256: str | None
     source: str
     device: str = "cpu"
+    # precision "auto" on a device with native bf16: fp32 weights run under bf16 autocast,
+    # kept by the run's first-tiles guard (pathtwt.models.precision, pathtwt.models.bf16_guard)
+    bf16_autocast: bool = False
+    fp32_matmul: str = "ieee"  # "tf32" on CUDA GPUs that have it (choose_fp32_matmul)
 
     @property
     def embedding_dim(self) -> int:
@@ -232,7 +236,9 @@ def create_backbone(
     ``init_seed`` (for tests and benchmarks; the global RNG is left untouched).
     ``device="auto"`` picks CUDA when available. Parameters are frozen (eval mode).
     ``mean``/``std`` replace the spec's normalisation (``--mean/--std``, for ``timm:NAME``
-    models trained with another one).
+    models trained with another one). ``precision``: ``--precision`` as
+    :func:`pathtwt.models.precision.resolve_precision` reads it for inference; the weights'
+    dtype goes to ``Backbone.precision`` and ``auto``'s bf16 autocast to ``bf16_autocast``.
     """
     import torch
 
@@ -243,7 +249,11 @@ def create_backbone(
     spec = get_spec(name_or_dir)
     if mean is not None or std is not None:
         spec = dataclasses.replace(spec, mean=tuple(mean or spec.mean), std=tuple(std or spec.std))
-    resolved_precision = resolve_precision(precision, spec, device)
+    from pathtwt.models.precision import choose_fp32_matmul, resolve_precision
+
+    chosen = resolve_precision(precision, device, default=spec.default_precision)
+    resolved_precision = chosen.weights
+    fp32_matmul = choose_fp32_matmul(device)
     # weights first: a missing file is reported before the (slow) model build
     path = resolve_weights_path(spec, weights) if (pretrained or weights is not None) else None
     sha: str | None = None
@@ -267,7 +277,7 @@ def create_backbone(
     transform = TileTransform.for_model(model)
     return Backbone(
         model=model, transform=transform, precision=resolved_precision, spec=spec,
-        weights_sha256=sha, source=source, device=str(device),
+        weights_sha256=sha, source=source, device=str(device), bf16_autocast=chosen.autocast, fp32_matmul=fp32_matmul,
     )
 
 
@@ -295,15 +305,6 @@ def _folder_weights_sha(path: Path) -> str:
     from pathtwt.models.weights import snapshot_weights_file
 
     return sha256_file(snapshot_weights_file(path))
-
-
-def resolve_precision(precision: str, spec: BackboneSpec, device: str) -> str:
-    choice = spec.default_precision if precision == "auto" else precision
-    if choice not in ("fp32", "bf16", "fp16"):
-        raise WeightsError(f"unknown precision {precision!r}; use auto, fp32, bf16 or fp16")
-    if choice == "fp16" and not str(device).startswith("cuda"):
-        raise WeightsError("precision fp16 needs --device cuda; use fp32 or bf16 on CPU")
-    return choice
 
 
 def fitting_backbones(state: Mapping[str, Any]) -> list[str]:

@@ -104,3 +104,15 @@ class TileTransform:
             (0, self.input_size, self.input_size, 3), np.uint8
         )
         return torch.from_numpy(self.normalise(resized))
+
+    def normalise_batch(self, images: Any, device: Any = "cpu"):
+        """uint8 tiles (B, S, S, 3) at the input size (a tensor, as extraction's workers send
+        them) -> float32 (B, 3, S, S) on ``device``: the arithmetic of :meth:`normalise`
+        with the same float32 constants, run where the model is, so a batch crosses to a
+        GPU as a quarter of float32's bytes."""
+        import torch
+
+        x = torch.as_tensor(images).to(device, non_blocking=True)
+        mean = torch.from_numpy(self.mean).to(x.device)
+        inv_std = torch.from_numpy(self.inv_std).to(x.device)
+        return ((x.float() - mean) * inv_std).permute(0, 3, 1, 2).contiguous()

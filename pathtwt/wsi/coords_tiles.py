@@ -85,13 +85,15 @@ class TileGeometry:
 
 class CoordsTileReader:
     """Tile i of one coords file, the slide opened on first use. A pickled copy (a
-    DataLoader worker) carries no handle and opens its own."""
+    DataLoader worker) carries no handle and opens its own; so does a forked copy, which
+    leaves the handle it inherited (and its file offset, shared with the parent) alone."""
 
     def __init__(self, geometry: TileGeometry, coords: np.ndarray, *, size: int | None = None) -> None:
         self.geometry = geometry
         self.coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
         self.size = size
         self._slide: Slide | None = None
+        self._owner = os.getpid()  # the process that opened ``_slide``
 
     def __len__(self) -> int:
         return len(self.coords)
@@ -102,13 +104,13 @@ class CoordsTileReader:
         return state
 
     def read(self, index: int) -> np.ndarray:
-        if self._slide is None:
-            self._slide = self.geometry.open()
+        if self._slide is None or self._owner != os.getpid():
+            self._slide, self._owner = self.geometry.open(), os.getpid()
         x, y = self.coords[index]
         return self.geometry.read(self._slide, int(x), int(y), self.size)
 
     def close(self) -> None:
-        if self._slide is not None:
+        if self._slide is not None and self._owner == os.getpid():
             self._slide.close()
             self._slide = None
 

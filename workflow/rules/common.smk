@@ -49,6 +49,8 @@ include: "snakemake_internals.smk"
 
 
 keep_cpu_stages_off_gpus(GPU_RULE_DEVICES)
+give_compress_its_gpus()
+check_local_gpus()
 
 
 onstart:

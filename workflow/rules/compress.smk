@@ -113,12 +113,13 @@ rule compress:
     priority: 10
     log:
         "logs/compress/{backbone}/{variant}.log",
-    threads: config["compress"]["threads"]
+    # compress.threads and the memory are per GPU (per data-parallel rank): compress.gpus of them
+    threads: config["compress"]["threads"] * config["compress"]["gpus"]
     resources:
-        mem_mb=32000,
+        mem_mb=32000 * config["compress"]["gpus"],
         runtime=720,
-        # GPUs of the job; above 1, one data-parallel rank per GPU through torchrun
-        gpu=1,
+        # GPUs of the job (compress.gpus); above 1, one data-parallel rank per GPU through torchrun
+        gpu=config["compress"]["gpus"],
     conda:
         CONDA_ENV
     shell:
@@ -128,7 +129,10 @@ rule compress:
         " export MIOPEN_CUSTOM_CACHE_DIR=\"$MIOPEN_USER_DB_PATH\";"
         # ranks: one per GPU the job got; on CPU (device cpu) compress.cpu_ranks gloo ranks
         " ranks={resources.gpu}; if [ {params.device} = cpu ]; then ranks={params.cpu_ranks}; fi;"
+        # on GPUs through pathtwt.devices: it claims that many free GPUs of a shared machine
+        # (none where SLURM chose them) and refuses more than the machine has, in one line
         " if [ \"$ranks\" -gt 1 ]; then run=\"torchrun --standalone --nproc-per-node $ranks -m pathtwt\";"
+        " if [ {params.device} != cpu ]; then run=\"python -m pathtwt.devices --gpus $ranks -- $run\"; fi;"
         " else run=pathtwt; fi;"
         " $run compress --method {params.method} {params.backbone}"
         " --calibration {input.calibration} {params.target}"

@@ -23,7 +23,7 @@ rule probe:
         runtime=30,
         gpu=1,
     conda:
-        "../envs/pathtwt.yaml"
+        CONDA_ENV
     shell:
         "pathtwt probe {params.model} {params.probe} --name {wildcards.probe}"
         " --out results/probes/{wildcards.backbone}/{wildcards.variant}/{wildcards.probe}"

@@ -39,14 +39,69 @@ def keep_cpu_stages_off_gpus(rule_devices):
     default = getattr(settings, "_parsed_default_resources", None)
     if overwrite is None or default is None:
         return
+    from snakemake.resources import Resources
+
     cpu_partition = default["slurm_partition"].raw if "slurm_partition" in default else None
     # the loop variable is not called "rule": the linter takes that word, a space and a colon for a rule
     for name, section in rule_devices.items():
-        if str(config[section].get("device", "")).lower() != "cpu" or name not in overwrite:
+        if str(config[section].get("device", "")).lower() != "cpu":
             continue
-        if "slurm_partition" in overwrite[name] and cpu_partition is not None:
-            overwrite[name]["slurm_partition"] = cpu_partition
-            overwrite[name]["gpu"] = 0
+        # also without a profile entry: locally a CPU job does not count against --resources gpu=N
+        rule_settings = overwrite.setdefault(name, Resources())
+        if "slurm_partition" in rule_settings and cpu_partition is not None:
+            rule_settings["slurm_partition"] = cpu_partition
+        rule_settings["gpu"] = 0
+
+
+def on_cluster():
+    """A cluster profile gives every job a partition; a local run has none."""
+    default = getattr(workflow.resource_settings, "_parsed_default_resources", None)
+    return default is not None and "slurm_partition" in default
+
+
+def give_compress_its_gpus():
+    """`compress: {gpus: N}` runs one data-parallel rank per GPU. A profile's compress
+    settings (`set-resources` memory, `set-threads`) are per GPU, so a multi-GPU job asks
+    for N times them, and for N GPUs; the profile's partition and account stay (a
+    command-line --set-resources would replace the profile's whole block). Done once,
+    where the plan is made: a submitted job receives the results. A cluster profile's
+    one-GPU limit per group job is lifted to N (a grouped extraction then gets up to N GPUs
+    and its jobs claim one each, pathtwt.devices)."""
+    gpus = int(config["compress"]["gpus"])
+    if gpus <= 1 or str(config["compress"]["device"]).lower() == "cpu" or workflow.remote_exec:
+        return
+    # the profiles' `resources: gpu=1` (one GPU per group job) caps every job's gpu: lift it
+    limit = workflow.global_resources
+    if "gpu" in limit and int(limit["gpu"].value) < gpus:
+        if not on_cluster():
+            raise WorkflowError(f"compress.gpus {gpus}: the run allows gpu={limit['gpu'].value}; "
+                                f"give --resources gpu={gpus} or more (at most the machine's GPUs)")
+        limit["gpu"] = gpus
+    if not _internals_tested("scaling the profile's compress settings to compress.gpus"):
+        return
+    from snakemake.resources import Resource
+
+    settings = workflow.resource_settings
+    if "compress" in settings._parsed_overwrite_resources:
+        per_gpu = settings._parsed_overwrite_resources["compress"]
+        per_gpu["gpu"] = gpus
+        if "mem_mb" in per_gpu:
+            per_gpu["mem_mb"] = int(per_gpu["mem_mb"].value) * gpus
+    threads = settings._parsed_overwrite_threads
+    if "compress" in threads:
+        threads["compress"] = Resource("_cores", int(threads["compress"].value) * gpus)
+
+
+def check_local_gpus():
+    """A local run asking for more GPUs than the machine shows: one line, before any job."""
+    from pathtwt.devices import check_local_gpu_resource
+
+    if on_cluster() or workflow.remote_exec:
+        return
+    try:
+        check_local_gpu_resource(workflow.resource_settings.resources.get("gpu"))
+    except ConfigError as exc:
+        raise WorkflowError(str(exc)) from None
 
 
 def wake_local_scheduler_on_job_events_only():

@@ -1,0 +1,42 @@
+"""A GPU out-of-memory error as one line that says which option to lower.
+
+torch raises ``torch.cuda.OutOfMemoryError`` (ROCm builds too, as "HIP out of memory") with
+a multi-line message about the caching allocator; what a user needs is the option that
+brings the job's memory down, which depends on the command."""
+
+from __future__ import annotations
+
+import sys
+
+# command -> what to lower; the commands absent here get the generic advice
+ADVICE = {
+    "compress": "lower --batch-size and raise --accumulate by the same factor (the optimiser step keeps "
+                "batch size x accumulate tiles, so the run trains the same), e.g. --batch-size 16 --accumulate 2 "
+                "instead of 32 x 1",
+    "extract": "lower --batch-size (tiles per forward pass; the features do not depend on it)",
+    "predict": "lower --batch-size (tiles per forward pass; the predictions do not depend on it)",
+    "probe": "lower --batch-size (tiles per forward pass; the embeddings do not depend on it)",
+    "discover": "lower --batch-size (tiles per forward pass)",
+    "analyze": "lower --batch-size (tiles per forward pass) or --n-tiles",
+    "train-mil": "lower --max-instances (tiles per training bag) or --hidden-dim, or train on --device cpu",
+}
+GENERIC = "lower the batch size, or run on --device cpu"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is a GPU allocation failure (never imports torch itself: a command
+    that has not loaded it cannot have run out of GPU memory)."""
+    torch = sys.modules.get("torch")
+    oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    if oom is not None and isinstance(exc, oom):
+        return True
+    # torch before 1.13, and allocation failures re-raised as plain RuntimeErrors
+    return isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("CUDA out of memory", "HIP out of memory"))
+
+
+def out_of_memory_line(command: str, exc: BaseException) -> str:
+    """The one line printed for an out-of-memory ``exc`` of ``command``."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    # torch's first line: "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of ..."
+    what = first.split(". Including")[0].split(" Of the allocated")[0][:200].rstrip(". ")
+    return f"the GPU ran out of memory ({what}); {ADVICE.get(command, GENERIC)}"

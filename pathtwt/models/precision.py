@@ -1,0 +1,132 @@
+"""What a run computes in, decided in one place for every command.
+
+``--precision auto|fp32|bf16|fp16`` meets a device and, for inference, the backbone's
+default precision (the registry's ``default_precision``, fp32 for every shipped backbone):
+
+* inference (``extract``, ``probe``, and the ``auto`` of :func:`create_backbone`): where the
+  device computes bf16 natively, ``auto`` keeps fp32 weights under bf16 autocast, kept for
+  the run only when its first tiles agree with fp32 ones
+  (:func:`pathtwt.models.bf16_guard.check_bf16_on`); elsewhere the backbone's default.
+  ``fp32``, ``bf16``, ``fp16``: the weights are cast (fp16 only on a GPU).
+* training (``compress``): ``auto`` is bf16 autocast where native, fp32 elsewhere; weights
+  and optimiser state stay fp32, and the first step's loss decides whether bf16 is kept
+  (:func:`pathtwt.models.bf16_guard.check_bf16_first_step`).
+* a teacher (``discover``, the ``compress`` teacher, fidelity) is loaded with ``fp32``: its
+  outputs are the reference everything else is measured against.
+
+"Native" excludes emulation: a V100 or T4 runs bf16 autocast through fp32 units, slower
+than fp32 itself, so there ``auto`` means fp32. On CUDA GPUs of compute capability 8.0
+and later, fp32 matrix multiplies and convolutions use TF32 (:func:`choose_fp32_matmul`),
+which every run that records its precision also records.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pathtwt.errors import ConfigError
+
+INFERENCE_REQUESTS = ("auto", "fp32", "bf16", "fp16")
+TRAINING_REQUESTS = ("auto", "fp32", "bf16")
+# the first CUDA compute capability with bf16 and TF32 tensor cores (Ampere)
+NATIVE_BF16_CAPABILITY = (8, 0)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The outcome of :func:`resolve_precision`: the dtype the weights are cast to and
+    whether the run computes under bf16 autocast over them (``autocast``, always with fp32
+    weights; subject to the run's bf16 guard)."""
+
+    weights: str  # fp32 | bf16 | fp16
+    autocast: bool = False
+
+    @property
+    def compute(self) -> str:
+        """What the matrix multiplies run in: bf16 under autocast, else the weights' dtype."""
+        return "bf16" if self.autocast else self.weights
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            return set(next((line for line in fh if line.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+def _cuda_capability(device: object) -> tuple[int, int] | None:
+    """(major, minor) of the CUDA device ``device`` names; None without CUDA or on ROCm."""
+    import torch
+
+    if not torch.cuda.is_available() or getattr(torch.version, "hip", None):
+        return None
+    name = str(device)
+    index = int(name[5:]) if name.startswith("cuda:") else torch.cuda.current_device()
+    return tuple(torch.cuda.get_device_capability(index))
+
+
+def native_bf16(device: object) -> bool:
+    """Whether ``device`` computes bf16 natively: CUDA GPUs of compute capability 8.0 and
+    later (not the emulated bf16 that ``torch.cuda.is_bf16_supported()`` also accepts by
+    default), ROCm GPUs, and CPUs with AVX512-BF16 or AMX. Elsewhere bf16 autocast is
+    slower than fp32."""
+    import torch
+
+    name = str(device)
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return False
+        if getattr(torch.version, "hip", None):
+            return True  # every ROCm GPU torch supports (MI100 and later) has bf16 units
+        capability = _cuda_capability(name)
+        return capability is not None and capability >= NATIVE_BF16_CAPABILITY
+    if name == "cpu":
+        flags = _cpu_flags()
+        return "avx512_bf16" in flags or "amx_bf16" in flags
+    return False
+
+
+def resolve_precision(request: str, device: object, *, default: str = "fp32", training: bool = False) -> Precision:
+    """The one rule for ``--precision``; see the module doc. ``default``: the backbone's
+    default precision (inference only)."""
+    allowed = TRAINING_REQUESTS if training else INFERENCE_REQUESTS
+    if request not in allowed:
+        raise ConfigError(f"--precision {request}: use {', '.join(allowed)}")
+    if training:
+        compute = ("bf16" if native_bf16(device) else "fp32") if request == "auto" else request
+        return Precision(weights="fp32", autocast=compute == "bf16")
+    if request == "auto" and native_bf16(device):
+        return Precision(weights="fp32", autocast=True)
+    choice = default if request == "auto" else request
+    if choice not in INFERENCE_REQUESTS[1:]:
+        raise ConfigError(f"default precision {choice!r} of the backbone: expected fp32, bf16 or fp16")
+    if choice == "fp16" and not str(device).startswith("cuda"):
+        raise ConfigError("--precision fp16 needs --device cuda; use fp32 or bf16 on CPU")
+    return Precision(weights=choice)
+
+
+def choose_fp32_matmul(device: object) -> str:
+    """Set, for this process, what fp32 matrix multiplies and convolutions compute in on
+    ``device``, and return it: ``tf32`` on CUDA GPUs of compute capability 8.0 and later
+    (10-bit mantissa products with fp32 accumulation, several times the fp32 rate; finer
+    than the bf16 autocast that ``auto`` already accepts), ``ieee`` elsewhere (CPUs and
+    ROCm keep full fp32). Chosen explicitly rather than left to torch's default, which
+    has changed between releases."""
+    import torch
+
+    capability = _cuda_capability(device) if str(device).startswith("cuda") else None
+    if capability is None or capability < NATIVE_BF16_CAPABILITY:
+        return "ieee"
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9; mixing it with allow_tf32 is refused
+        matmul.fp32_precision = "tf32"
+        cudnn.conv.fp32_precision = "tf32"
+    else:
+        matmul.allow_tf32 = True
+        cudnn.allow_tf32 = True
+    log.info("fp32 matrix multiplies on %s use TF32", device)
+    return "tf32"

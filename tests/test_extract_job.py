@@ -1,0 +1,128 @@
+"""One extraction job over several slides: its reading workers start once for the job (not
+once per slide), tiles reach the model as uint8 and are normalised there, and the features
+equal those of the float32 path within fp32 rounding."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from pathtwt.features import extract as extract_module
+from pathtwt.features.extract import ExtractJob, extract_many
+from pathtwt.io import h5 as h5io
+from pathtwt.models.registry import create_backbone
+
+CMU = "CMU-1-Small-Region.svs"
+GRID = [(x, y) for y in range(0, 2967 - 448 + 1, 448) for x in range(0, 2220 - 448 + 1, 448)]
+
+
+def _coords(path, slide, xy):
+    attrs = dict(patch_size=224, patch_size_level0=448, target_mpp=1.0, level0_mpp=0.499, read_level=0,
+                 level0_width=2220, level0_height=2967, target_magnification=10, status="ok", slide_path=str(slide))
+    h5io.write_coords(path, np.array(xy, dtype=np.int64).reshape(-1, 2), np.ones(len(xy)), attrs)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return create_backbone("h0-mini-tiny", pretrained=False, init_seed=5)
+
+
+def _real_tiles(slide, n):
+    from pathtwt.wsi.slides import open_slide
+
+    with open_slide(slide) as s:
+        return np.stack([s.read_tile(x, y, 448, 0, 224) for x, y in GRID[:n]])
+
+
+def test_normalisation_on_the_device_equals_the_workers(shared_slides, tiny):
+    tiles = _real_tiles(shared_slides / CMU, 6)
+    transform = tiny.transform
+    before = transform.batch(tiles)  # the float32 path: normalised in the reading process
+    resized = torch.from_numpy(np.stack([transform.resize(t) for t in tiles]))  # what a worker sends: uint8
+    assert resized.dtype == torch.uint8
+    after = transform.normalise_batch(resized, "cpu")  # normalised where the model is
+    assert after.dtype == torch.float32 and after.shape == before.shape and after.is_contiguous()
+    # the same float32 constants, the same arithmetic: the same inputs
+    assert torch.equal(after, before)
+    with torch.inference_mode():
+        old = tiny.embed_tiles(before).numpy()
+        new = tiny.embed_tiles(after).numpy()
+    assert np.abs(new - old).max() <= 1e-5
+    # and the constants are the backbone's own (its spec's mean and std)
+    assert transform.describe()["mean"] == list(tiny.spec.mean) and transform.describe()["std"] == list(tiny.spec.std)
+
+
+def test_a_job_starts_its_readers_once_for_all_its_slides(tmp_path, shared_slides, tiny, monkeypatch):
+    slide = shared_slides / CMU
+    starts = tmp_path / "starts"
+    starts.mkdir()
+    init = extract_module.reader_worker_init
+
+    def counted_init(worker_id):  # runs in each worker process when it starts
+        (starts / f"{os.getpid()}-{worker_id}").touch()
+        init(worker_id)
+
+    monkeypatch.setattr(extract_module, "reader_worker_init", counted_init)
+    sizes = [5, 0, 7, 3, 9]  # a slide without tissue among them
+    jobs = []
+    offset = 0
+    for i, n in enumerate(sizes):
+        xy = GRID[offset : offset + n]
+        offset = (offset + n) % 10
+        jobs.append(ExtractJob(slide, _coords(tmp_path / f"c{i}.h5", slide, xy), tmp_path / f"f{i}.h5"))
+    summaries = extract_many(jobs, tiny, batch_size=2, workers=2, progress=False)
+    # two reading processes for the whole job (before: two more for every slide)
+    assert len(list(starts.iterdir())) == 2
+    assert [s["tiles"] for s in summaries] == sizes
+    tiles = _real_tiles(slide, 20)
+    for job, n in zip(jobs, sizes):
+        feats, xy, attrs = h5io.read_features(job.out)
+        assert feats.shape == (n, 128)
+        want_xy = h5io.read_coords(job.coords)[0]
+        assert np.array_equal(xy, want_xy)
+        if n:
+            rows = [GRID.index(tuple(p)) for p in want_xy]
+            with torch.inference_mode():
+                direct = tiny.embed_tiles(tiny.transform.batch(tiles[rows])).numpy()
+            assert np.abs(feats - direct).max() <= 1e-5, job.out.name
+        assert attrs["device"] == "cpu" and attrs["torch_version"] == torch.__version__
+        assert "gpu_name" in attrs and "cuda_version" in attrs
+
+
+def test_a_failing_slide_mid_job_leaves_the_others_whole(tmp_path, shared_slides, tiny, monkeypatch):
+    from pathtwt.wsi.coords_tiles import CoordsTileReader
+
+    slide = shared_slides / CMU
+    good = [ExtractJob(slide, _coords(tmp_path / f"c{i}.h5", slide, GRID[i : i + 4]), tmp_path / f"f{i}.h5")
+            for i in range(3)]
+    # one tile of the middle slide cannot be read (a damaged JPEG tile, say), found by a
+    # worker after the slide passed its checks; the workers are forked with this patch
+    read = CoordsTileReader.read
+
+    def damaged(self, index):
+        if tuple(self.coords[index]) == (1344, 1792):
+            raise OSError("damaged tile")
+        return read(self, index)
+
+    monkeypatch.setattr(CoordsTileReader, "read", damaged)
+    bad_xy = [(0, 0), (1344, 1792), (448, 0), (0, 448), (448, 448)]
+    bad = ExtractJob(slide, _coords(tmp_path / "bad.h5", slide, bad_xy), tmp_path / "bad_f.h5")
+    failures = tmp_path / "failures.tsv"
+    summaries = extract_many([good[0], bad, good[1], good[2]], tiny, batch_size=2, workers=1, progress=False,
+                             failures=failures)
+    assert [s.get("tiles") for s in summaries] == [4, 0, 4, 4]
+    assert "x=1344, y=1792" in summaries[1]["failed"]
+    _feats, _xy, attrs = h5io.read_features(bad.out)
+    assert attrs["status"] == "failed" and "x=1344, y=1792" in attrs["failure_reason"]
+    assert "CMU-1-Small-Region" in failures.read_text()
+    tiles = _real_tiles(slide, 8)
+    for i, job in enumerate(good):
+        feats, _xy, attrs = h5io.read_features(job.out)
+        assert attrs["status"] == "ok"
+        with torch.inference_mode():
+            direct = tiny.embed_tiles(tiny.transform.batch(tiles[i : i + 4])).numpy()
+        assert np.abs(feats - direct).max() <= 1e-5
