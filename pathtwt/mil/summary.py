@@ -116,25 +116,28 @@ def write_summary(run_dirs: list[str | os.PathLike], outs: list[str | os.PathLik
 
 
 def read_predictions(run_dir: str | os.PathLike) -> dict[str, dict[str, np.ndarray]]:
-    """cohort -> {"slide_id", "label", "prediction"} arrays of a finished run's
-    ``predictions.csv`` ({} when the run has none, e.g. one written before it existed)."""
-    import csv
+    """cohort -> {"slide_id", "label", "prediction", "probs" (n, C) and, where the run
+    wrote one, "group"} arrays of a finished run's ``predictions.csv`` ({} when the run has
+    none, e.g. one written before it existed)."""
+    import pandas as pd
 
     path = Path(run_dir) / "predictions.csv"
     if not path.is_file():
         return {}
-    cohorts: dict[str, dict[str, list]] = {}
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            for row in csv.DictReader(fh):
-                c = cohorts.setdefault(row["cohort"], {"slide_id": [], "label": [], "prediction": []})
-                c["slide_id"].append(row["slide_id"])
-                c["label"].append(int(row["label"]))
-                c["prediction"].append(int(row["prediction"]))
-    except (KeyError, ValueError, csv.Error) as exc:
+        table = pd.read_csv(path, dtype={"slide_id": str, "cohort": str, "group": str}, keep_default_na=False)
+        probs = sorted((c for c in table.columns if c.startswith("prob_")), key=lambda c: int(c[5:]))
+        out = {}
+        for name, rows in table.groupby("cohort", sort=False):
+            entry = {"slide_id": rows["slide_id"].to_numpy(), "label": rows["label"].to_numpy(np.int64),
+                     "prediction": rows["prediction"].to_numpy(np.int64),
+                     "probs": rows[probs].to_numpy(np.float64) if probs else np.zeros((len(rows), 0))}
+            if "group" in rows.columns:
+                entry["group"] = rows["group"].to_numpy(object)
+            out[str(name)] = entry
+    except (KeyError, ValueError, pd.errors.ParserError) as exc:
         raise PathtwtError(f"{path}: not a predictions table of `pathtwt train-mil` ({exc}); re-run that training") from None
-    return {name: {"slide_id": np.array(c["slide_id"]), "label": np.array(c["label"], dtype=np.int64),
-                   "prediction": np.array(c["prediction"], dtype=np.int64)} for name, c in cohorts.items()}
+    return out
 
 
 def pooled_interval(per_seed: list[dict[str, np.ndarray]], metric: str, n_classes: int, *, n_boot: int = 1000,
@@ -147,8 +150,8 @@ def pooled_interval(per_seed: list[dict[str, np.ndarray]], metric: str, n_classe
     aligned = _aligned(per_seed)
     if aligned is None:
         return float("nan"), float("nan")
-    y_true, preds = aligned
-    return bootstrap_interval(y_true, preds[0], metric, n_classes, n_boot=n_boot, seed=seed)
+    y_true, preds, groups = aligned
+    return bootstrap_interval(y_true, preds[0], metric, n_classes, n_boot=n_boot, seed=seed, groups=groups)
 
 
 def pooled_difference_interval(per_seed: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]],
@@ -161,13 +164,15 @@ def pooled_difference_interval(per_seed: list[dict[str, np.ndarray]], reference:
     aligned = _aligned(per_seed, reference)
     if aligned is None:
         return float("nan"), float("nan")
-    y_true, (preds, ref) = aligned
-    return bootstrap_difference_interval(y_true, preds, ref, metric, n_classes, n_boot=n_boot, seed=seed)
+    y_true, (preds, ref), groups = aligned
+    return bootstrap_difference_interval(y_true, preds, ref, metric, n_classes, n_boot=n_boot, seed=seed, groups=groups)
 
 
-def _aligned(*groups: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[list[np.ndarray]]] | None:
-    """The labels and each group's per-seed predictions on the slides all of them hold, in
-    slide-id order; None when a group is empty or no slide is common."""
+def _aligned(*groups: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[list[np.ndarray]], np.ndarray | None] | None:
+    """The labels, each group's per-seed predictions on the slides all of them hold, in
+    slide-id order, and the slides' groups (patient, case: None unless every slide has
+    one, then the bootstrap resamples groups); None when a group is empty or no slide is
+    common."""
     if not groups or not all(groups):
         return None
     runs = [p for group in groups for p in group]
@@ -181,4 +186,7 @@ def _aligned(*groups: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[lis
     def pick(p: dict[str, np.ndarray], key: str) -> np.ndarray:
         pos = {s: i for i, s in enumerate(p["slide_id"])}
         return p[key][np.array([pos[s] for s in order])]
-    return pick(runs[0], "label"), [[pick(p, "prediction") for p in group] for group in groups]
+    slide_groups = pick(runs[0], "group") if "group" in runs[0] else None
+    if slide_groups is not None and any(g in ("", None) for g in slide_groups):
+        slide_groups = None
+    return pick(runs[0], "label"), [[pick(p, "prediction") for p in group] for group in groups], slide_groups

@@ -109,8 +109,9 @@ wildcard_constraints:
     backbone=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     variant=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     task=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
-    head=r"abmil|transmil",
+    head=r"abmil|transmil|meanpool",
     seed=r"\d+",
+    fold=r"\d+",
     probe=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
 
 
@@ -197,10 +198,9 @@ def get_labels_command(wildcards, input, output):
     cohort = config["cohorts"][wildcards.cohort]
     draw = config_check.split_draw(config, wildcards.cohort)
     if draw:
-        fractions = " ".join(str(f) for f in draw["fractions"])
         return (
             f"pathtwt labels split {input.table} --label-column {cohort['label_column']}"
-            f" --fractions {fractions} --seed {draw['seed']} --out {output}"
+            f" {get_draw_args(draw)} --seed {draw['seed']} --out {output}"
         )
     rename = get_split_renames(wildcards)
     return (
@@ -320,7 +320,7 @@ def get_failure_tables(wildcards):
     folder = FAILURE_TABLES.format(**wildcards)
     if not config["extract"]["per_slide_jobs"]:
         return [f"{folder}/cohort.tsv"]
-    return [f"{folder}/{s}.tsv" for s in get_slide_ids(wildcards.cohort)]
+    return [f"{folder}/{s}.tsv" for s in get_extracted_slide_ids(wildcards.cohort)]
 
 
 def get_failure_summaries():
@@ -411,7 +411,7 @@ def get_calibration_coords(wildcards):
     files = []
     for task in tasks:
         t = config["tasks"][task]
-        files += [f"results/tiles/{t['cohort']}/{s}.h5" for s in get_slide_ids(t["cohort"], t["train_split"])]
+        files += [f"results/tiles/{t['cohort']}/{s}.h5" for s in get_compression_slide_ids(t)]
     return sorted(set(files))
 
 
@@ -424,7 +424,7 @@ def write_file_list(files, out):
 
 
 def get_cohort_coords(wildcards):
-    return [f"results/tiles/{wildcards.cohort}/{s}.h5" for s in get_slide_ids(wildcards.cohort)]
+    return [f"results/tiles/{wildcards.cohort}/{s}.h5" for s in get_extracted_slide_ids(wildcards.cohort)]
 
 
 def write_extract_manifest(wildcards, out):
@@ -435,7 +435,8 @@ def write_extract_manifest(wildcards, out):
     folder = f"results/features/{wildcards.backbone}/{wildcards.variant}/{wildcards.cohort}"
     write_text_atomic(
         out,
-        "".join(f"{slides[s]}\tresults/tiles/{wildcards.cohort}/{s}.h5\t{folder}/{s}.h5\n" for s in slides),
+        "".join(f"{slides[s]}\tresults/tiles/{wildcards.cohort}/{s}.h5\t{folder}/{s}.h5\n"
+                for s in get_extracted_slide_ids(wildcards.cohort)),
     )
 
 
@@ -444,7 +445,7 @@ def get_features(backbone, variant, cohort):
     folder = f"results/features/{backbone}/{variant}/{cohort}"
     if not config["extract"]["per_slide_jobs"]:
         return [folder]
-    return [f"{folder}/{s}.h5" for s in get_slide_ids(cohort)]
+    return [f"{folder}/{s}.h5" for s in get_extracted_slide_ids(cohort)]
 
 
 def get_mil_inputs(wildcards):
@@ -468,14 +469,14 @@ def get_epochs_arg(wildcards):
 
 
 def get_mil_runs():
-    """Every (backbone, variant, task, head, seed) metrics file of the study."""
+    """Every (backbone, variant, task, head, [fold,] seed) metrics file of the study."""
     return [
-        f"results/mil/{b}/{v}/{task}/{head}/seed{seed}/metrics.json"
+        f"{run}/metrics.json"
         for b in get_backbones()
         for v in get_variants(b)
         for task in config["tasks"]
         for head in config["mil"]["heads"]
-        for seed in config["mil"]["seeds"]
+        for run in get_head_runs(b, v, task, head)
     ]
 
 
@@ -594,3 +595,65 @@ def get_probe_targets():
 
 def get_final_targets():
     return ["results/report/index.html"] + get_failure_summaries()
+
+
+# ---- cross-validation (cohorts.*.draw_split.folds) -----------------------------------
+# A cohort drawn into k folds: its compression-only hold-out (split `compress`) is what
+# calibration reads and is never extracted; one MIL job per (variant, task, head, fold)
+# trains every seed of that fold. Run folders: pathtwt.mil.layout.run_dir.
+
+from pathtwt.mil import folds as cv_folds
+from pathtwt.mil.layout import run_dir as mil_run_dir
+
+
+def get_draw_args(draw):
+    """`pathtwt labels split` arguments of a cohort's draw_split: folds or fractions."""
+    if draw.get("folds"):
+        args = f"--folds {draw['folds']}"
+        if draw.get("group_column"):
+            args += f" --group-column {draw['group_column']}"
+        if draw.get("holdout"):
+            args += f" --holdout {draw['holdout']}"
+        return args
+    return "--fractions " + " ".join(str(f) for f in config_check.split_fractions(draw))
+
+
+def get_task_folds(task):
+    """The test folds of a task whose cohort is cross-validated, else [None]."""
+    k = config_check.cohort_folds(config, config["tasks"][task]["cohort"])
+    return list(range(k)) if k else [None]
+
+
+def get_compression_slide_ids(task_config):
+    """Slides a task's cohort lends to compression: the compression-only hold-out of a
+    cross-validated cohort, else its training split."""
+    cohort = task_config["cohort"]
+    if config_check.cohort_folds(config, cohort):
+        return get_slide_ids(cohort, cv_folds.HOLDOUT_SPLIT)
+    return get_slide_ids(cohort, task_config["train_split"])
+
+
+def get_extracted_slide_ids(cohort):
+    """Slides whose features are extracted: all but a compression-only hold-out."""
+    held = set(get_slide_ids(cohort, cv_folds.HOLDOUT_SPLIT))
+    return [s for s in get_slide_ids(cohort) if s not in held]
+
+
+def get_head_runs(backbone, variant, task, head):
+    """Run folders of one head: every seed, in every test fold of a cross-validated task."""
+    return [
+        mil_run_dir(backbone, variant, task, head, seed, fold)
+        for fold in get_task_folds(task)
+        for seed in config["mil"]["seeds"]
+    ]
+
+
+def get_fold_arg(wildcards):
+    """`pathtwt train-mil --fold F` of a cross-validation job ("" otherwise)."""
+    return f"--fold {wildcards.fold}" if "fold" in wildcards.keys() else ""
+
+
+def get_mil_out_pattern(wildcards):
+    """The job's run folders as `pathtwt train-mil --out` takes them ({seed} left open)."""
+    fold = wildcards.fold if "fold" in wildcards.keys() else None
+    return mil_run_dir(wildcards.backbone, wildcards.variant, wildcards.task, wildcards.head, "{seed}", fold)
