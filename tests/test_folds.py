@@ -129,6 +129,21 @@ def test_clam_split_files_have_the_same_roles(tmp_path):
     assert sorted(tested) == sorted(table.slide_id[table.fold >= 0])  # each once; the hold-out in none
 
 
+def test_stamp_splits_list_each_fold_s_patients(tmp_path, capsys):
+    labels, groups = [0, 1] * 10, [f"p{i // 2}" for i in range(20)]
+    code, out = split(tmp_path, write_table(tmp_path / "t.csv", labels, groups), "--folds", "4", "--group-column",
+                      "patient", "--holdout", "0.2", "--stamp-splits", str(tmp_path / "splits.json"))
+    assert code == 0 and str(tmp_path / "splits.json") in json.loads(capsys.readouterr().out)["split_files"]
+    table = pd.read_csv(out)
+    splits = json.loads((tmp_path / "splits.json").read_text())["splits"]
+    assert len(splits) == 4
+    for f, entry in enumerate(splits):
+        assert set(entry["test_patients"]) == set(table.patient[table.fold == f])
+        assert set(entry["train_patients"]) == set(table.patient[(table.fold >= 0) & (table.fold != f)])
+    held = set(table.patient[table.fold == cv.HOLDOUT])
+    assert held and not held & {p for e in splits for p in e["train_patients"] + e["test_patients"]}
+
+
 def test_more_folds_than_the_smallest_class_is_refused(tmp_path, capsys):
     code, _ = split(tmp_path, write_table(tmp_path / "t.csv", [0] * 10 + [1] * 3), "--folds", "4")
     err = capsys.readouterr().err.strip()

@@ -112,6 +112,13 @@ def test_pooled_out_of_fold_predictions_test_every_slide_once_and_average_extern
     assert set(pooled) == {"test", "ext"}  # validation is not pooled
     ext = np.mean([runs[f]["ext"]["probs"] for f in range(K)], axis=0)
     assert np.allclose(pooled["ext"]["probs"], ext) and (pooled["ext"]["prediction"] == ext.argmax(1)).all()
+    from pathtwt.mil.summary import summarize_runs
+
+    summary = summarize_runs([run_dir("bb", "uncompressed", "grading", "meanpool", 0, f, str(cohort / "pool"))
+                              for f in range(K)])  # the workflow's summarize_mil
+    entry = summary["summary"]["test"]["qwk_x100"]
+    assert summary["folds"] == list(range(K)) and entry["n_slides"] == len(pooled["test"]["slide_id"])
+    assert entry["n_folds"] == K and entry["ci95"][0] <= entry["mean"] <= entry["ci95"][1]
     runs[1]["test"] = runs[0]["test"]  # two folds claiming the same slides
     with pytest.raises(PathtwtError, match="tested by more than one fold"):
         pool_seed(runs, where="x")

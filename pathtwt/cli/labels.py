@@ -79,6 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     drawn.add_argument("--clam-splits", default=None, metavar="DIR",
                        help="with --folds: also write CLAM's splits_{k}.csv (train,val,test columns) there")
+    drawn.add_argument("--stamp-splits", default=None, metavar="JSON",
+                       help="with --folds: also write STAMP's splits.json (train_patients / test_patients per fold)")
 
     for p in (panda, tcga, c17, c16, drawn):
         p.add_argument("--out", required=True, metavar="CSV", help="label table to write (slide_id,label,split,...)")
@@ -108,7 +110,7 @@ def run_split(args: argparse.Namespace) -> int:
     from pathtwt.mil import label_builders as lb
 
     if args.folds is None:
-        for flag in ("group_column", "clam_splits"):
+        for flag in ("group_column", "clam_splits", "stamp_splits"):
             if getattr(args, flag) is not None:
                 raise ConfigError(f"--{flag.replace('_', '-')} needs --folds K")
         if args.holdout:
@@ -123,9 +125,11 @@ def run_split(args: argparse.Namespace) -> int:
     table = lb.build_fold_split(args.table, args.folds, args.seed, args.label_column, args.group_column, args.holdout)
     lb.write_label_table(table, args.out)
     clam = lb.write_clam_splits(table, args.folds, args.clam_splits) if args.clam_splits else []
+    if args.stamp_splits:
+        clam.append(lb.write_stamp_splits(table, args.folds, args.stamp_splits))
     notes = lb.fold_notes(table, args.folds, args.holdout)
     print(json.dumps({"cohort": args.cohort, "out": str(args.out), "slides": len(table), "folds": args.folds,
-                      "holdout": args.holdout, **notes, "clam_splits": [str(p) for p in clam]}))
+                      "holdout": args.holdout, **notes, "split_files": [str(p) for p in clam]}))
     gaps = notes["not_exactly_stratified"]
     if gaps:
         print(f"pathtwt labels split: groups kept whole, so {len(gaps)} (fold, class) count(s) miss their target by "

@@ -393,6 +393,24 @@ def fold_notes(table: pd.DataFrame, folds: int, holdout: float) -> dict:
     }
 
 
+def write_stamp_splits(table: pd.DataFrame, folds: int, path: str | os.PathLike) -> Path:
+    """STAMP's ``splits.json`` (``{"splits": [{"train_patients": [...], "test_patients":
+    [...]}, ...]}``, one entry per test fold; STAMP's crossval reuses the file it finds in
+    its output folder): the patients are the ``group`` column (each slide its own patient
+    without one); STAMP draws its validation part from the train patients itself, so
+    pathtwt's validation fold counts as training there. Hold-out slides are in none."""
+    import json
+
+    from pathtwt.io.atomic import write_text_atomic
+
+    patient = table["group"] if "group" in table.columns else table["slide_id"]
+    fold = table["fold"].to_numpy()
+    splits = [{"train_patients": sorted(set(patient[(fold >= 0) & (fold != f)])),
+               "test_patients": sorted(set(patient[fold == f]))} for f in range(folds)]
+    write_text_atomic(path, json.dumps({"splits": splits}, indent=1))
+    return Path(path)
+
+
 def write_clam_splits(table: pd.DataFrame, folds: int, folder: str | os.PathLike) -> list[Path]:
     """CLAM's ``splits_{k}.csv`` (an unnamed index column, then ``train``, ``val``,
     ``test`` columns of slide ids, padded with empty cells), one per test fold, with the

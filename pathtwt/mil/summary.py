@@ -34,6 +34,8 @@ def summarize_runs(run_dirs: list[str | os.PathLike]) -> dict:
     kinds = {(r["protocol"], r["aggregator"]) for r in runs}
     if len(kinds) > 1:
         raise ConfigError(f"runs mix protocols/heads {sorted(kinds)}; summarise one protocol and head at a time")
+    if any(r.get("fold") is not None for r in runs):
+        return summarize_folds(runs, run_dirs, *next(iter(kinds)))
     seeds = [r["seed"] for r in runs]
     repeated = sorted({s for s in seeds if seeds.count(s) > 1})
     if repeated:
@@ -72,6 +74,58 @@ def summarize_runs(run_dirs: list[str | os.PathLike]) -> dict:
         "selected_epochs": [r["selected_epoch"] for r in runs],
         "summary": summary,
         "single_class_runs": single_class,
+    }
+
+
+def summarize_folds(runs: list[dict], run_dirs: list, protocol: str, aggregator: str) -> dict:
+    """Cross-validation runs (one per fold and seed): each metric on the pooled out-of-fold
+    predictions (:mod:`pathtwt.mil.oof`), mean ± std over seeds, its bootstrap interval
+    over all pooled slides (by group where the table has groups), and the mean ± std over
+    folds of the folds' own values."""
+    from pathtwt.mil.metrics import slide_metrics
+    from pathtwt.mil.oof import fold_spread, pool_seed
+
+    keys = [(r.get("fold"), r["seed"]) for r in runs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1}, key=str)
+    if repeated or any(f is None for f, _ in keys):
+        raise ConfigError(f"runs {repeated or 'without a fold'}: summarise one cross-validation (one run per fold and seed)")
+    n_classes = next((r.get("n_classes") for r in runs if r.get("n_classes")), None)
+    by_seed: dict[int, dict[int, dict]] = {}
+    for (fold, seed), d in zip(keys, run_dirs):
+        by_seed.setdefault(seed, {})[fold] = read_predictions(d)
+    pooled = {seed: pool_seed(f, where=f"{run_dirs[0]} seed {seed}") for seed, f in sorted(by_seed.items())}
+    cohorts = list(dict.fromkeys(c for p in pooled.values() for c in p))
+    summary: dict[str, dict] = {}
+    for cohort in cohorts:
+        per_seed = [p[cohort] for p in pooled.values() if cohort in p]
+        scored = [slide_metrics(p["label"], p["probs"], int(n_classes)) for p in per_seed]
+        summary[cohort] = {}
+        for metric in SUMMARY_METRICS:
+            values = [v.get(metric) for v in scored]
+            valid = np.array([v for v in values if v is not None], dtype=np.float64)
+            per_fold: dict[int, list] = {}
+            for (fold, _), r in zip(keys, runs):
+                per_fold.setdefault(fold, []).append(r["cohorts"].get(cohort, {}).get(metric))
+            mean, std, k = fold_spread(per_fold)
+            entry = {"mean": float(valid.mean()) if len(valid) else None,
+                     "std": float(valid.std(ddof=1)) if len(valid) > 1 else (0.0 if len(valid) else None),
+                     "n": int(len(valid)), "values": values, "n_slides": int(len(per_seed[0]["label"])),
+                     "fold_mean": None if k == 0 else mean, "fold_std": None if k == 0 else std, "n_folds": k}
+            if metric in BOOTSTRAP_METRICS:
+                lo, hi = pooled_interval(per_seed, metric, int(n_classes))
+                entry["ci95"] = [None if np.isnan(lo) else lo, None if np.isnan(hi) else hi]
+            summary[cohort][metric] = entry
+    return {
+        "protocol": protocol,
+        "aggregator": aggregator,
+        "seeds": sorted(by_seed),
+        "folds": sorted({f for f, _ in keys}),
+        "pooled": "out-of-fold: every slide predicted once by the head of the fold that tested it; external cohorts: "
+                  "the mean of the fold heads' probabilities",
+        "runs": [str(d) for d in run_dirs],
+        "selected_epochs": [r["selected_epoch"] for r in runs],
+        "summary": summary,
+        "single_class_runs": {},
     }
 
 
