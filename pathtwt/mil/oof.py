@@ -59,6 +59,16 @@ def pool_seed(fold_predictions: dict[int, dict[str, dict[str, np.ndarray]]], whe
     return out
 
 
+def mean_std(values: list[float]) -> tuple[float, float, int]:
+    """(mean, sample standard deviation (0 for one value), n); NaNs for no value."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan, 0
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return mean, std, n
+
+
 def fold_spread(values: dict[int, list[float | None]]) -> tuple[float, float, int]:
     """(mean, sample std, K) over folds of ``{fold: [value of each seed]}``, each fold the
     mean of its seeds; undefined values are left out."""
@@ -67,9 +77,4 @@ def fold_spread(values: dict[int, list[float | None]]) -> tuple[float, float, in
         vals = [v for v in values[f] if v is not None and not math.isnan(v)]
         if vals:
             per_fold.append(sum(vals) / len(vals))
-    k = len(per_fold)
-    if k == 0:
-        return math.nan, math.nan, 0
-    mean = sum(per_fold) / k
-    std = math.sqrt(sum((v - mean) ** 2 for v in per_fold) / (k - 1)) if k > 1 else 0.0
-    return mean, std, k
+    return mean_std(per_fold)

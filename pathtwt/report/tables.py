@@ -179,13 +179,10 @@ def teacher_weights(results: Path, backbone: str) -> tuple[str | None, str]:
 
 
 def _mean_std(values: list[float]) -> tuple[float, float, int]:
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan, 0
-    mean = sum(values) / n
-    # sample standard deviation over seeds (0 for a single seed)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return mean, std, n
+    """Mean and sample standard deviation over seeds (0 for a single seed)."""
+    from pathtwt.mil.oof import mean_std
+
+    return mean_std(values)
 
 
 def role_of(variant: str, cost: Cost) -> str:

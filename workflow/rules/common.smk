@@ -37,6 +37,7 @@ except ConfigError as exc:
 GPU_RULE_DEVICES = {
     "discover": "compress", "compress": "compress", "analyze_norms": "compress", "analyze_intrinsic_dim": "compress",
     "analyze_stability": "compress", "extract": "extract", "probe": "extract", "train_mil": "mil",
+    "train_mil_fold": "mil",
 }
 
 
