@@ -640,6 +640,13 @@ def get_extracted_slide_ids(cohort):
     return [s for s in get_slide_ids(cohort) if s not in held]
 
 
+def get_mil_job_files(name, fold=False):
+    """Output patterns of a MIL job: file `name` of every seed's run folder (of the
+    job's test fold with `fold`)."""
+    folder = mil_run_dir("{backbone}", "{variant}", "{task}", "{head}", "{seed}", "{fold}" if fold else None)
+    return [os.path.join(folder.replace("{seed}", str(seed)), name) for seed in config["mil"]["seeds"]]
+
+
 def get_head_runs(backbone, variant, task, head):
     """Run folders of one head: every seed, in every test fold of a cross-validated task."""
     return [

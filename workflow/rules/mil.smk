@@ -10,8 +10,8 @@ rule train_mil:
     input:
         get_mil_inputs,
     output:
-        metrics=expand(mil_run_dir("{{backbone}}", "{{variant}}", "{{task}}", "{{head}}", "{seed}") + "/metrics.json", seed=config["mil"]["seeds"]),
-        predictions=expand(mil_run_dir("{{backbone}}", "{{variant}}", "{{task}}", "{{head}}", "{seed}") + "/predictions.csv", seed=config["mil"]["seeds"]),
+        metrics=get_mil_job_files("metrics.json"),
+        predictions=get_mil_job_files("predictions.csv"),
     params:
         cohort=lambda wc: config["tasks"][wc.task]["cohort"],
         protocol=lambda wc: config["tasks"][wc.task]["protocol"],
@@ -46,8 +46,8 @@ rule train_mil:
 
 use rule train_mil as train_mil_fold with:
     output:
-        metrics=expand(mil_run_dir("{{backbone}}", "{{variant}}", "{{task}}", "{{head}}", "{seed}", "{{fold}}") + "/metrics.json", seed=config["mil"]["seeds"]),
-        predictions=expand(mil_run_dir("{{backbone}}", "{{variant}}", "{{task}}", "{{head}}", "{seed}", "{{fold}}") + "/predictions.csv", seed=config["mil"]["seeds"]),
+        metrics=get_mil_job_files("metrics.json", fold=True),
+        predictions=get_mil_job_files("predictions.csv", fold=True),
     log:
         "logs/mil/{backbone}/{variant}/{task}/{head}/fold{fold}.log",
 
