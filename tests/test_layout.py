@@ -72,6 +72,8 @@ FORBIDDEN = [
     ("models", ("compress", "mil", "analysis", "cli", "wsi")),
     ("io", ("compress", "mil", "analysis", "cli", "models", "wsi")),
     ("mil", ("models", "compress", "analysis", "cli")),
+    # using a trained head on a slide: heads (mil), files (io) and slides (wsi) only
+    ("explain", ("compress", "cli", "analysis", "models")),
 ]
 
 

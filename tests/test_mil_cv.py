@@ -82,10 +82,14 @@ def test_meanpool_chooses_c_on_validation_and_its_checkpoint_reproduces_the_pred
     data = prepare_data(features_dir=cohort / "main" / "features", labels=cohort / "labels.csv", fold=0)
     test = data.cohort("test")
     saved = pd.read_csv(f"{run}/predictions.csv").query("cohort == 'test'").set_index("slide_id")
-    probs = predict(state, bag_means(test))
+    probs = predict(state["model"], state["n_classes"], bag_means(test))
     assert np.allclose(probs, saved.loc[[b.slide_id for b in test.bags], ["prob_0", "prob_1", "prob_2"]].to_numpy(),
                        atol=1e-5)
-    assert isinstance(state["coef"], torch.Tensor)  # loads with weights_only
+    assert isinstance(state["model"]["coef"], torch.Tensor)  # loads with weights_only
+    from pathtwt.explain.runs import load_head
+
+    head = load_head(run)  # `pathtwt predict` reads it, and knows it cannot draw attention from it
+    assert head.aggregator == "meanpool" and head.model is None
 
 
 def test_a_fold_column_that_skips_a_fold_is_refused(cohort, tmp_path):

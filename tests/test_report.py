@@ -15,7 +15,7 @@ import pytest
 
 from pathtwt.cli import main
 from pathtwt.io.atomic import write_json_atomic
-from pathtwt.report.html import attention_grid
+from pathtwt.explain.grid import attention_grid
 
 # (variant, head) -> internal-test QWK per seed, external QWK per seed
 QWK = {

@@ -26,6 +26,8 @@ COMMANDS: dict[str, str] = {
     "analyze": "analyze",
     "probe": "probe",
     "report": "report",
+    "predict": "predict",
+    "heatmap": "heatmap",
     "check-config": "check_config",
 }
 
@@ -44,6 +46,8 @@ SUMMARIES: dict[str, str] = {
     "analyze": "norm growth, eps sensitivity, intrinsic dimension and stability analyses",
     "probe": "logistic-regression and kNN probes of a backbone's tile embeddings on labelled tiles",
     "report": "build the results tables and HTML report",
+    "predict": "class probabilities of new slides with a backbone variant and trained MIL heads, to CSV",
+    "heatmap": "attention heatmap, top/bottom tiles and QuPath GeoJSON of a slide under a trained MIL head",
     "check-config": "validate a workflow config and its label tables before any job runs",
 }
 

@@ -40,10 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--batch-size", type=int, default=FORWARD_BATCH_SIZE, help="tiles per forward pass")
     add_device_argument(parser)
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
-                        help="auto: bf16 autocast over fp32 weights where the device has native bf16, kept "
-                        "only if the run's first 8 tiles agree with fp32 (cosine >= 0.999, else fp32; see the features "
-                        "files' precision_check), otherwise the backbone's default; bf16/fp16: weights cast")
+    add_precision_argument(parser)
     add_workers_argument(parser, "tile-reading processes")
     add_threads_argument(parser)
     parser.add_argument("--skip-existing", action="store_true", help="leave features files that already exist")
@@ -62,10 +59,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_progress_argument(parser)
 
 
+def add_precision_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                        help="auto: bf16 autocast over fp32 weights where the device has native bf16, kept "
+                        "only if the run's first 8 tiles agree with fp32 (cosine >= 0.999, else fp32; see the features "
+                        "files' precision_check), otherwise the backbone's default; bf16/fp16: weights cast")
+
+
+def load_backbone(args: argparse.Namespace, device):
+    """(backbone, bf16 autocast?) as --precision asks; shared with `pathtwt predict`, so a
+    slide embedded there gets the features `pathtwt extract` would write."""
+    from pathtwt.devices import native_bf16
+    from pathtwt.models.registry import create_backbone
+
+    autocast = args.precision == "auto" and native_bf16(device)
+    backbone = create_backbone(
+        args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,
+        precision="fp32" if autocast else args.precision, **normalisation(args)
+    )
+    return backbone, autocast
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from pathtwt.models.registry import create_backbone
     from pathtwt.devices import resolve_device
     from pathtwt.errors import PathtwtError
     from pathtwt.features.extract import extract_many, jobs_from_lists, read_manifest
@@ -85,14 +102,8 @@ def run(args: argparse.Namespace) -> int:
         raise PathtwtError(f"--workers must be >= 0 (0 reads tiles in the main process), got {args.workers}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from pathtwt.devices import native_bf16
-
     device = resolve_device(args.device)
-    autocast = args.precision == "auto" and native_bf16(device)
-    backbone = create_backbone(
-        args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,
-        precision="fp32" if autocast else args.precision, **normalisation(args)
-    )
+    backbone, autocast = load_backbone(args, device)
     summaries = extract_many(
         jobs, backbone, batch_size=args.batch_size, workers=args.workers,
         progress=show_progress(args), skip_existing=args.skip_existing, failures=args.failures,

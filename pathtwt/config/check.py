@@ -448,8 +448,24 @@ def check_config(config: Mapping[str, Any], *, source: str, require_slides: bool
         if require_slides:
             paths = check_slides_on_disk(config, cohort, tables[cohort])
             check_pixel_sizes(config, cohort, paths)
+            check_roi_folder(config, cohort, paths)
     check_training_classes(config, tables, source=source)
     return tables
+
+
+def check_roi_folder(config: Mapping[str, Any], cohort: str, paths: Mapping[str, Path]) -> None:
+    """A cohort's `roi` folder exists and each GeoJSON in it is named after a slide of the
+    cohort (a misnamed file would leave its slide tiled whole without a word)."""
+    folder = config["cohorts"][cohort].get("roi")
+    if not folder:
+        return
+    target = resolve(config, folder)
+    if not target.is_dir():
+        raise ConfigError(f"{target}: cohorts.{cohort}.roi is not a folder; give the folder of <slide_id>.geojson files")
+    strays = sorted(p.name for p in target.glob("*.geojson") if p.stem not in paths)
+    if strays:
+        raise ConfigError(f"{target}: GeoJSON file(s) named after no slide of cohorts.{cohort}: {_listing(strays)}; "
+                          "name each <slide_id>.geojson")
 
 
 def check_training_classes(config: Mapping[str, Any], tables: Mapping[str, LabelTable], *, source: str) -> None:

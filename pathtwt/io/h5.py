@@ -100,9 +100,12 @@ def write_coords(
     coords: np.ndarray,
     tissue_fraction: np.ndarray,
     attrs: Mapping[str, Any],
+    texts: Mapping[str, str] | None = None,
 ) -> None:
     """Write a coords file atomically. ``attrs`` must hold every key of COORDS_ATTRS; they
-    are written on the root and (for TRIDENT and CLAM) on the ``coords`` dataset."""
+    are written on the root and (for TRIDENT and CLAM) on the ``coords`` dataset.
+    ``texts``: extra string datasets (e.g. ``roi``, the GeoJSON of the regions that chose
+    the tiles, which can outgrow an HDF5 attribute)."""
     missing = [k for k in COORDS_ATTRS if k not in attrs]
     if missing:
         raise ValueError(f"coords attrs missing {missing}")
@@ -115,6 +118,8 @@ def write_coords(
         with h5py.File(tmp, "w") as h5:
             dataset = h5.create_dataset("coords", data=coords)
             h5.create_dataset("tissue_fraction", data=tissue_fraction)
+            for name, text in (texts or {}).items():
+                h5.create_dataset(name, data=text, dtype=h5py.string_dtype())
             _set_attrs(h5, attrs)
             _set_attrs(dataset, attrs)
 

@@ -152,6 +152,26 @@ def inspect_bags(
     return bags, dim
 
 
+# the features-file attrs a trained head records: what it can be applied to (the backbone
+# variant and embedding) and the tile geometry a new slide should be tiled with
+PROVENANCE_ATTRS = (
+    "backbone", "base_backbone", "weights_sha256", "weights_source", "embedding_recipe", "embedding_dim",
+    "target_mpp", "patch_size", "input_size",
+)
+
+
+def features_provenance(path: str | os.PathLike) -> dict:
+    """The :data:`PROVENANCE_ATTRS` of one features file (those it has)."""
+    with h5py.File(path, "r") as h5:
+        out = {}
+        for key in PROVENANCE_ATTRS:
+            if key in h5.attrs:
+                value = h5.attrs[key]
+                value = value.decode() if isinstance(value, bytes) else value.item() if isinstance(value, np.generic) else value
+                out[key] = value
+        return out
+
+
 def _all_finite(dataset: h5py.Dataset) -> bool:
     for start in range(0, dataset.shape[0], SCAN_ROWS):
         if not np.isfinite(dataset[start : start + SCAN_ROWS]).all():

@@ -5,9 +5,9 @@ on the validation slides (by the protocol's selection metric; ties go to the sma
 the stronger regularisation). It is the slide-level linear probe of the field's
 benchmarks and the floor an attention head should beat; it trains in seconds.
 
-The fitted head is saved as tensors (standardisation, coefficients, intercepts, the
-classes seen in training) so it loads with ``torch.load(weights_only=True)`` like the
-attention heads' checkpoints; :func:`predict` applies it.
+The fitted head is saved like an attention head's checkpoint, its ``model`` entry a dict
+of tensors (standardisation, coefficients, intercepts, the classes seen in training), so
+it loads with ``torch.load(weights_only=True)``; :func:`predict` applies it.
 """
 
 from __future__ import annotations
@@ -27,18 +27,17 @@ def bag_means(cohort: Cohort) -> np.ndarray:
     return np.stack([load_bag(b)[0].astype(np.float64).mean(axis=0) for b in cohort.bags])
 
 
-def predict(state: dict, means: np.ndarray) -> np.ndarray:
-    """(n, n_classes) class probabilities of slides' mean embeddings under a fitted head;
-    classes absent from training get probability 0."""
-    as_np = {k: (v.numpy() if hasattr(v, "numpy") else np.asarray(v)) for k, v in state.items() if k in
-             ("mean", "scale", "coef", "intercept", "classes")}
+def predict(model: dict, n_classes: int, means: np.ndarray) -> np.ndarray:
+    """(n, n_classes) class probabilities of slides' mean embeddings under a fitted head
+    (a checkpoint's ``model``); classes absent from training get probability 0."""
+    as_np = {k: (v.numpy() if hasattr(v, "numpy") else np.asarray(v)) for k, v in model.items()}
     x = (means - as_np["mean"]) / as_np["scale"]
     logits = x @ as_np["coef"].T + as_np["intercept"]
     classes = as_np["classes"].astype(np.int64)
     logits = logits - logits.max(axis=1, keepdims=True)
     p = np.exp(logits)
     p /= p.sum(axis=1, keepdims=True)
-    out = np.zeros((len(means), int(state["n_classes"])))
+    out = np.zeros((len(means), int(n_classes)))
     out[:, classes] = p
     return out
 
@@ -64,11 +63,11 @@ def fit_meanpool(data: MILData, config: MILConfig) -> tuple[dict, dict, dict[str
         coef, intercept = model.coef_, model.intercept_
         if len(model.classes_) == 2:  # one logit row for the second class -> two rows
             coef, intercept = np.vstack([np.zeros_like(coef), coef]), np.concatenate([[0.0], intercept])
-        state = {"aggregator": "meanpool", "n_classes": data.n_classes, "in_dim": data.dim, "C": c,
-                 "mean": torch.from_numpy(mean), "scale": torch.from_numpy(scale), "coef": torch.from_numpy(coef),
-                 "intercept": torch.from_numpy(np.asarray(intercept, dtype=np.float64)),
-                 "classes": torch.from_numpy(model.classes_.astype(np.int64))}
-        metrics = slide_metrics(val.labels, predict(state, means[val.name]), data.n_classes)
+        head = {"mean": torch.from_numpy(mean), "scale": torch.from_numpy(scale), "coef": torch.from_numpy(coef),
+                "intercept": torch.from_numpy(np.asarray(intercept, dtype=np.float64)),
+                "classes": torch.from_numpy(model.classes_.astype(np.int64))}
+        state = {"model": head, "aggregator": "meanpool", "n_classes": data.n_classes, "in_dim": data.dim, "C": c}
+        metrics = slide_metrics(val.labels, predict(head, data.n_classes, means[val.name]), data.n_classes)
         history.append({"epoch": i + 1, "C": c, "val": metrics})
         fitted.append(state)
     from pathtwt.mil.selection import select_epoch
@@ -79,7 +78,7 @@ def fit_meanpool(data: MILData, config: MILConfig) -> tuple[dict, dict, dict[str
     if fallback:  # the validation metric undefined for every C: the middle of the grid
         best = len(C_GRID) // 2
     state = fitted[best]
-    probs = {name: predict(state, m) for name, m in means.items()}
+    probs = {name: predict(state["model"], data.n_classes, m) for name, m in means.items()}
     summary = {"selected_epoch": best + 1, "selected_C": C_GRID[best], "selection_fallback_to_last": fallback,
                "history": history}
     return state, summary, probs

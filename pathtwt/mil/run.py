@@ -26,7 +26,7 @@ import torch
 
 from pathtwt import __version__
 from pathtwt.io.atomic import atomic_output, write_json_atomic
-from pathtwt.mil.data import MILData
+from pathtwt.mil.data import MILData, features_provenance
 from pathtwt.mil.protocols import MILConfig
 from pathtwt.mil.train import RESUME_FILE, Evaluation, evaluate, fit
 
@@ -46,6 +46,8 @@ def run_mil(
 ) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # what the head was trained on, so `pathtwt predict` can refuse another backbone or embedding
+    provenance = features_provenance(data.train.bags[0].path) if data.train.bags else {}
     if config.aggregator == "meanpool":
         from pathtwt.mil.meanpool import fit_meanpool
         from pathtwt.mil.metrics import slide_metrics
@@ -65,6 +67,7 @@ def run_mil(
             "config": config.to_dict(),
             "selected_epoch": summary["selected_epoch"],
         }
+    checkpoint["features"] = provenance
     if data.fold is not None:
         checkpoint["fold"] = data.fold
     with atomic_output(out_dir / "checkpoint.pt") as tmp:
@@ -81,6 +84,7 @@ def run_mil(
         "fold": data.fold,
         "n_classes": data.n_classes,
         "feature_dim": data.dim,
+        "features": provenance,
         "selected_epoch": summary["selected_epoch"],
         "selection": {
             "rule": config.selection if config.aggregator != "meanpool" else "best C",

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from pathtwt.explain.grid import attention_grid, grid_pitch, scale_scores
 from pathtwt.io.atomic import atomic_output
 
 THUMBNAILS_PER_COHORT = 3
@@ -67,29 +68,6 @@ def analysis_figures(results: Path, out: Path) -> list[tuple[str, str]]:
         name = "analysis_" + "_".join(rel.parts)
         figs.append((_copy_figure(png, out, name), sidecar_caption(png, str(rel))))
     return figs
-
-
-def grid_pitch(coords: np.ndarray) -> int:
-    """The tile pitch: the smallest gap between distinct coordinates (1 for a single tile)."""
-    coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
-    pitch = 1
-    for axis in (0, 1):
-        gaps = np.diff(np.unique(coords[:, axis]))
-        gaps = gaps[gaps > 0]
-        if gaps.size:
-            pitch = max(pitch, int(gaps.min()))
-    return pitch
-
-
-def attention_grid(coords: np.ndarray, scores: np.ndarray, pitch: int | None = None) -> np.ndarray:
-    """Per-tile scores on the tile grid (NaN where no tile), one cell per ``pitch``
-    (default :func:`grid_pitch`) from the smallest coordinate."""
-    coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
-    pitch = grid_pitch(coords) if pitch is None else pitch
-    cells = (coords - coords.min(axis=0)) // pitch
-    grid = np.full((int(cells[:, 1].max()) + 1, int(cells[:, 0].max()) + 1), np.nan, dtype=np.float32)
-    grid[cells[:, 1], cells[:, 0]] = scores
-    return grid
 
 
 def _slide_background(results: Path, slide: str) -> tuple[np.ndarray, float, float] | None:
@@ -179,7 +157,7 @@ def attention_figures(results: Path, out: Path, task: str, rows: list, n_slides:
                     if len(scores) == 0:
                         continue
                     pitch = grid_pitch(coords)
-                    grid = attention_grid(coords, scores / max(float(scores.max()), 1e-12), pitch)
+                    grid = attention_grid(coords, scale_scores(scores, "max"), pitch)
                     x0, y0 = (int(v) for v in np.asarray(coords).min(axis=0))
                     if background is not None:
                         image, sx, sy = background
@@ -207,6 +185,38 @@ def attention_figures(results: Path, out: Path, task: str, rows: list, n_slides:
                 + ("over the slide's tiling thumbnail." if background is not None else "one square per tile (no thumbnail)."),
             ))
     return figs
+
+
+HEATMAP_OUTPUTS = (("heatmap", ".heatmap.png"), ("top/bottom tiles", ".top_tiles.png"), ("QuPath GeoJSON", ".geojson"))
+
+
+def heatmaps_html(results: Path, out: Path) -> str:
+    """A table linking the heatmaps `pathtwt heatmap` drew for the report (workflow
+    `report: {heatmaps: N}`): results/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/,
+    copied under figures/heatmaps/ so the report folder stands alone."""
+    root = results / "heatmaps"
+    pngs = [p for p in sorted(root.glob("*/*/*/*/*/*.heatmap.png")) if not p.name.startswith(".")]
+    if not pngs:
+        return ""
+    body = []
+    for png in pngs:
+        rel = png.relative_to(root)
+        backbone, variant, task, head, cohort = rel.parts[:5]
+        slide = png.name[: -len(".heatmap.png")]
+        links = []
+        for label, suffix in HEATMAP_OUTPUTS:
+            src = png.with_name(slide + suffix)
+            if src.is_file():
+                dest = Path("heatmaps", *rel.parts[:5], src.name)
+                href = _copy_figure(src, out, str(dest))
+                links.append(f'<a href="{html.escape(href)}">{html.escape(label)}</a>')
+        body.append([html.escape(x) for x in (task, cohort, slide, f"{backbone} / {variant}", head)] + [" | ".join(links)])
+    head_row = "".join(f"<th>{h}</th>" for h in ("task", "cohort", "slide", "variant", "head", "files"))
+    rows = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in body)
+    return ("<h2>Attention heatmaps</h2><p class='note'>Test slides (the first by slide id of each reported cohort) "
+            "drawn by <code>pathtwt heatmap</code> with each variant's head (lowest seed): attention over the slide, "
+            "the tiles of highest and lowest attention, and the tiles with their attention as QuPath objects.</p>"
+            f"<div class='scroll'><table><thead><tr>{head_row}</tr></thead><tbody>{rows}</tbody></table></div>")
 
 
 def _table_html(header: list[str], body: list[list[str]], css: str = "", references: set[int] = frozenset(),
@@ -294,6 +304,7 @@ def render_html(
         parts += [f"<p class='note'>{html.escape(n)}</p>" for n in t["notes"]]
     parts.append(_figures_html("Layer similarity and discovered blocks", similarity_figures(results, out)))
     parts.append(_figures_html("MIL attention", attention, wide=True))
+    parts.append(heatmaps_html(results, out))
     parts.append(_figures_html("Tissue detection", thumbnail_figures(results, out)))
     parts.append(_figures_html("Analyses", analysis_figures(results, out)))
     parts.append("</body></html>\n")

@@ -1,7 +1,7 @@
 """A thumbnail PNG for checking tiling at a glance: the mask-level image with the
 tissue outline (bright green on a black halo, a few pixels wide, so it stays visible on
 pale tissue and when the image is shown shrunk in the report) and the kept tiles (blue)
-drawn on it."""
+drawn on it, and the regions of a ``--roi`` (include orange, excluded red)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from pathtwt.wsi.tiling import Tiling
 TISSUE_COLOUR = (0, 255, 60)  # RGB
 TILE_COLOUR = (0, 60, 255)
 HALO_COLOUR = (0, 0, 0)
+ROI_COLOUR = (255, 150, 0)  # the include areas of a --roi
+EXCLUDED_COLOUR = (220, 0, 0)  # its excluded areas
 
 
 def outline_width(image_shape: tuple[int, ...]) -> int:
@@ -24,9 +26,10 @@ def outline_width(image_shape: tuple[int, ...]) -> int:
     return max(2, round(max(image_shape[:2]) / 300))
 
 
-def render_thumbnail(tiling: Tiling, min_side: int = 1024, max_side: int = 2048) -> np.ndarray:
+def render_thumbnail(tiling: Tiling, min_side: int = 1024, max_side: int = 2048, regions=()) -> np.ndarray:
     """RGB uint8 image: the mask-level image, shrunk to at most ``max_side`` pixels, or
-    enlarged by a whole factor towards ``min_side`` so tile outlines stay visible."""
+    enlarged by a whole factor towards ``min_side`` so tile outlines stay visible; with
+    ``regions`` (:class:`pathtwt.wsi.roi.Region`), the ROI outlines too."""
     mask = tiling.tissue
     image = mask.image
     outline = mask.mask.astype(np.uint8)
@@ -49,11 +52,14 @@ def render_thumbnail(tiling: Tiling, min_side: int = 1024, max_side: int = 2048)
     width = outline_width(image.shape)
     cv2.drawContours(image, contours, -1, HALO_COLOUR, width + 2)
     cv2.drawContours(image, contours, -1, TISSUE_COLOUR, width)
+    for region in regions:
+        rings = [np.round(ring * (sx, sy)).astype(np.int32).reshape(-1, 1, 2) for ring in region.rings]
+        cv2.polylines(image, rings, True, EXCLUDED_COLOUR if region.excluded else ROI_COLOUR, width)
     return image
 
 
-def write_thumbnail(path: str | os.PathLike, tiling: Tiling) -> None:
-    image = render_thumbnail(tiling)
+def write_thumbnail(path: str | os.PathLike, tiling: Tiling, regions=()) -> None:
+    image = render_thumbnail(tiling, regions=regions)
     ok, png = cv2.imencode(".png", cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
     if not ok:
         raise OSError(f"PNG encoding failed for {path}")

@@ -656,6 +656,17 @@ def get_head_runs(backbone, variant, task, head):
     ]
 
 
+def get_test_slide_ids(task):
+    """The internal test slides of a task: its cohort's test split, or the first test fold
+    of a cross-validated cohort."""
+    t = config["tasks"][task]
+    fold = get_task_folds(task)[0]
+    if fold is None:
+        return get_slide_ids(t["cohort"], t["test_split"])
+    table = _cohort_table(t["cohort"])
+    return [s for s, f in zip(table.slide_ids, table.folds) if f == fold]
+
+
 def get_fold_arg(wildcards):
     """`pathtwt train-mil --fold F` of a cross-validation job ("" otherwise)."""
     return f"--fold {wildcards.fold}" if "fold" in wildcards.keys() else ""
@@ -665,3 +676,47 @@ def get_mil_out_pattern(wildcards):
     """The job's run folders as `pathtwt train-mil --out` takes them ({seed} left open)."""
     fold = wildcards.fold if "fold" in wildcards.keys() else None
     return mil_run_dir(wildcards.backbone, wildcards.variant, wildcards.task, wildcards.head, "{seed}", fold)
+
+
+# ---- QuPath regions and heatmaps ------------------------------------------------------
+
+
+def get_roi(wildcards):
+    """The slide's GeoJSON in its cohort's `roi` folder, as a list ([] when none)."""
+    folder = config["cohorts"][wildcards.cohort].get("roi")
+    path = config_check.resolve(config, folder) / f"{wildcards.slide}.geojson" if folder else None
+    return [str(path)] if path is not None and path.is_file() else []
+
+
+# heads with per-tile attention (a mean-pooling head has no heatmap)
+HEATMAP_HEADS = ("abmil", "transmil")
+
+
+def get_heatmap_slides(task):
+    """(cohort, slide): the first `report.heatmaps` test slides by id of each reported cohort."""
+    n, pairs = config["report"]["heatmaps"], []
+    for i, cohort in enumerate(get_task_cohorts(task)):
+        # the training cohort's test split (of a cross-validated cohort: the first test fold,
+        # which get_heatmap_run's head tested); an external cohort is tested whole
+        ids = get_slide_ids(cohort) if i else get_test_slide_ids(task)
+        pairs += [(cohort, s) for s in sorted(ids)[:n]]
+    return pairs
+
+
+def get_heatmap_run(wildcards):
+    """The run folder a report heatmap uses: the head's lowest seed (in the first test fold
+    of a cross-validated task)."""
+    return mil_run_dir(wildcards.backbone, wildcards.variant, wildcards.task, wildcards.head, min(config["mil"]["seeds"]),
+                       get_task_folds(wildcards.task)[0])
+
+
+def get_heatmaps():
+    return [
+        f"results/heatmaps/{b}/{v}/{task}/{head}/{cohort}/{slide}.heatmap.png"
+        for b in get_backbones()
+        for v in get_variants(b)
+        for task in config["tasks"]
+        for head in config["mil"]["heads"]
+        if head in HEATMAP_HEADS and config["report"]["heatmaps"] > 0
+        for cohort, slide in get_heatmap_slides(task)
+    ]

@@ -9,6 +9,7 @@ rule report:
         plans=expand("results/discovery/{backbone}/plan.json", backbone=get_discovered_backbones()),
         analyses=get_analysis_targets(),
         probes=get_probe_targets(),
+        heatmaps=get_heatmaps(),
     output:
         html=report(
             "results/report/index.html",
@@ -31,3 +32,34 @@ rule report:
     shell:
         "pathtwt report --results results --out results/report {params.metrics}"
         " --attention-slides {params.attention} > {log} 2>&1"
+
+
+rule heatmap:
+    """A head's attention over one test slide (report: {heatmaps: N}), with its top/bottom
+    tiles and QuPath GeoJSON; the lowest seed's run."""
+    input:
+        slide=get_slide,
+        coords="results/tiles/{cohort}/{slide}.h5",
+        features=lambda wc: get_features(wc.backbone, wc.variant, wc.cohort),
+        run=lambda wc: f"{get_heatmap_run(wc)}/metrics.json",
+    output:
+        png="results/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.heatmap.png",
+        tiles="results/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.top_tiles.png",
+        geojson="results/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.geojson",
+    params:
+        run=get_heatmap_run,
+        mpp=config["report"]["heatmap_mpp"],
+    log:
+        "logs/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.log",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=15,
+    conda:
+        CONDA_ENV
+    shell:
+        "pathtwt heatmap {input.slide} --coords {input.coords}"
+        " --features results/features/{wildcards.backbone}/{wildcards.variant}/{wildcards.cohort}/{wildcards.slide}.h5"
+        " --run {params.run} --out results/heatmaps/{wildcards.backbone}/{wildcards.variant}/{wildcards.task}/{wildcards.head}/{wildcards.cohort}"
+        " --slide-id {wildcards.slide} --mpp {params.mpp}"
+        " > {log} 2>&1"

@@ -10,6 +10,7 @@
 rule tile:
     input:
         slide=get_slide,
+        roi=get_roi,
     output:
         coords="results/tiles/{cohort}/{slide}.h5",
         thumbnail=report(
@@ -26,6 +27,7 @@ rule tile:
         min_tissue=lambda wc: get_tiling(wc.cohort)["min_tissue"],
         slide_mpp=get_mpp_fallback_arg,
         modality=get_modality_args,
+        roi=lambda wc, input: f"--roi {input.roi}" if input.roi else "",
     log:
         "logs/tile/{cohort}/{slide}.log",
     # upstream of the longest chain (calibrate -> discover -> compress -> ...): first
@@ -44,7 +46,7 @@ rule tile:
     shell:
         "pathtwt tile {input.slide} --out {output.coords} --thumbnail {output.thumbnail}"
         " --mpp {params.mpp} --tile-size {params.tile_size} --tissue {params.tissue}"
-        " --min-tissue {params.min_tissue} {params.slide_mpp} {params.modality} > {log} 2>&1"
+        " --min-tissue {params.min_tissue} {params.slide_mpp} {params.modality} {params.roi} > {log} 2>&1"
 
 
 rule labels:
