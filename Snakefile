@@ -3,7 +3,7 @@
 # get_* helpers live in workflow/rules/, every step is a `pathtwt` subcommand.
 from snakemake.utils import min_version
 
-min_version("8.0")
+min_version("9.0")  # the tested major (pyproject.toml, workflow/rules/snakemake_internals.smk)
 
 
 # The demo config is the default. A study config given with --configfile replaces it

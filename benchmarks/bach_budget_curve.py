@@ -227,7 +227,7 @@ def build_student(method: str, teacher, data: Data, seed: int, depth: int = 6):
 
         # discovery on 64 training tiles; the auditions choose on the validation images
         calib = CalibrationSet(fit=data.training(64, seed), select=data.val_middle, report=data.val_middle[:0], patch_size=TILE)
-        opts = CompressOptions(out=Path("."), depth=depth, audition_steps=0, batch_size=16, seed=seed, device="cpu")
+        opts = CompressOptions.from_flat(out=Path("."), depth=depth, audition_steps=0, batch_size=16, seed=seed, device="cpu")
         plan = resolve_plan(teacher, calib, opts)
         student, _ = build_twt_student(teacher, calib, plan, opts)
         print(f"twt plan {plan['blocks']}", flush=True)

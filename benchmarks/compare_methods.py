@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ramp = None if args.schedule is None else args.schedule == "on"
 
     def options(method: str, depth: int, out: str | None = None, **kw) -> CompressOptions:
-        return CompressOptions(schedule=ramp, layer_scale=ramp, out=work / (out or f"{method}-{depth}"), depth=depth,
+        return CompressOptions.from_flat(schedule=ramp, layer_scale=ramp, out=work / (out or f"{method}-{depth}"), depth=depth,
                                steps=args.steps, batch_size=args.batch_size, audition_steps=args.audition_steps,
                                augment=False, seed=args.seed, progress=args.progress, **kw)
 

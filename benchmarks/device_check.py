@@ -486,7 +486,7 @@ def measure_distill(run: Run) -> None:
                     student = stitch_student(teacher.model, clone_layers(teacher.model, [e - 1 for e in ends]),
                                              spec=teacher.spec)
                     opts = DistillOptions(steps=steps, batch_size=s.distill_batch, precision="bf16", device=s.device,
-                                          workers=workers, augment=augment, progress=False, seed=0,
+                                          workers=workers, augment=augment, progress=False, seed=0, loss_norm="none",
                                           cache_limit_bytes=0)  # the teacher runs every step, as with augmentation
                     run.sync()
                     t0 = time.perf_counter()

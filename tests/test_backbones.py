@@ -12,7 +12,8 @@ from hf_layouts import published_layout
 from safetensors.torch import save_file
 
 from pathtwt.models import registry as backbones
-from pathtwt.models.registry import (BACKBONES, build_timm_model, create_backbone, get_spec, variant_depth,
+from pathtwt.models.encoders import BACKBONES
+from pathtwt.models.registry import (build_timm_model, create_backbone, get_spec, variant_depth,
                                      variant_metadata)
 from pathtwt.models.flops import meta_model
 from pathtwt.models.embedding import pool_tokens

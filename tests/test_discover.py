@@ -67,7 +67,11 @@ def test_streamed_similarity_equals_direct_computation(tiny, tiles, tokens):
     assert S[0, L - 1] > S[0, 1] > 0.0  # far layers differ more than neighbours here
 
 
-def test_discover_cli_end_to_end(tmp_path, shared_tiles):
+def test_discover_cli_end_to_end(tmp_path, shared_tiles, monkeypatch):
+    from pathtwt.compress import discovery
+
+    real, calls = discovery.discover, []  # the discovery compress runs too (tests/test_pipeline.py)
+    monkeypatch.setattr(discovery, "discover", lambda *a, **k: calls.append(k) or real(*a, **k))
     out = tmp_path / "disc"
     args = ["discover", "--backbone", "vit-s14-tiny", "--random-init", "--calibration",
             str(shared_tiles / "nct-crc-he"), str(shared_tiles / "he-images"), "--n-tiles", "12",
@@ -78,6 +82,7 @@ def test_discover_cli_end_to_end(tmp_path, shared_tiles):
     assert S.shape == (12, 12) and plan["num_layers"] == 12 and plan["tokens"] == "patch-mean"
     assert plan["n_tiles"] == 10  # 12 drawn, 10 % held out, at least one select and one report tile
     assert plan["backbone"] == "vit-s14-tiny" and plan["depth"] == 4 and plan["eps"] is None
+    assert len(calls) == 1 and calls[0]["depth"] == 4 and calls[0]["tokens"] == "patch-mean"
     assert plan["blocks"] == [list(b) for b in partition_exact_k(S, 4).blocks]
     assert plan["blocks"][0][0] == 1 and plan["blocks"][-1][1] == 12 and len(plan["blocks"]) == 4
     counts = [n for _, n in plan["eps_sweep"]]

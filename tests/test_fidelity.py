@@ -104,7 +104,7 @@ def test_fitted_student_beats_random_init_on_real_tiles(shared_tiles, vit_s_weig
 
 
 def _options(tmp_path, depth: int, **extra) -> CompressOptions:
-    return CompressOptions(out=tmp_path, depth=depth, steps=2, batch_size=4, augment=False, progress=False, extra=extra)
+    return CompressOptions.from_flat(out=tmp_path, depth=depth, steps=2, batch_size=4, augment=False, progress=False, extra=extra)
 
 
 def test_subset_search_and_nose_never_read_the_report_split(teacher, tmp_path):

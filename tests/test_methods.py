@@ -162,7 +162,7 @@ def test_tied_blocks_share_one_module_and_count_once(teacher):
 
 
 def _compress(method, teacher, calib, out, **kw):
-    opts = CompressOptions(out=out, steps=2, batch_size=4, progress=False, augment=False, **kw)
+    opts = CompressOptions.from_flat(out=out, steps=2, batch_size=4, progress=False, augment=False, **kw)
     folder = get_method(method)(teacher, calib, opts)
     return folder, json.loads((folder / "model.json").read_text())
 
@@ -331,7 +331,7 @@ def test_nose_choice_does_not_depend_on_the_reported_tiles(teacher):
     from pathtwt.compress.methods.nose import greedy_attention_removal
 
     fit, select = _tiles(4, 11), _tiles(6, 12)
-    opts = CompressOptions(out="unused", batch_size=4, progress=False)
+    opts = CompressOptions.from_flat(out="unused", batch_size=4, progress=False)
     runs = []
     for report_seed in (13, 14):
         calib = CalibrationSet(fit=fit, select=select, report=_tiles(4, report_seed), patch_size=56)

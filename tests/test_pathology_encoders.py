@@ -15,7 +15,8 @@ from hf_layouts import current_layout, published_layout
 
 from pathtwt.errors import WeightsError
 from pathtwt.models.flops import count_macs, count_params, meta_model
-from pathtwt.models.registry import BACKBONES, PATHOLOGY_ENCODERS, create_backbone, get_spec
+from pathtwt.models.encoders import BACKBONES, PATHOLOGY_ENCODERS
+from pathtwt.models.registry import create_backbone, get_spec
 
 NEW = [spec.name for spec in PATHOLOGY_ENCODERS]
 

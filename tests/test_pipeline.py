@@ -52,7 +52,7 @@ def exported(teacher, calib, tmp_path_factory):
     metas = {}
     for method in known_methods():
         kw = SETTINGS[method]
-        options = CompressOptions(out=root / method, epochs=1.0, batch_size=4, progress=False, augment=False, **kw)
+        options = CompressOptions.from_flat(out=root / method, epochs=1.0, batch_size=4, progress=False, augment=False, **kw)
         folder = get_method(method)(teacher, calib, options)
         metas[method] = json.loads((folder / "model.json").read_text())
     return metas
@@ -100,7 +100,7 @@ def test_a_method_cannot_overwrite_a_shared_record(teacher, calib, tmp_path):
     from pathtwt.compress.pipeline import export_variant
     from pathtwt.compress.methods.truncation import truncated_student
 
-    options = CompressOptions(out=tmp_path / "x", steps=1, batch_size=4, progress=False)
+    options = CompressOptions.from_flat(out=tmp_path / "x", steps=1, batch_size=4, progress=False)
     with pytest.raises(ValueError, match="budget"):
         export_variant(truncated_student(teacher, 2), teacher, calib, options, method="truncation", run=None,
                        extra={"budget": {}})
@@ -112,3 +112,15 @@ def test_a_method_cannot_overwrite_a_shared_record(teacher, calib, tmp_path):
 def test_the_calibration_set_is_frozen(calib):
     with pytest.raises(dataclasses.FrozenInstanceError):
         calib.training = None
+
+
+def test_compress_discovers_through_the_one_discovery_function(teacher, calib, tmp_path, monkeypatch):
+    from pathtwt.compress import discovery
+    from pathtwt.compress.pipeline import resolve_plan
+
+    real, calls = discovery.discover, []
+    monkeypatch.setattr(discovery, "discover", lambda *a, **k: calls.append(k) or real(*a, **k))
+    plan = resolve_plan(teacher, calib, CompressOptions.from_flat(out=tmp_path, depth=3, batch_size=4, tokens="cls"))
+    assert len(calls) == 1 and calls[0]["depth"] == 3 and calls[0]["tokens"] == "cls"
+    direct = real(teacher, calib, depth=3, tokens="cls", batch_size=4, device="cpu").plan()
+    assert plan == direct and plan["num_layers"] == 12 and len(plan["blocks"]) == 3

@@ -284,7 +284,7 @@ def test_compress_job_runs_two_data_parallel_ranks_through_slurm(cluster, tmp_pa
         "calibration": {"n_tiles": 24, "holdout": 0.3, "holdout_by": "slide"},
         "discovery": {"batch_size": 8},
         "compress": {"steps": 6, "batch_size": 4, "device": "cpu", "cpu_ranks": 2, "stream": True, "precision": "fp32",
-                     "extra_args": "--audition-steps 0 --workers 0 --augment off"},
+                     "audition_steps": 0, "augment": False, "extra_args": "--workers 0"},
     }
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(config))
     target = "results/models/vit-s14-tiny/twt-2/model.json"

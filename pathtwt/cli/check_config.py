@@ -52,7 +52,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.write_labels:
         raise ConfigError("--write-labels needs --label-table CSV")
-    config, tables = load_and_check(args.configs or ["config/config.yaml"], require_slides=not args.no_slides)
+    from pathtwt.cli.extra_args import check_extra_args
+
+    configs = args.configs or ["config/config.yaml"]
+    config, tables = load_and_check(configs, require_slides=not args.no_slides)
+    check_extra_args(config, source=" + ".join(str(c) for c in configs))
     for cohort in config["cohorts"]:
         if cohort in tables:
             counts = {s: tables[cohort].splits.count(s) for s in dict.fromkeys(tables[cohort].splits)}

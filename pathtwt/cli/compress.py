@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathtwt.compress.pipeline import CompressOptions
 
 HELP = "compress a backbone (TWT or a comparison method) and export it as a plain timm ViT variant folder"
 
@@ -17,10 +21,10 @@ def _on_off(value: str) -> bool:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pathtwt.cli.options import add_backbone_arguments
-    from pathtwt.compress.defaults import BATCH_SIZE, LR
+    from pathtwt.compress.defaults import COMPRESS_DEFAULTS as D
 
     # here --batch-size is distillation's micro-batch, whose default is the distillation one
-    add_backbone_arguments(parser, batch_size=BATCH_SIZE)
+    add_backbone_arguments(parser, batch_size=D.batch_size)
     parser.add_argument("--method", default="twt", help="twt, truncation, or a comparison method "
                         "(raptor, wdpruning, nose, linear, subset)")
     parser.add_argument("--out", required=True, type=Path, help="variant folder to write")
@@ -29,38 +33,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     goal.add_argument("--depth", type=int, help="exactly K blocks (discovery runs here unless --plan); default: none, one of --depth, --eps, --plan is needed by every method but nose")
     goal.add_argument("--eps", type=float, help="fewest blocks with discrepancy <= EPS (discovery runs here); default: none")
     goal.add_argument("--plan", type=Path, help="plan.json from pathtwt discover (default: none)")
-    parser.add_argument("--tokens", choices=("all", "cls", "patch-mean"), default="all",
+    parser.add_argument("--tokens", choices=("all", "cls", "patch-mean"), default=D.tokens,
                         help="token mode of the similarity matrix when discovering here (default all)")
     budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--steps", type=int, help="distillation optimiser steps (default: from --epochs)")
-    budget.add_argument("--epochs", type=float, help="distillation passes over the training tiles, fractions allowed "
+    budget.add_argument("--steps", type=int, default=D.steps, help="distillation optimiser steps (default: from --epochs)")
+    budget.add_argument("--epochs", type=float, default=D.epochs, help="distillation passes over the training tiles, fractions allowed "
                         "(default 1); the implied optimiser steps are printed before training")
-    parser.add_argument("--accumulate", type=int, default=1,
+    parser.add_argument("--accumulate", type=int, default=D.accumulate,
                         help="micro-batches of --batch-size per optimiser step (effective batch = batch size x this; default 1)")
     parser.add_argument("--train-coords", nargs="+", default=None, metavar="COORDS",
                         help="stream distillation tiles from these coords files / folders / .txt lists (the training "
                         "cohort) instead of the in-memory fit tiles; the slides of the calibration file's held-out tiles are "
                         "left out. Needs --calibration calibration files (default: none, in memory)")
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default=D.precision,
                         help="distillation autocast (default auto: bf16 where the device has native bf16, else fp32); "
                         "weights and optimiser state stay fp32")
     parser.add_argument("--workers", type=int, default=None,
                         help="processes reading training tiles (default: cores - 1, at most 4, when streaming; 0 in memory)")
-    parser.add_argument("--lr", type=float, default=LR, help=f"peak learning rate (default {LR:g})")
-    parser.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up before the cosine decay (default 0)")
-    parser.add_argument("--audition-steps", type=int, default=50,
-                        help="fitting steps per audition candidate, 0 = rank as they are (default 50)")
-    parser.add_argument("--schedule", type=_on_off, default=None, metavar="on|off",
+    parser.add_argument("--lr", type=float, default=D.lr, help=f"peak learning rate (default {D.lr:g})")
+    parser.add_argument("--warmup-steps", type=int, default=D.warmup_steps, help="linear warm-up before the cosine decay")
+    parser.add_argument("--audition-steps", type=int, default=D.audition_steps,
+                        help="fitting steps per audition candidate, 0 = rank as they are")
+    parser.add_argument("--schedule", type=_on_off, default=D.schedule, metavar="on|off",
                         help="staggered cosine loss-weight ramp (default: off for pathology backbones, on otherwise)")
-    parser.add_argument("--layer-scale", type=_on_off, default=None, metavar="on|off",
+    parser.add_argument("--layer-scale", type=_on_off, default=D.layer_scale, metavar="on|off",
                         help="learnable scalar per surrogate branch, folded at export (default as --schedule)")
-    parser.add_argument("--augment", type=_on_off, default=True, metavar="on|off",
-                        help="colour jitter + Gaussian blur (default on; off caches teacher targets)")
-    parser.add_argument("--loss-norm", choices=("none", "variance"), default="variance",
+    parser.add_argument("--augment", type=_on_off, default=D.augment, metavar="on|off",
+                        help=f"colour jitter + Gaussian blur (default {'on' if D.augment else 'off'}; off caches teacher targets)")
+    parser.add_argument("--loss-norm", choices=("none", "variance"), default=D.loss_norm,
                         help="distillation loss terms: none = plain MSE (the paper's), variance = each term over its "
                         "teacher target's variance on the first training tiles, so late layers with large norms do not "
-                        "drown the early ones (default variance, chosen on BACH validation images: benchmarks/results/bach_recipe.md)")
-    parser.add_argument("--init", choices=("audition", "random"), default="audition",
+                        "drown the early ones (default %(default)s, chosen on BACH validation images: benchmarks/results/bach_recipe.md)")
+    parser.add_argument("--init", choices=("audition", "random"), default=D.init,
                         help="surrogate initialisation (random: ablation)")
     parser.add_argument("--holdout", type=float, default=0.1, help="fraction of drawn calibration tiles kept out of fitting, half select "
                         "(choices) and half report (reported fidelity) (default 0.1)")
@@ -114,6 +118,24 @@ def parse_method_options(pairs: list[str]) -> dict:
     return out
 
 
+def compress_options(args: argparse.Namespace, **resolved) -> "CompressOptions":
+    """The options of a run from its flags: every field of the two option dataclasses that
+    has a flag of the same name, then the values resolved here (``resolved``: precision,
+    workers, device, extra), the progress switch and the command line."""
+    from dataclasses import fields
+
+    from pathtwt.cli.options import show_progress
+    from pathtwt.compress.distill import DistillOptions
+    from pathtwt.compress.pipeline import CompressOptions
+
+    given = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    values = {**given, "progress": show_progress(args), **resolved,
+              "command": [f"--{k.replace('_', '-')}={v}" for k, v in given.items() if v is not None]}
+    distill = DistillOptions(**{f.name: values[f.name] for f in fields(DistillOptions) if f.name in values})
+    own = {f.name: values[f.name] for f in fields(CompressOptions) if f.name in values and f.name != "distill"}
+    return CompressOptions(distill=distill, **own)
+
+
 def run(args: argparse.Namespace) -> int:
     from pathtwt.compress.ranks import shutdown
 
@@ -125,9 +147,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from pathtwt.compress.calibration import load_calibration
-    from pathtwt.compress.pipeline import CompressOptions
     from pathtwt.compress.registry import CLOSED_FORM, get_method
-    from pathtwt.cli.options import show_progress
     from pathtwt.models.registry import create_backbone
     from pathtwt.devices import resolve_device
 
@@ -162,16 +182,7 @@ def _run(args: argparse.Namespace) -> int:
             from pathtwt.features.extract import default_workers
 
             workers = default_workers()
-    options = CompressOptions(
-        out=args.out, depth=args.depth, eps=args.eps, plan=args.plan, tokens=args.tokens, steps=args.steps,
-        epochs=args.epochs, batch_size=args.batch_size, accumulate=args.accumulate, precision=precision,
-        workers=workers or 0, lr=args.lr, warmup_steps=args.warmup_steps,
-        audition_steps=args.audition_steps, schedule=args.schedule, layer_scale=args.layer_scale,
-        augment=args.augment, loss_norm=args.loss_norm, init=args.init, seed=args.seed, device=teacher.device, checkpoint=args.checkpoint,
-        checkpoint_every=args.checkpoint_every, keep_checkpoint=args.keep_checkpoint, stop_after=args.stop_after,
-        progress=show_progress(args), extra=extra,
-        command=[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if not k.startswith("_") and v is not None],
-    )
+    options = compress_options(args, precision=precision, workers=workers or 0, device=teacher.device, extra=extra)
     if is_writer() and args.method not in CLOSED_FORM:
         from pathtwt.compress.distill import plan_summary
         from pathtwt.compress.pipeline import distill_options

@@ -16,18 +16,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     goal = parser.add_mutually_exclusive_group(required=True)
     goal.add_argument("--eps", type=float, help="fewest blocks with every block discrepancy <= EPS")
     goal.add_argument("--depth", type=int, help="exactly K blocks with the smallest worst discrepancy")
+    from pathtwt.compress.defaults import COMPRESS_DEFAULTS
+
     parser.add_argument(
-        "--tokens", choices=("all", "cls", "patch-mean"), default="all",
+        "--tokens", choices=("all", "cls", "patch-mean"), default=COMPRESS_DEFAULTS.tokens,
         help="tokens compared: all (per token, averaged), cls, or the patch-token mean",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     from pathtwt.analysis.figures import similarity_heatmap
-    from pathtwt.compress.partition import default_eps_grid, eps_sweep, partition_exact_k, partition_min_blocks
-    from pathtwt.compress.similarity import save_similarity, similarity_from_outputs, similarity_matrix
+    from pathtwt.compress.discovery import discover
     from pathtwt.compress.fidelity import references
-    from pathtwt.compress.teacher_cache import cache_directory, whole_fit_outputs
+    from pathtwt.compress.similarity import save_similarity
+    from pathtwt.compress.teacher_cache import cache_directory
     from pathtwt.io.atomic import write_json_atomic, write_text_atomic
 
     backbone = load_teacher(args)
@@ -35,33 +37,16 @@ def run(args: argparse.Namespace) -> int:
     # a fit split small enough for the teacher cache: its one pass over the fit tiles is
     # kept on disk, and every compress job of this teacher and calibration file reads it
     # (auditioning, the fit means, the targets) instead of running it again
-    outputs = whole_fit_outputs(backbone, calib)
-    if outputs is not None:
-        S = similarity_from_outputs(outputs[1:], num_prefix_tokens=backbone.spec.num_prefix_tokens, tokens=args.tokens,
-                                    batch_size=args.batch_size)
-    else:
-        with progress_bar(args, len(calib.fit), "layer similarity") as bar:
-            S = similarity_matrix(
-                backbone.model, backbone.transform, calib.fit, num_prefix_tokens=backbone.spec.num_prefix_tokens,
-                tokens=args.tokens, batch_size=args.batch_size, device=backbone.device, progress=bar.update,
-            )
-    part = partition_exact_k(S, args.depth) if args.depth is not None else partition_min_blocks(S, args.eps)
-    grid = default_eps_grid(S)
-    sweep = eps_sweep(S, grid)
+    with progress_bar(args, len(calib.fit), "layer similarity") as bar:
+        found = discover(backbone, calib, depth=args.depth, eps=args.eps, tokens=args.tokens,
+                         batch_size=args.batch_size, device=backbone.device, progress=bar.update)
+    S, part = found.similarity, found.partition
     out: Path = args.out
     save_similarity(out, S)
     write_text_atomic(
-        out / "eps_sweep.csv", "eps,n_blocks\n" + "".join(f"{e:.6f},{n}\n" for e, n in zip(grid, sweep))
+        out / "eps_sweep.csv", "eps,n_blocks\n" + "".join(f"{e:.6f},{n}\n" for e, n in zip(found.eps_grid, found.sweep))
     )
-    plan = {
-        "eps": args.eps,
-        "depth": args.depth,
-        "num_layers": int(S.shape[0]),
-        **part.to_dict(),
-        "tokens": args.tokens,
-        "eps_sweep": [[float(e), int(n)] for e, n in zip(grid, sweep)],
-        **teacher_provenance(backbone, len(calib.fit), args),
-    }
+    plan = {**found.plan(), **teacher_provenance(backbone, len(calib.fit), args)}
     similarity_heatmap(
         S, part.blocks, out / "similarity.png",
         title=f"{backbone.spec.name}: {part.n_blocks} blocks",

@@ -125,7 +125,7 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
 
 def backbone_help() -> str:
     """--backbone's help: the registry's names (test doubles ``*-tiny`` left out)."""
-    from pathtwt.models.registry import BACKBONES
+    from pathtwt.models.encoders import BACKBONES
 
     names = ", ".join(sorted(n for n in BACKBONES if not n.endswith("-tiny")))
     return (f"registry name ({names}; each has a NAME-tiny test double), a backbone variant folder, "

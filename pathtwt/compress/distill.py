@@ -41,7 +41,7 @@ from torch import nn
 from pathtwt.compress.autocast import autocast as _autocast
 from pathtwt.compress.autocast import bf16_attention
 from pathtwt.compress.autocast import teacher_targets
-from pathtwt.compress.defaults import BATCH_SIZE, LR
+from pathtwt.compress.defaults import COMPRESS_DEFAULTS as D
 from pathtwt.errors import NumericsError, PathtwtError
 from pathtwt.io.atomic import atomic_output
 from pathtwt.compress.intermediates import tiles_to_batch
@@ -54,16 +54,16 @@ CHECKPOINT_FORMAT = "pathtwt-distill-checkpoint/1"
 
 @dataclass
 class DistillOptions:
-    steps: int | None = None  # optimiser steps; None: derived from epochs
-    epochs: float | None = None  # passes over the training tiles (used when steps is None)
-    batch_size: int = BATCH_SIZE  # global micro-batch, split over the ranks
-    accumulate: int = 1  # micro-batches per optimiser step (effective batch = batch_size x accumulate)
-    lr: float = LR  # peak learning rate (the paper's)
+    steps: int | None = D.steps  # optimiser steps; None: derived from epochs
+    epochs: float | None = D.epochs  # passes over the training tiles (used when steps is None)
+    batch_size: int = D.batch_size  # global micro-batch, split over the ranks
+    accumulate: int = D.accumulate  # micro-batches per optimiser step (effective batch = batch_size x accumulate)
+    lr: float = D.lr  # peak learning rate (the paper's)
     weight_decay: float = 0.05
-    warmup_steps: int = 0
+    warmup_steps: int = D.warmup_steps
     grad_clip: float = 1.0
-    augment: bool = True  # colour jitter + Gaussian blur; off allows caching teacher targets
-    seed: int = 0
+    augment: bool = D.augment  # colour jitter + Gaussian blur; off allows caching teacher targets
+    seed: int = D.seed
     device: str = "cpu"
     precision: str = "fp32"  # fp32 | bf16 (autocast; master weights and optimiser state stay fp32)
     workers: int = 0  # DataLoader workers reading and augmenting tiles
@@ -75,7 +75,7 @@ class DistillOptions:
     # "variance": each loss term divided by its teacher target's variance on the first
     # training tiles (term ~ 1 - R^2, so layers whose norms grow ~30x do not drown the
     # early ones); "none": plain MSE sums (the paper's loss)
-    loss_norm: str = "none"
+    loss_norm: str = D.loss_norm
     # bf16 is kept only when the first step's loss under bf16 autocast is within this
     # relative difference of the fp32 loss (pathtwt.compress.bf16_check), else fp32
     bf16_tolerance: float = 0.02

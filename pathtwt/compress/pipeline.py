@@ -6,12 +6,12 @@ objective, its stages and its own keys (``extra``)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pathtwt.compress.budgets import PAPER_BUDGETS
-from pathtwt.compress.defaults import BATCH_SIZE, LR
+from pathtwt.compress.defaults import COMPRESS_DEFAULTS as D
 from pathtwt.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -25,52 +25,64 @@ if TYPE_CHECKING:
 
 @dataclass
 class CompressOptions:
+    """What a compression method is asked for: the merge goal, the method's own settings and
+    the distillation it runs (``distill``, read through the same names: ``options.steps`` is
+    ``options.distill.steps``). Defaults: :data:`pathtwt.compress.defaults.COMPRESS_DEFAULTS`."""
+
     out: Path
+    distill: "DistillOptions" = field(default_factory=lambda: _distill_options_class()())
     depth: int | None = None  # exactly K blocks
     eps: float | None = None  # fewest blocks with discrepancy <= eps
     plan: Path | None = None  # a discovery plan.json (overrides depth/eps)
-    tokens: str = "all"  # token mode of the similarity matrix when discovering here
-    steps: int | None = None  # distillation budget in optimiser steps ...
-    epochs: float | None = None  # ... or in passes over the training tiles (default 1 epoch)
-    batch_size: int = BATCH_SIZE  # global micro-batch (split over the ranks)
-    accumulate: int = 1  # micro-batches per optimiser step
-    precision: str = "fp32"  # distillation autocast: fp32 | bf16
-    workers: int = 0  # DataLoader workers reading the training tiles
-    lr: float = LR
-    warmup_steps: int = 0
-    audition_steps: int = 50
-    schedule: bool | None = None  # None: the backbone's default (off for pathology models)
-    layer_scale: bool | None = None  # None: the backbone's default (off for pathology models)
-    augment: bool = True
-    loss_norm: str = "variance"  # distillation loss terms: variance (each over its teacher variance) | none (plain MSE)
-    init: str = "audition"  # "audition" | "random" (ablation: random surrogate layers)
-    seed: int = 0
-    device: str = "cpu"
-    checkpoint: Path | None = None  # default: OUT/checkpoint.pt
-    checkpoint_every: int = 100
+    tokens: str = D.tokens  # token mode of the similarity matrix when discovering here
+    audition_steps: int = D.audition_steps
+    schedule: bool | None = D.schedule  # None: the backbone's default (off for pathology models)
+    layer_scale: bool | None = D.layer_scale  # None: the backbone's default (off for pathology models)
+    init: str = D.init  # "audition" | "random" (ablation: random surrogate layers)
     keep_checkpoint: bool = False
-    stop_after: int | None = None
-    progress: bool = True
     command: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # method-specific settings
 
+    @classmethod
+    def from_flat(cls, **settings: Any) -> "CompressOptions":
+        """Options from one flat set of keywords, each to the dataclass that has the field
+        (as model.json's "options" lists them)."""
+        names = _distill_options_class().__dataclass_fields__
+        distill = _distill_options_class()(**{k: v for k, v in settings.items() if k in names})
+        return cls(distill=distill, **{k: v for k, v in settings.items() if k not in names})
+
+    def __getattr__(self, name: str) -> Any:
+        # the distillation settings (steps, batch_size, device, seed, ...) read through the
+        # options, as every method reads them; only called for names not found above
+        if name != "distill" and name in _distill_options_class().__dataclass_fields__:
+            return getattr(self.distill, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def checkpoint_path(self) -> Path:
-        return Path(self.checkpoint) if self.checkpoint is not None else Path(self.out) / "checkpoint.pt"
+        return Path(self.distill.checkpoint) if self.distill.checkpoint is not None else Path(self.out) / "checkpoint.pt"
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
+        """Flat, as model.json records the options: the method's settings and the distillation's."""
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in ((k, getattr(self, k)) for k in _RECORDED)}
+
+
+# the keys of model.json's "options", in their order (its "distill" entry lists every distillation setting)
+_RECORDED = ("out", "depth", "eps", "plan", "tokens", "steps", "epochs", "batch_size", "accumulate", "precision",
+             "workers", "lr", "warmup_steps", "audition_steps", "schedule", "layer_scale", "augment", "loss_norm", "init",
+             "seed", "device", "checkpoint", "checkpoint_every", "keep_checkpoint", "stop_after", "progress", "command",
+             "extra")
+
+
+def _distill_options_class():
+    from pathtwt.compress.distill import DistillOptions  # torch: imported when options are built
+
+    return DistillOptions
 
 
 def distill_options(options: CompressOptions) -> "DistillOptions":
-    """The distillation settings every method uses for the same budget: every field the two
-    option sets share, copied by name, and the checkpoint file resolved."""
-    from dataclasses import fields
-
-    from pathtwt.compress.distill import DistillOptions
-
-    shared = {f.name: getattr(options, f.name) for f in fields(DistillOptions) if f.name in CompressOptions.__dataclass_fields__}
-    return DistillOptions(**{**shared, "checkpoint": options.checkpoint_path()})
+    """The distillation settings every method uses for the same budget, with the checkpoint
+    file resolved."""
+    return replace(options.distill, checkpoint=options.checkpoint_path())
 
 
 def budget_record(method: str, options: CompressOptions, calib: "CalibrationSet", spec: "BackboneSpec", *,
@@ -131,19 +143,10 @@ def resolve_plan(teacher: "Backbone", calib: "CalibrationSet", options: Compress
         raise ConfigError("give exactly one of --depth, --eps or --plan")
     if options.depth is not None and not 1 <= options.depth <= num_layers:
         raise ConfigError(f"--depth {options.depth}: must be between 1 and the backbone's {num_layers} layers")
-    from pathtwt.compress.partition import default_eps_grid, eps_sweep, partition_exact_k, partition_min_blocks
-    from pathtwt.compress.similarity import similarity_from_outputs, similarity_matrix
-    from pathtwt.compress.teacher_cache import whole_fit_outputs
+    from pathtwt.compress.discovery import discover
 
-    kw = dict(num_prefix_tokens=teacher.spec.num_prefix_tokens, tokens=options.tokens, batch_size=options.batch_size)
-    # from the teacher's shared layer outputs when they hold the whole fit split
-    outputs = whole_fit_outputs(teacher, calib)
-    S = (similarity_matrix(teacher.model, teacher.transform, calib.fit, device=options.device, **kw) if outputs is None
-         else similarity_from_outputs(outputs[1:], **kw))
-    part = partition_exact_k(S, options.depth) if options.depth is not None else partition_min_blocks(S, options.eps)
-    grid = default_eps_grid(S)
-    return {"eps": options.eps, "depth": options.depth, "num_layers": num_layers, **part.to_dict(),
-            "tokens": options.tokens, "eps_sweep": [[float(e), int(n)] for e, n in zip(grid, eps_sweep(S, grid))]}
+    return discover(teacher, calib, depth=options.depth, eps=options.eps, tokens=options.tokens,
+                    batch_size=options.batch_size, device=options.device).plan()
 
 
 # the keys every model.json holds, whatever the method: the architecture (models.registry.

@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from pathtwt.errors import ConfigError
+from pathtwt.io.layout import RANDOM_INIT as RANDOM_INIT_VARIANT  # a reserved variant name and method
 
 # Read through importlib.resources, so an installed wheel finds it as well as a checkout.
 SCHEMA_RESOURCE = ("pathtwt.config", "schema.yaml")
 # Offending rows listed in one error line before it is cut short.
 MAX_LISTED = 8
-# Variant name of the random-init reference in results/probes/{backbone}/ (not a config variant).
-RANDOM_INIT_VARIANT = "random-init"
 
 
 def load_yaml(path: str | os.PathLike) -> Any:
@@ -49,20 +48,50 @@ def load_schema() -> dict:
     from importlib.resources import files
 
     package, name = SCHEMA_RESOURCE
-    return with_tiling_defaults(yaml.safe_load(files(package).joinpath(name).read_text(encoding="utf-8")))
+    return with_stage_defaults(yaml.safe_load(files(package).joinpath(name).read_text(encoding="utf-8")))
 
 
-def with_tiling_defaults(schema: dict) -> dict:
-    """``schema`` with the defaults of every cohort's ``tiling`` keys filled in from
-    :data:`pathtwt.wsi.tiling.TILING_DEFAULTS`, the one place they are written (``pathtwt
-    tile``'s flags read the same)."""
+def stage_defaults() -> dict[tuple[str, ...], dict[str, Any]]:
+    """Schema section -> the defaults its keys take from the stage that runs them, each
+    written once beside its stage: a cohort's ``tiling`` (``pathtwt tile``), ``compress``
+    (``pathtwt compress``), ``discovery`` and ``extract`` (the forward-pass batch size)."""
     from dataclasses import asdict
 
+    from pathtwt.compress.defaults import COMPRESS_DEFAULTS
+    from pathtwt.models.defaults import FORWARD_BATCH_SIZE
     from pathtwt.wsi.tiling import TILING_DEFAULTS
 
-    tiling = schema["properties"]["cohorts"]["additionalProperties"]["properties"]["tiling"]["properties"]
-    for key, value in asdict(TILING_DEFAULTS).items():
-        tiling[key].setdefault("default", value)
+    compress = asdict(COMPRESS_DEFAULTS)
+    return {
+        ("cohorts", "additionalProperties", "tiling"): asdict(TILING_DEFAULTS),
+        ("compress",): {k: compress[k] for k in SCHEMA_COMPRESS_KEYS},
+        ("discovery",): {"tokens": COMPRESS_DEFAULTS.tokens, "batch_size": FORWARD_BATCH_SIZE},
+        ("extract",): {"batch_size": FORWARD_BATCH_SIZE},
+    }
+
+
+# mil key -> the `pathtwt train-mil` flag that overrides the protocol's preset with it
+MIL_OVERRIDES = {"epochs": "--epochs", "accumulation": "--accumulation", "hidden_dim": "--hidden-dim",
+                 "transmil_heads": "--heads", "landmarks": "--landmarks"}
+# the `pathtwt compress` settings the workflow config has a key for (same name, "_" for "-")
+SCHEMA_COMPRESS_KEYS = ("steps", "epochs", "batch_size", "accumulate", "precision", "lr", "warmup_steps",
+                        "audition_steps", "schedule", "layer_scale", "augment", "loss_norm", "seed")
+
+
+def with_stage_defaults(schema: dict) -> dict:
+    """``schema`` with the defaults of :func:`stage_defaults` filled in, so the workflow, the
+    CLI and the option dataclasses cannot disagree (a default written in the schema as well
+    is refused: it would be a second place for the fact)."""
+    for path, defaults in stage_defaults().items():
+        node = schema["properties"]
+        for part in path[:-1]:
+            node = node[part]
+            node = node.get("properties", node)
+        props = node[path[-1]]["properties"]
+        for key, value in defaults.items():
+            if "default" in props[key]:
+                raise ValueError(f"schema.yaml: {'.'.join(path)}.{key} has a default of its own; it comes from the stage")
+            props[key]["default"] = value
     return schema
 
 

@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from pathtwt.io import layout
+
 HEADS = ("abmil", "transmil", "meanpool")
 _SEED = re.compile(r"^seed(\d+)$")
 _FOLD = re.compile(r"^fold(\d+)$")
@@ -23,10 +25,12 @@ _FOLD = re.compile(r"^fold(\d+)$")
 
 def run_dir(backbone: str, variant: str, task: str, head: str, seed: int | str, fold: int | str | None = None,
             results: str = "results") -> str:
-    """The run folder of one (backbone variant, task, head, [fold,] seed). Wildcard
-    patterns are built by passing "{seed}" and the like."""
-    parts = [results, "mil", backbone, variant, task, head] + ([f"fold{fold}"] if fold is not None else []) + [f"seed{seed}"]
-    return "/".join(str(p) for p in parts)
+    """The run folder of one (backbone variant, task, head, [fold,] seed), from the
+    templates of :mod:`pathtwt.io.layout`. Wildcard patterns are built by passing "{seed}"
+    and the like."""
+    template = layout.MIL_RUN_DIR if fold is None else layout.MIL_FOLD_RUN_DIR
+    path = template.format(backbone=backbone, variant=variant, task=task, head=head, seed=seed, fold=fold)
+    return str(results) + path[len("results"):]
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def card_numbers(meta: Mapping[str, Any]) -> dict[str, Any]:
 def model_card(meta: Mapping[str, Any]) -> str:
     """The card's text: a function of ``meta`` alone (not of the folder's name or place), so
     two runs that export the same model write the same bytes."""
-    from pathtwt.models.registry import BACKBONES
+    from pathtwt.models.encoders import BACKBONES
 
     folder_name = "path/to/this/folder"
     base_name = str(meta.get("base_backbone", ""))

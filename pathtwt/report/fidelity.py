@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pathtwt.errors import PathtwtError
+from pathtwt.io.layout import UNCOMPRESSED
 from pathtwt.models.registry import variant_depth
 
 REFERENCES = (("teacher", "teacher (reference)"), ("constant", "constant (reference)"),
@@ -111,7 +112,7 @@ def fidelity_table(results: Path, cost_of: Callable[[str, str], Any]) -> tuple[l
         refs = next((m["fidelity"]["references"] for _, m in models[backbone]
                      if isinstance((m.get("fidelity") or {}).get("references"), dict)), {})
         blocks = (refs.get("teacher") or {}).get("block_r2")
-        return len(blocks) if isinstance(blocks, list) and blocks else int(cost_of(backbone, "uncompressed").depth or 0)
+        return len(blocks) if isinstance(blocks, list) and blocks else int(cost_of(backbone, UNCOMPRESSED).depth or 0)
 
     depths = {b: teacher_depth(b) for b in models}
     depth = max(depths.values(), default=0)
@@ -120,7 +121,7 @@ def fidelity_table(results: Path, cost_of: Callable[[str, str], Any]) -> tuple[l
         fids = {v: (m.get("fidelity") or {}) for v, m in variants}
         with_refs = [v for v, f in fids.items() if isinstance(f.get("references"), dict)]
         refs = fids[with_refs[0]]["references"] if with_refs else {}
-        teacher_cost = cost_of(backbone, "uncompressed")
+        teacher_cost = cost_of(backbone, UNCOMPRESSED)
 
         def n_of(metrics: dict | None, fid: dict) -> Any:
             return (metrics or {}).get("n_tiles", fid.get("holdout_tiles"))

@@ -15,6 +15,7 @@ import numpy as np
 
 from pathtwt.explain.grid import attention_grid, grid_pitch, scale_scores
 from pathtwt.io.atomic import atomic_output
+from pathtwt.io.layout import UNCOMPRESSED
 
 THUMBNAILS_PER_COHORT = 3
 
@@ -122,7 +123,7 @@ def attention_figures(results: Path, out: Path, task: str, rows: list, n_slides:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ref = next((r for r in rows if r.variant == "uncompressed"), rows[0])
+    ref = next((r for r in rows if r.variant == UNCOMPRESSED), rows[0])
     # the reported cohorts only: the validation split chose the epoch
     cohort_files = [p for p in _visible_pngs(_run_dir(results, ref, task) / "attention", "*.h5") if p.stem != "val"]
     cohort_files.sort(key=lambda p: (p.stem != "test", p.stem))

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pathtwt.errors import PathtwtError
+from pathtwt.io.layout import RANDOM_INIT
+from pathtwt.io.layout import UNCOMPRESSED as TEACHER
 
-TEACHER, RANDOM_INIT = "uncompressed", "random-init"
 PROBES = (("logistic", "logistic"), ("knn", "kNN"))
 
 

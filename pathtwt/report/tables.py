@@ -19,12 +19,11 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from pathtwt.errors import PathtwtError
+# the teacher, and its architecture with random weights (a reference row wherever it was run)
+from pathtwt.io.layout import RANDOM_INIT, UNCOMPRESSED
 from pathtwt.models.registry import variant_depth
 from pathtwt.report.markdown import markdown_table
 
-UNCOMPRESSED = "uncompressed"
-# The teacher's architecture with random weights (a reference row wherever it was run).
-RANDOM_INIT = "random-init"
 CHANCE = "chance"
 # Bootstrap resamples of each cohort's slides (seeded with 0) for the 95 % intervals.
 N_BOOT = 1000

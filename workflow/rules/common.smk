@@ -6,6 +6,8 @@ from pathlib import Path
 
 from pathtwt.config import check as config_check
 from pathtwt.errors import ConfigError
+from pathtwt.io import layout
+from pathtwt.io.layout import RANDOM_INIT, UNCOMPRESSED
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
@@ -30,6 +32,9 @@ CONFIG_SOURCE = " + ".join(str(f) for f in (workflow.overwrite_configfiles or ["
 try:
     config.update(config_check.validate_schema(config, source=CONFIG_SOURCE))
     LABEL_TABLES = config_check.check_config(config, source=CONFIG_SOURCE)
+    from pathtwt.cli.extra_args import check_extra_args
+
+    check_extra_args(config, source=CONFIG_SOURCE)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 
@@ -41,59 +46,10 @@ GPU_RULE_DEVICES = {
 }
 
 
-def _keep_cpu_stages_off_gpus():
-    """A cluster profile sends the GPU rules to its GPU partition (`set-resources`). A
-    stage configured with `device: cpu` needs no GPU: its rules keep the default
-    partition and ask for no GPU, so they neither wait for nor hold a GPU node. Applied
-    to the profile's per-rule settings before the rules are defined (they pick them up
-    there) and handed on to the submitted jobs the same way."""
-    settings = workflow.resource_settings
-    overwrite = settings._parsed_overwrite_resources
-    default = settings._parsed_default_resources
-    cpu_partition = default["slurm_partition"].raw if "slurm_partition" in default else None
-    # the loop variable is not called "rule": the linter takes that word, a space and a colon for a rule
-    for name, section in GPU_RULE_DEVICES.items():
-        if str(config[section].get("device", "")).lower() != "cpu" or name not in overwrite:
-            continue
-        if "slurm_partition" in overwrite[name] and cpu_partition is not None:
-            overwrite[name]["slurm_partition"] = cpu_partition
-            overwrite[name]["gpu"] = 0
+include: "snakemake_internals.smk"
 
 
-_keep_cpu_stages_off_gpus()
-
-
-def wake_local_scheduler_on_job_events_only():
-    """Snakemake's job rate limit (`--max-jobs-per-timespan`, 100/1s by default) wakes its
-    scheduler every second for as long as any job runs; each wake-up re-evaluates every
-    ready job and stats all its input files. With ready jobs of 200 inputs each (a
-    cohort's extraction waiting for the cores) that held half a core of a 2-core machine.
-    A local run is bounded by its cores, not by a submission rate, so with the default
-    limit it schedules on job events only (a job started or finished). An explicit
-    `--max-jobs-per-timespan`, and every cluster executor, keep the limit."""
-    scheduler = getattr(workflow, "scheduler", None)
-    limiter = getattr(scheduler, "job_rate_limiter", None)
-    if limiter is None or not workflow.local_exec:
-        return
-    if (limiter.max_jobs, limiter.timespan) == (100, 1):  # Snakemake's default: not chosen by the user
-        scheduler.job_rate_limiter = None
-        logger.info("local run: jobs are scheduled when a job starts or ends (no job rate limit)")
-
-
-def run_bookkeeping_jobs_in_process():
-    """Snakemake spawns a fresh Snakemake process (workflow parsed again, about 3 s) for
-    every job with a `run:` block. This workflow's `run:` blocks are its local bookkeeping
-    (a file list, a cohort's extraction manifest, a failures merge: milliseconds each), so
-    the local executors run them in the main process's job threads instead, as
-    `--force-use-threads` would. Jobs with a `shell:` command are started as before."""
-    scheduler = getattr(workflow, "scheduler", None)
-    changed = False
-    for name in ("_executor", "_local_executor"):
-        executor = getattr(scheduler, name, None)
-        if executor is not None and type(executor).__module__ == "snakemake.executors.local" and not executor.use_threads:
-            executor.use_threads = changed = True
-    if changed:
-        logger.info("local bookkeeping jobs (run: blocks) run in this process, not in spawned ones")
+keep_cpu_stages_off_gpus(GPU_RULE_DEVICES)
 
 
 onstart:
@@ -275,7 +231,7 @@ def get_variants(backbone):
 
 
 # Methods with no compress job: the teacher itself, and its architecture with random weights.
-NOT_COMPRESSED = ("none", "random-init")
+NOT_COMPRESSED = ("none", RANDOM_INIT)
 
 
 def get_compressed_variants(backbone):
@@ -287,17 +243,42 @@ def get_variant(wildcards):
 
 
 def get_model_dir(backbone, variant):
-    return f"results/models/{backbone}/{variant}"
+    return layout.MODEL_DIR.format(backbone=backbone, variant=variant)
+
+
+def get_features_dir(backbone, variant, cohort):
+    """A cohort's features folder (one {slide}.h5 per slide)."""
+    return layout.FEATURES_DIR.format(backbone=backbone, variant=variant, cohort=cohort)
+
+
+def _variant_kind(variant):
+    """How a variant's backbone is built: RANDOM_INIT (the teacher's architecture with random
+    weights), "teacher" (a variant of method none, or `uncompressed` probed without being
+    configured) or "compressed" (its folder under results/models)."""
+    method = config["variants"][variant]["method"] if variant in config["variants"] else "none"
+    if variant == RANDOM_INIT or method == RANDOM_INIT:
+        return RANDOM_INIT
+    return "teacher" if method == "none" else "compressed"
 
 
 def get_model_args(wildcards):
-    """`pathtwt extract` arguments for a backbone variant."""
-    method = config["variants"][wildcards.variant]["method"]
-    if method == "none":
-        return get_backbone_args(wildcards.backbone)
-    if method == "random-init":
+    """`pathtwt extract` / `pathtwt probe` arguments that build a backbone variant."""
+    kind = _variant_kind(wildcards.variant)
+    if kind == RANDOM_INIT:
         return f"--backbone {BACKBONES[wildcards.backbone]['teacher']} --random-init"
+    if kind == "teacher":
+        return get_backbone_args(wildcards.backbone)
     return f"--backbone {get_model_dir(wildcards.backbone, wildcards.variant)}"
+
+
+def get_model_inputs(wildcards):
+    """The files a backbone variant is built from (none for random weights)."""
+    kind = _variant_kind(wildcards.variant)
+    if kind == RANDOM_INIT:
+        return []
+    if kind == "teacher":
+        return get_teacher_inputs(wildcards)
+    return [f"{get_model_dir(wildcards.backbone, wildcards.variant)}/model.json"]
 
 
 RECORD_FAILURES = config["extract"]["on_failure"] == "record"
@@ -337,15 +318,6 @@ def get_workers(wildcards, threads):
     return max(1, threads - 1)
 
 
-def get_model_inputs(wildcards):
-    method = config["variants"][wildcards.variant]["method"]
-    if method == "random-init":
-        return []
-    if method == "none":
-        return get_teacher_inputs(wildcards)
-    return [f"{get_model_dir(wildcards.backbone, wildcards.variant)}/model.json"]
-
-
 def _discovery_goal(backbone):
     """(depth, eps) of the partition drawn on the similarity figure: discovery.depth or
     discovery.eps when set, else the first TWT variant of the backbone, else eps 0.1."""
@@ -370,7 +342,7 @@ def get_compress_target_args(wildcards):
     depth or eps and `pathtwt compress` partitions the similarity matrix itself."""
     v = get_variant(wildcards)
     if v["method"] == "twt" and (v["depth"], v["eps"]) == _discovery_goal(wildcards.backbone):
-        return f"--plan results/discovery/{wildcards.backbone}/plan.json"
+        return f"--plan {layout.DISCOVERY_DIR.format(backbone=wildcards.backbone)}/plan.json"
     if v["method"] == "nose":  # every layer kept, attention removed from all of them
         return ""
     return f"--depth {v['depth']}" if v["depth"] is not None else f"--eps {v['eps']}"
@@ -378,13 +350,30 @@ def get_compress_target_args(wildcards):
 
 def get_compress_budget_args(wildcards):
     """The distillation budget: the variant's steps or epochs, else compress.epochs, else
-    compress.steps."""
+    compress.steps, else none (`pathtwt compress` distils one epoch)."""
     v, c = get_variant(wildcards), config["compress"]
     if v["steps"] is not None:
         return f"--steps {v['steps']}"
     if v["epochs"] is not None:
         return f"--epochs {v['epochs']}"
-    return f"--epochs {c['epochs']}" if c["epochs"] is not None else f"--steps {c['steps']}"
+    if c["epochs"] is not None:
+        return f"--epochs {c['epochs']}"
+    return f"--steps {c['steps']}" if c["steps"] is not None else ""
+
+
+def get_compress_settings_args(wildcards):
+    """The compress section's distillation settings as `pathtwt compress` flags (a key
+    left null, e.g. schedule, is left to the command's own default), and the
+    discovery tokens for a job that partitions the similarity matrix itself."""
+    c = config["compress"]
+    flags = {"batch_size": c["batch_size"], "accumulate": c["accumulate"], "precision": c["precision"],
+             "seed": c["seed"], "lr": c["lr"], "warmup_steps": c["warmup_steps"],
+             "audition_steps": c["audition_steps"], "schedule": c["schedule"], "layer_scale": c["layer_scale"],
+             "augment": c["augment"], "loss_norm": c["loss_norm"], "tokens": config["discovery"]["tokens"]}
+    return " ".join(
+        f"--{key.replace('_', '-')} {('on' if value else 'off') if isinstance(value, bool) else value}"
+        for key, value in flags.items() if value is not None
+    )
 
 
 def get_compress_stream_args(wildcards):
@@ -412,7 +401,7 @@ def get_calibration_coords(wildcards):
     files = []
     for task in tasks:
         t = config["tasks"][task]
-        files += [f"results/tiles/{t['cohort']}/{s}.h5" for s in get_compression_slide_ids(t)]
+        files += [layout.TILES.format(cohort=t["cohort"], slide=s) for s in get_compression_slide_ids(t)]
     return sorted(set(files))
 
 
@@ -425,7 +414,7 @@ def write_file_list(files, out):
 
 
 def get_cohort_coords(wildcards):
-    return [f"results/tiles/{wildcards.cohort}/{s}.h5" for s in get_extracted_slide_ids(wildcards.cohort)]
+    return [layout.TILES.format(cohort=wildcards.cohort, slide=s) for s in get_extracted_slide_ids(wildcards.cohort)]
 
 
 def write_extract_manifest(wildcards, out):
@@ -433,17 +422,17 @@ def write_extract_manifest(wildcards, out):
     from pathtwt.io.atomic import write_text_atomic
 
     slides = get_slide_paths(wildcards.cohort)
-    folder = f"results/features/{wildcards.backbone}/{wildcards.variant}/{wildcards.cohort}"
+    folder = get_features_dir(wildcards.backbone, wildcards.variant, wildcards.cohort)
     write_text_atomic(
         out,
-        "".join(f"{slides[s]}\tresults/tiles/{wildcards.cohort}/{s}.h5\t{folder}/{s}.h5\n"
+        "".join(f"{slides[s]}\t{layout.TILES.format(cohort=wildcards.cohort, slide=s)}\t{folder}/{s}.h5\n"
                 for s in get_extracted_slide_ids(wildcards.cohort)),
     )
 
 
 def get_features(backbone, variant, cohort):
     """Features of a cohort: its folder (one batched job) or every per-slide file."""
-    folder = f"results/features/{backbone}/{variant}/{cohort}"
+    folder = get_features_dir(backbone, variant, cohort)
     if not config["extract"]["per_slide_jobs"]:
         return [folder]
     return [f"{folder}/{s}.h5" for s in get_extracted_slide_ids(cohort)]
@@ -453,20 +442,21 @@ def get_mil_inputs(wildcards):
     files = []
     for cohort in get_task_cohorts(wildcards.task):
         files += get_features(wildcards.backbone, wildcards.variant, cohort)
-        files.append(f"results/labels/{cohort}.csv")
+        files.append(layout.LABELS.format(cohort=cohort))
     return files
 
 
 def get_external_args(wildcards):
     return " ".join(
-        f"--external {c}=results/features/{wildcards.backbone}/{wildcards.variant}/{c}:results/labels/{c}.csv"
+        f"--external {c}={get_features_dir(wildcards.backbone, wildcards.variant, c)}:{layout.LABELS.format(cohort=c)}"
         for c in config["tasks"][wildcards.task]["external"]
     )
 
 
-def get_epochs_arg(wildcards):
-    epochs = config["mil"]["epochs"]
-    return "" if epochs is None else f"--epochs {epochs}"
+def get_mil_override_args(wildcards):
+    """`pathtwt train-mil` overrides of the protocol's preset: the mil keys that are set."""
+    m = config["mil"]
+    return " ".join(f"{flag} {m[key]}" for key, flag in config_check.MIL_OVERRIDES.items() if m[key] is not None)
 
 
 def get_mil_runs():
@@ -536,7 +526,6 @@ def _resolve_probes():
 
 
 PROBES = _resolve_probes()
-RANDOM_INIT = config_check.RANDOM_INIT_VARIANT
 
 
 def get_probe_variants(backbone):
@@ -544,29 +533,8 @@ def get_probe_variants(backbone):
     (named `uncompressed` when no configured variant is) and the random-init floor."""
     variants = get_variants(backbone)
     if not any(config["variants"][v]["method"] == "none" for v in variants):
-        variants.append("uncompressed")
+        variants.append(UNCOMPRESSED)
     return [v for v in variants if v != RANDOM_INIT] + [RANDOM_INIT]
-
-
-def _is_teacher(variant):
-    return variant not in config["variants"] or config["variants"][variant]["method"] == "none"
-
-
-def get_probe_model_args(wildcards):
-    """`pathtwt probe` arguments that build the probed model."""
-    if wildcards.variant == RANDOM_INIT:
-        return f"--backbone {BACKBONES[wildcards.backbone]['teacher']} --random-init"
-    if _is_teacher(wildcards.variant):
-        return get_backbone_args(wildcards.backbone)
-    return f"--backbone {get_model_dir(wildcards.backbone, wildcards.variant)}"
-
-
-def get_probe_model_inputs(wildcards):
-    if wildcards.variant == RANDOM_INIT:
-        return []
-    if _is_teacher(wildcards.variant):
-        return get_teacher_inputs(wildcards)
-    return [f"{get_model_dir(wildcards.backbone, wildcards.variant)}/model.json"]
 
 
 def get_probe_split_inputs(wildcards):
@@ -587,7 +555,7 @@ def get_probe_args(wildcards):
 def get_probe_targets():
     """probe.json of every (backbone, probed variant, probe set)."""
     return [
-        f"results/probes/{b}/{v}/{p}/probe.json"
+        layout.PROBE_RESULT.format(backbone=b, variant=v, probe=p)
         for b in get_backbones()
         for v in get_probe_variants(b)
         for p in PROBES

@@ -104,10 +104,7 @@ rule compress:
         target=get_compress_target_args,
         budget=get_compress_budget_args,
         stream=get_compress_stream_args,
-        batch_size=config["compress"]["batch_size"],
-        accumulate=config["compress"]["accumulate"],
-        precision=config["compress"]["precision"],
-        seed=config["compress"]["seed"],
+        settings=get_compress_settings_args,
         device=config["compress"]["device"],
         cpu_ranks=config["compress"]["cpu_ranks"],
         extra=get_compress_extra_args,
@@ -136,6 +133,5 @@ rule compress:
         " $run compress --method {params.method} {params.backbone}"
         " --calibration {input.calibration} {params.target}"
         " --out results/models/{wildcards.backbone}/{wildcards.variant}"
-        " {params.budget} {params.stream} --batch-size {params.batch_size} --accumulate {params.accumulate}"
-        " --precision {params.precision} --seed {params.seed}"
+        " {params.budget} {params.stream} {params.settings}"
         " --device {params.device} --no-progress {params.extra} > {log} 2>&1"

@@ -23,7 +23,7 @@ if config["extract"]["per_slide_jobs"]:
             slide=get_slide,
             model=get_model_inputs,
         output:
-            features="results/features/{backbone}/{variant}/{cohort}/{slide}.h5",
+            features=f"{layout.FEATURES_DIR}/{{slide}}.h5",
             **get_failure_table_output("{slide}"),
         params:
             model=get_model_args,
@@ -70,7 +70,7 @@ else:
             coords=get_cohort_coords,
             model=get_model_inputs,
         output:
-            features=directory("results/features/{backbone}/{variant}/{cohort}"),
+            features=directory(layout.FEATURES_DIR),
             **get_failure_table_output("cohort"),
         params:
             model=get_model_args,

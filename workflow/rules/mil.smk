@@ -13,11 +13,12 @@ rule train_mil:
         metrics=get_mil_job_files("metrics.json"),
         predictions=get_mil_job_files("predictions.csv"),
     params:
-        cohort=lambda wc: config["tasks"][wc.task]["cohort"],
+        features=lambda wc: get_features_dir(wc.backbone, wc.variant, config["tasks"][wc.task]["cohort"]),
+        labels=lambda wc: layout.LABELS.format(cohort=config["tasks"][wc.task]["cohort"]),
         protocol=lambda wc: config["tasks"][wc.task]["protocol"],
         classes=lambda wc: config["tasks"][wc.task]["classes"],
         external=get_external_args,
-        epochs=get_epochs_arg,
+        overrides=get_mil_override_args,
         seeds=" ".join(str(s) for s in config["mil"]["seeds"]),
         device=config["mil"]["device"],
         failed=config["mil"]["failed_slides"],
@@ -37,11 +38,11 @@ rule train_mil:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt train-mil --features results/features/{wildcards.backbone}/{wildcards.variant}/{params.cohort}"
-        " --labels results/labels/{params.cohort}.csv --protocol {params.protocol} --classes {params.classes}"
+        "pathtwt train-mil --features {params.features}"
+        " --labels {params.labels} --protocol {params.protocol} --classes {params.classes}"
         " --aggregator {wildcards.head} --seed {params.seeds}"
         " --out '{params.out}'"
-        " {params.external} {params.epochs} --device {params.device} --threads {threads} --failed-slides {params.failed} --no-progress {params.fold} {params.extra} > {log} 2>&1"
+        " {params.external} {params.overrides} --device {params.device} --threads {threads} --failed-slides {params.failed} --no-progress {params.fold} {params.extra} > {log} 2>&1"
 
 
 use rule train_mil as train_mil_fold with:

@@ -5,13 +5,13 @@
 
 rule probe:
     input:
-        model=get_probe_model_inputs,
+        model=get_model_inputs,
         split=get_probe_split_inputs,
     output:
         summary="results/probes/{backbone}/{variant}/{probe}/probe.json",
         predictions="results/probes/{backbone}/{variant}/{probe}/predictions.csv",
     params:
-        model=get_probe_model_args,
+        model=get_model_args,
         probe=get_probe_args,
         batch_size=config["extract"]["batch_size"],
         device=config["extract"]["device"],

@@ -48,6 +48,7 @@ rule heatmap:
         geojson="results/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.geojson",
     params:
         run=get_heatmap_run,
+        features=lambda wc: f"{get_features_dir(wc.backbone, wc.variant, wc.cohort)}/{wc.slide}.h5",
         mpp=config["report"]["heatmap_mpp"],
     log:
         "logs/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.log",
@@ -59,7 +60,7 @@ rule heatmap:
         CONDA_ENV
     shell:
         "pathtwt heatmap {input.slide} --coords {input.coords}"
-        " --features results/features/{wildcards.backbone}/{wildcards.variant}/{wildcards.cohort}/{wildcards.slide}.h5"
+        " --features {params.features}"
         " --run {params.run} --out results/heatmaps/{wildcards.backbone}/{wildcards.variant}/{wildcards.task}/{wildcards.head}/{wildcards.cohort}"
         " --slide-id {wildcards.slide} --mpp {params.mpp}"
         " > {log} 2>&1"
