@@ -64,15 +64,30 @@ def image_tiles(path: Path) -> np.ndarray:
     return np.stack(out)
 
 
-def split_images(seed: int) -> dict[str, list[tuple[str, int]]]:
+def split_images(seed: int, holdout: float | None = None, folds: int = 5) -> dict[str, list[tuple[str, int]]]:
+    """train / val / test images (30 / 10 / 10 per class), or with ``holdout`` the
+    study's compression-only hold-out (``pathtwt.mil.folds.assign_folds`` with the study's
+    folds, seed and hold-out fraction: the images no fold reports on) split 3 : 1 per
+    class into train and val, and no test images."""
     rows = list(csv.DictReader(open(BACH / "labels.csv")))
     rng = np.random.default_rng(seed)
     out: dict[str, list[tuple[str, int]]] = {"train": [], "val": [], "test": []}
+    if holdout is not None:
+        from pathtwt.mil.folds import HOLDOUT, assign_folds
+
+        ids, labels = [r["slide_id"] for r in rows], [int(r["label"]) for r in rows]
+        fold = assign_folds(ids, labels, folds, seed, None, holdout)
+        rows = [r for r, f in zip(rows, fold) if f == HOLDOUT]
     for label in sorted({int(r["label"]) for r in rows}):
         ids = sorted(r["slide_id"] for r in rows if int(r["label"]) == label)
         ids = [ids[i] for i in rng.permutation(len(ids))]
-        a, b = PER_CLASS[0], PER_CLASS[0] + PER_CLASS[1]
-        for name, part in (("train", ids[:a]), ("val", ids[a:b]), ("test", ids[b:b + PER_CLASS[2]])):
+        if holdout is not None:
+            n_val = max(1, -(-len(ids) // 4))  # a quarter, rounded up
+            parts = (("train", ids[n_val:]), ("val", ids[:n_val]))
+        else:
+            a, b = PER_CLASS[0], PER_CLASS[0] + PER_CLASS[1]
+            parts = (("train", ids[:a]), ("val", ids[a:b]), ("test", ids[b:b + PER_CLASS[2]]))
+        for name, part in parts:
             out[name] += [(i, label) for i in part]
     return out
 
@@ -89,9 +104,9 @@ class Data:
     """Tiles of the split: train tiles for distillation, 9 central tiles per image for the
     probe and the fidelity."""
 
-    def __init__(self, seed: int, probe_tiles: int = 9) -> None:
-        self.central = PROBE_TILES[probe_tiles]
-        self.split = split_images(seed)
+    def __init__(self, seed: int, probe_tiles: int = 9, holdout: float | None = None, folds: int = 5) -> None:
+        self.central, self.holdout = PROBE_TILES[probe_tiles], holdout
+        self.split = split_images(seed, holdout, folds)
         self.train_tiles, probe, self.image_split, self.labels = [], [], [], []
         for name in ("train", "val", "test"):
             for sid, label in self.split[name]:
@@ -156,7 +171,8 @@ class Evaluator:
         self.teacher, self.data, self.bs, self.seed = teacher, data, batch_size, seed
         self.kw = dict(transform=teacher.transform, num_prefix_tokens=teacher.spec.num_prefix_tokens, batch_size=batch_size)
         t0 = time.perf_counter()
-        saved = None if cache is None else cache / f"teacher_embeddings_seed{seed}_probe{len(data.central)}.pt"
+        design = "" if data.holdout is None else f"_holdout{data.holdout}"
+        saved = None if cache is None else cache / f"teacher_embeddings_seed{seed}_probe{len(data.central)}{design}.pt"
         if saved is not None and saved.exists():
             self.t_emb = torch.load(saved)
         else:
@@ -178,8 +194,10 @@ class Evaluator:
         out = {}
         for name in ("val", "test"):
             m = torch.from_numpy(self.data.tile_split == name)
-            out.update({f"{name}_{k}": v for k, v in fidelity(emb[m], self.t_emb[m], self.centre).items()})
-        out.update(probe(emb.numpy(), self.data, self.seed))
+            if m.any():
+                out.update({f"{name}_{k}": v for k, v in fidelity(emb[m], self.t_emb[m], self.centre).items()})
+        if (self.data.image_split == "test").any():  # no probe on the hold-out design: it has no test images
+            out.update(probe(emb.numpy(), self.data, self.seed))
         return out
 
     def block_r2(self, student, boundaries) -> list[float]:
@@ -267,8 +285,11 @@ def run_curve(spec: str, teacher, data: Data, ev: Evaluator, checkpoints: list[i
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "ckpt.pt"
-        spent = 0.0
-        for stop in [c for c in checkpoints if c < steps] + [steps]:
+        spent, started = 0.0, time.perf_counter()
+        stops = [c for c in checkpoints if c < steps] + [steps]
+        if args.every:  # scored every --every steps up to the cap STEPS
+            stops = list(range(args.every, steps, args.every)) + [steps]
+        for stop in stops:
             opts = DistillOptions(steps=steps, batch_size=args.batch_size, lr=args.lr, augment=False, seed=args.seed,
                                   precision=args.precision, checkpoint=ckpt, checkpoint_every=0, stop_after=stop,
                                   progress=False, loss_norm=norm, cache_limit_bytes=int(args.cache_gb * 2**30))
@@ -284,7 +305,24 @@ def run_curve(spec: str, teacher, data: Data, ev: Evaluator, checkpoints: list[i
             row["eval_s"] = round(time.perf_counter() - t1, 1)
             rows.append(row)
             print(fmt_row(row), flush=True)
+            if args.every and flat(rows, args):
+                row["stopped"] = f"val R2 gained < {args.min_gain} over the last {args.window} steps"
+                print(row["stopped"], flush=True)
+                break
+            if args.deadline_min and time.perf_counter() - started > 60 * args.deadline_min:
+                row["stopped"] = f"wall-time cap of {args.deadline_min} min"
+                print(row["stopped"], flush=True)
+                break
     return rows
+
+
+def flat(rows: list[dict], args) -> bool:
+    """Validation R^2 has stopped rising: the last row gained less than --min-gain over the
+    row --window steps before it."""
+    last = rows[-1]
+    before = [r for r in rows if r["step"] == last["step"] - args.window]
+    return bool(before) and last["val_r2"] - before[0]["val_r2"] < args.min_gain
+
 
 
 COLUMNS = ("run", "step", "epochs", "distill_s", "val_r2", "test_r2", "test_cka", "val_bacc", "test_bacc", "test_bacc_ci95")
@@ -365,6 +403,13 @@ def main() -> None:
     parser.add_argument("--references", action="store_true", help="score teacher, constant and random-init")
     parser.add_argument("--tag", default="curve", help="name of the CSV / JSON written under --out")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--holdout", type=float, default=None,
+                        help="draw the images from the study's compression-only hold-out of this fraction (its train / val, 3 : 1 per class)")
+    parser.add_argument("--folds", type=int, default=5, help="folds of the study whose hold-out --holdout draws")
+    parser.add_argument("--every", type=int, default=0, help="score every N steps up to the run's STEPS (a cap) and stop when flat")
+    parser.add_argument("--window", type=int, default=200, help="flat: val R^2 gained < --min-gain over this many steps")
+    parser.add_argument("--min-gain", type=float, default=0.01)
+    parser.add_argument("--deadline-min", type=float, default=0.0, help="stop a run at its first score after this many minutes of it")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -377,7 +422,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     teacher = create_backbone("vit-s14-imgfocus", weights=args.weights, device="cpu", precision="fp32")
-    data = Data(args.seed, args.probe_tiles)
+    data = Data(args.seed, args.probe_tiles, args.holdout, args.folds)
     print(f"tiles read in {time.perf_counter() - t0:.0f}s: {len(data.train_tiles)} train, {len(data.probe)} probe", flush=True)
     if args.speed:
         result = speed(teacher, data, args)

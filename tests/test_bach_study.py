@@ -5,6 +5,7 @@ naming the file or key."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -61,38 +62,55 @@ def test_bach_yaml_checks_and_plans_the_study(bach, tmp_path):
         pytest.skip("config/bach.yaml names ../shared, which is not beside this checkout")
     res = subprocess.run([str(PATHTWT), "check-config", "config/bach.yaml"], cwd=REPO, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert "'train': 120" in res.stdout and "'val': 40" in res.stdout and "'test': 40" in res.stdout
+    assert "'compress': 40" in res.stdout and "'cv': 160" in res.stdout
     cfg_path = tmp_path / "bach.yaml"
     cfg_path.write_text(yaml.safe_dump(bach_config(bach)))
     plan = snakemake(tmp_path / "work", "-n", "-p", "--configfile", str(cfg_path))
     counts = job_counts(plan.stdout)
     # 200 images tiled; 4 distilled variants (uncompressed and random-init need none);
-    # 6 variants extracted; ABMIL + TransMIL per variant, each job training its 3 seeds
+    # 6 variants extracted; ABMIL, TransMIL and meanpool per variant and test fold, one seed each
     assert counts["tile"] == 200 and counts["compress"] == 4 and counts["extract"] == 6
-    assert counts["train_mil"] == 6 * 2 and counts["labels"] == 1
+    assert counts["train_mil_fold"] == 6 * 3 * 5 and "train_mil" not in counts and counts["labels"] == 1
+    assert counts["summarize_mil"] == 6 * 3
     text = plan.stdout + plan.stderr
-    assert "pathtwt labels split" in text and "--fractions 0.6 0.2 0.2 --seed 0" in text
+    assert "pathtwt labels split" in text and "--folds 5 --holdout 0.2 --seed 0" in text
+    assert "--fractions" not in text
     assert "--backbone vit-s14-imgfocus --random-init" in text  # the floor is extracted like a variant
     assert "--slide-mpp 0.42" in text and "--precision auto" in text
     # distilled on the fit tiles in memory, augmentation off: the teacher's targets once per tile
-    assert "--steps 200" in text and "--augment off" in text and "--train-coords" not in text
+    assert "--augment off" in text and "--train-coords" not in text
+    steps = yaml.safe_load((REPO / "config" / "bach.yaml").read_text())["compress"]["steps"]
+    assert f"--steps {steps}" in text
+    mil = [line for line in plan.stdout.splitlines() if "pathtwt train-mil" in line]
+    assert {re.search(r"--aggregator (\S+)", line).group(1) for line in mil} == {"abmil", "transmil", "meanpool"}
+    assert {re.search(r"--fold (\d)", line).group(1) for line in mil} == {str(f) for f in range(5)}
+    # compression sees the 40 hold-out images only; extraction the 160 the folds report on
+    table = check.cohort_label_table(check.validate_schema(bach_config(bach), source="t"), "bach")
+    held = {s for s, sp in zip(table.slide_ids, table.splits) if sp == "compress"}
+    block = plan.stdout.split("rule calibration_list:")[1]
+    calib = {Path(p).stem for p in re.search(r"input: (.*)", block).group(1).split(", ")}
+    assert calib == held and len(held) == 40
+    block = plan.stdout.split("rule extract:")[1]
+    extracted = {Path(p).stem for p in re.search(r"input: (.*)", block).group(1).split(", ") if "/tiles/" in p}
+    assert len(extracted) == 160 and not extracted & held
 
 
-def test_the_drawn_split_is_stratified_seeded_and_what_the_workflow_records(bach, tmp_path):
+def test_the_drawn_folds_are_stratified_seeded_and_what_the_workflow_records(bach, tmp_path):
     cfg = check.validate_schema(bach_config(bach), source="test")
     table = check.cohort_label_table(cfg, "bach")
     out = tmp_path / "labels.csv"
-    assert subprocess.run([str(PATHTWT), "labels", "split", str(bach / "labels.csv"), "--fractions", "0.6", "0.2",
+    assert subprocess.run([str(PATHTWT), "labels", "split", str(bach / "labels.csv"), "--folds", "5", "--holdout",
                            "0.2", "--seed", "0", "--out", str(out)], capture_output=True).returncode == 0
     written = pd.read_csv(out, dtype={"slide_id": str})
-    assert list(written.columns[:3]) == ["slide_id", "label", "split"] and "class_name" in written.columns
+    assert list(written.columns[:4]) == ["slide_id", "label", "split", "fold"] and "class_name" in written.columns
     assert dict(zip(written.slide_id, written.split)) == dict(zip(table.slide_ids, table.splits))
-    counts = written.groupby(["split", "label"]).size().unstack()
-    assert (counts.loc["train"] == 30).all() and (counts.loc["val"] == 10).all() and (counts.loc["test"] == 10).all()
+    assert dict(zip(written.slide_id, written.fold)) == dict(zip(table.slide_ids, table.folds))
+    counts = written.groupby(["fold", "label"]).size().unstack()
+    assert (counts.loc[-1] == 10).all() and (counts.drop(index=-1) == 8).all().all()
     other = tmp_path / "other.csv"
-    subprocess.run([str(PATHTWT), "labels", "split", str(bach / "labels.csv"), "--seed", "1", "--out", str(other)],
-                   check=True, capture_output=True)
-    assert (pd.read_csv(other).split != written.split).any()  # the seed moves images
+    subprocess.run([str(PATHTWT), "labels", "split", str(bach / "labels.csv"), "--folds", "5", "--holdout", "0.2",
+                    "--seed", "1", "--out", str(other)], check=True, capture_output=True)
+    assert (pd.read_csv(other).fold != written.fold).any()  # the seed moves images
 
 
 def test_an_external_cohort_drops_in_by_yaml_alone(bach, tmp_path):
@@ -117,7 +135,7 @@ def test_an_external_cohort_drops_in_by_yaml_alone(bach, tmp_path):
         "tile": 8, "labels": 1, "extract": n, "extract_manifest": n, "merge_failures": n, "total": 9 + 3 * n
     }
     mil = [line for line in plan.stdout.splitlines() if "pathtwt train-mil" in line]
-    assert len(mil) == n * 2 and all("--seed 0 1 2 " in line for line in mil)  # a job per head, 3 seeds each
+    assert len(mil) == n * 3 * 5 and all("--seed 0 " in line for line in mil)  # a job per head and fold
     assert all("--external bach-external=results/features/vit-s14-imgfocus/" in line for line in mil)
     # its label table has no split column: every image is tested
     table = check.check_config(check.validate_schema(grown, source="t"), source="t")["bach-external"]
@@ -164,10 +182,12 @@ def test_a_local_run_schedules_on_job_events_not_every_second(bach, tmp_path):
 def test_a_local_run_keeps_its_bookkeeping_jobs_in_process(bach, tmp_path):
     """A `run:` job (here the calibration file list, beside real tile jobs) runs in the
     Snakemake process instead of a spawned Snakemake that parses the workflow again
-    (workflow/rules/common.smk); the list it writes names every training tile file."""
-    root = small_cohort(tmp_path / "small", bach)
+    (workflow/rules/common.smk); the list it writes names every tile file of the
+    compression hold-out, and only those."""
+    root = small_cohort(tmp_path / "small", bach, per_class=3)
     cfg = bach_config(bach)
-    cfg["cohorts"]["bach"].update(slides=str(root / "images"), labels=str(root / "labels.csv"))
+    cfg["cohorts"]["bach"].update(slides=str(root / "images"), labels=str(root / "labels.csv"),
+                                  draw_split={"folds": 2, "holdout": 0.34, "seed": 0})
     cfg_path = tmp_path / "small.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     res = snakemake(tmp_path / "run", "results/calibration/vit-s14-imgfocus.coords.txt", "--cores", "2", "--verbose",
@@ -177,6 +197,9 @@ def test_a_local_run_keeps_its_bookkeeping_jobs_in_process(bach, tmp_path):
     assert "rule calibration_list" in log and "spawned job" not in log  # Snakemake logs each job it spawns
     listed = (tmp_path / "run" / "results/calibration/vit-s14-imgfocus.coords.txt").read_text().split()
     assert listed and all(p.endswith(".h5") and (tmp_path / "run" / p).is_file() for p in listed)
+    table = check.cohort_label_table(check.validate_schema(cfg, source="t"), "bach")
+    assert {Path(p).stem for p in listed} == {s for s, sp in zip(table.slide_ids, table.splits) if sp == "compress"}
+    assert len(listed) == 4  # one image per class
 
 
 # ---- bad input: one line naming the file or key, before any job ----------------------

@@ -4,7 +4,7 @@ Every model is rebuilt the way an exported variant is (the backbone's timm archi
 the variant's depth, with the method's ``layer_patches``) on the meta device, so nothing is
 allocated and only shapes are counted. Parameters must round to the paper's value in
 millions; MACs are checked in the paper's counting (``norms=True``; attention matmuls only
-where the paper's counter saw them, see README "Cost") and pinned in pathtwt's own.
+where the paper's counter saw them, see docs/method.md, "Cost") and pinned in pathtwt's own.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def test_hibou_b_nose_and_teacher():
 # The paper's cost table extended to the encoders pathologists run: the teacher and a TWT
 # student at about half its depth, computed on the meta device (no weights), in pathtwt's
 # counting and in the paper's (norms counted, no attention matmuls, as for the paper's
-# students). (depth, params M, pathtwt MACs G, paper-counting MACs G); README "Cost".
+# students). (depth, params M, pathtwt MACs G, paper-counting MACs G); docs/method.md, "Cost".
 PATHOLOGY_COSTS = {
     "uni": [(24, 303.35, 61.55, 59.70), (12, 152.17, 30.85, 29.93)],
     "uni2-h": [(24, 681.39, 185.47, 180.39), (12, 341.35, 92.85, 90.31)],

@@ -51,7 +51,7 @@ PUBLISHED_PARAMS = {
     "h-optimus-0": (1.1e9, 0.1e9),  # H-optimus-0 card: ViT-g/14, 1.1 B parameters
     "h-optimus-1": (1.1e9, 0.1e9),  # Bioptimus release note: "1.1 billion parameter vision transformer"
     "prov-gigapath": (1.1e9, 0.1e9),  # Prov-GigaPath (Nature 2024): ViT-g tile encoder, 1.1 B
-    "phikon-v2": (0.3e9, 0.1e9),  # Phikon-v2 (arXiv 2409.09173): ViT-L (a page quotes 307 M; see README)
+    "phikon-v2": (0.3e9, 0.1e9),  # Phikon-v2 (arXiv 2409.09173): ViT-L (a page quotes 307 M; see docs/backbones.md)
     "hibou-l": (0.3e9, 0.1e9),  # Hibou (arXiv 2406.05074): ViT-L/14
     "kaiko-vitb8": (86e6, 1e6),  # timm vit_base_patch8_224: 86.6 M with the 1000-class head, 85.8 M without
 }

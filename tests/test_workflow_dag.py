@@ -245,3 +245,57 @@ def test_every_variant_is_probed_with_the_teacher_and_a_random_init_floor(paper,
     res = snakemake(work, "-n", "--configfile", str(cfg_path), "--config", f"data_root={data}", check=False)
     assert res.returncode != 0 and "probes.absent.tiles" in res.stdout + res.stderr
     assert "Job stats" not in res.stdout
+
+
+def test_a_cross_validated_cohort_plans_one_job_per_fold_and_lends_only_its_hold_out_to_compression(tmp_path):
+    """draw_split.folds: every (variant, head, fold) is one MIL job; calibration reads the
+    compression hold-out only, extraction every other slide; patients stay in one fold."""
+    data, work = tmp_path / "data", tmp_path / "work"
+    (data / "slides").mkdir(parents=True)
+    rows = ["slide_id,label,patient"]
+    for i in range(30):
+        (data / "slides" / f"s{i:02d}.tif").write_bytes(b"")
+        rows.append(f"s{i:02d},{i // 2 % 2},p{i // 2}")  # 15 patients of 2 slides, one label each
+    (data / "labels.csv").write_text("\n".join(rows) + "\n")
+    cfg = yaml.safe_load((REPO / "config" / "bach.yaml").read_text())
+    cfg["cohorts"]["bach"].update(slides=str(data / "slides"), labels=str(data / "labels.csv"), extensions=[".tif"],
+                                  draw_split={"folds": 3, "holdout": 0.2, "seed": 0, "group_column": "patient"})
+    cfg["tasks"]["bach"]["classes"] = 2
+    cfg["backbones"]["vit-s14-imgfocus"]["weights"] = str(REPO.parent / "shared" / "weights" / "vit_s14_imgfocus.safetensors")
+    cfg["variants"] = {"uncompressed": {"method": "none"}, "twt-6": {"method": "twt", "depth": 6}}
+    path = tmp_path / "cv.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = snakemake(work, "-n", "-p", "--configfile", str(path))
+    counts = job_counts(res.stdout)
+    heads = len(cfg["mil"]["heads"])
+    assert counts["train_mil_fold"] == 2 * heads * 3 and counts["summarize_mil"] == 2 * heads
+    assert "--group-column patient --holdout 0.2" in res.stdout
+    from pathtwt.config import check
+
+    table = check.cohort_label_table(check.validate_schema(cfg, source="t"), "bach")
+    held = {s for s, f in zip(table.slide_ids, table.folds) if f == -1}
+    assert 0 < len(held) < 30
+    patient = {s: int(s[1:]) // 2 for s in table.slide_ids}
+    fold_of = {}
+    for s, f in zip(table.slide_ids, table.folds):
+        assert fold_of.setdefault(patient[s], f) == f  # a patient's slides share a fold (or the hold-out)
+    block = res.stdout.split("rule calibration_list:")[1]
+    assert {Path(p).stem for p in re.search(r"input: (.*)", block).group(1).split(", ")} == held
+    block = res.stdout.split("rule extract:")[1]
+    extracted = {Path(p).stem for p in re.search(r"input: (.*)", block).group(1).split(", ") if "/tiles/" in p}
+    assert extracted == set(table.slide_ids) - held
+    runs = set(re.findall(r"results/mil/vit-s14-imgfocus/twt-6/bach/abmil/fold(\d)/seed0/metrics.json", res.stdout))
+    assert runs == {"0", "1", "2"}
+
+
+def test_folds_with_fractions_or_without_a_compression_hold_out_are_refused(tmp_path):
+    cfg = yaml.safe_load((REPO / "config" / "bach.yaml").read_text())
+    for draw, key in (({"folds": 5, "fractions": [0.6, 0.2, 0.2]}, "give `folds` or `fractions`, not both"),
+                      ({"folds": 5}, "draw_split.holdout: backbone vit-s14-imgfocus is compressed on cohort bach"),
+                      ({"fractions": [0.6, 0.2, 0.2], "holdout": 0.2}, "draw_split.holdout: only with `folds`")):
+        cfg["cohorts"]["bach"]["draw_split"] = draw
+        path = tmp_path / "bad.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        res = snakemake(tmp_path / "w", "-n", "--configfile", str(path), check=False)
+        assert res.returncode != 0 and key in res.stdout + res.stderr, res.stdout[-2000:]
+        assert "Job stats" not in res.stdout

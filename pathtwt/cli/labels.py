@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 HELP = (
     "build a label table (slide_id,label,split) from a cohort's published metadata: PANDA train.csv, "
@@ -58,10 +59,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     drawn.add_argument("table", metavar="LABELS_CSV", help="label table with slide_id and the label column")
     drawn.add_argument("--label-column", default="label", help="column of class indices 0..C-1 (default: %(default)s)")
     drawn.add_argument(
-        "--fractions", type=float, nargs=3, default=[0.6, 0.2, 0.2], metavar=("TRAIN", "VAL", "TEST"),
-        help="fractions of each class's slides (default: %(default)s)",
+        "--fractions", type=float, nargs=3, default=None, metavar=("TRAIN", "VAL", "TEST"),
+        help="fractions of each class's slides (default without --folds: 0.6 0.2 0.2)",
     )
     drawn.add_argument("--seed", type=int, default=0, help="seed of the drawn split (default: %(default)s)")
+    drawn.add_argument(
+        "--folds", type=int, default=None, metavar="K",
+        help="k-fold cross-validation instead of fractions: a `fold` column 0..K-1, stratified by class (every slide "
+        "tested once; fold f's heads select on fold f+1 and train on the rest)",
+    )
+    drawn.add_argument(
+        "--group-column", default=None, metavar="COL",
+        help="with --folds: keep every group's slides (a patient, a case) in one fold; copied to a `group` column",
+    )
+    drawn.add_argument(
+        "--holdout", type=float, default=0.0, metavar="FRACTION",
+        help="with --folds: this fraction of the slides (by group, stratified) is a compression-only hold-out "
+        "(split `compress`, fold -1) that no fold tests (default: %(default)s)",
+    )
+    drawn.add_argument("--clam-splits", default=None, metavar="DIR",
+                       help="with --folds: also write CLAM's splits_{k}.csv (train,val,test columns) there")
+    drawn.add_argument("--stamp-splits", default=None, metavar="JSON",
+                       help="with --folds: also write STAMP's splits.json (train_patients / test_patients per fold)")
 
     for p in (panda, tcga, c17, c16, drawn):
         p.add_argument("--out", required=True, metavar="CSV", help="label table to write (slide_id,label,split,...)")
@@ -77,10 +96,45 @@ def run(args: argparse.Namespace) -> int:
     elif args.cohort == "camelyon17":
         table = lb.build_camelyon17(args.stage_labels, args.corrected, args.splits, args.fractions, args.seed)
     elif args.cohort == "split":
-        table = lb.build_drawn_split(args.table, args.fractions, args.seed, args.label_column)
+        return run_split(args)
     else:
         table = lb.build_camelyon16(args.reference, args.training_slides, args.split)
     lb.write_label_table(table, args.out)
     print(json.dumps({"cohort": args.cohort, "out": str(args.out), "slides": len(table),
                       "per_split_label": lb.summary(table)}))
+    return 0
+
+
+def run_split(args: argparse.Namespace) -> int:
+    from pathtwt.errors import ConfigError
+    from pathtwt.mil import label_builders as lb
+
+    if args.folds is None:
+        for flag in ("group_column", "clam_splits", "stamp_splits"):
+            if getattr(args, flag) is not None:
+                raise ConfigError(f"--{flag.replace('_', '-')} needs --folds K")
+        if args.holdout:
+            raise ConfigError("--holdout needs --folds K (a fractions split's own train part is what compression uses)")
+        table = lb.build_drawn_split(args.table, args.fractions or [0.6, 0.2, 0.2], args.seed, args.label_column)
+        lb.write_label_table(table, args.out)
+        print(json.dumps({"cohort": args.cohort, "out": str(args.out), "slides": len(table),
+                          "per_split_label": lb.summary(table)}))
+        return 0
+    if args.fractions is not None:
+        raise ConfigError("--folds and --fractions exclude each other: give one (folds test every slide once)")
+    table = lb.build_fold_split(args.table, args.folds, args.seed, args.label_column, args.group_column, args.holdout)
+    lb.write_label_table(table, args.out)
+    clam = lb.write_clam_splits(table, args.folds, args.clam_splits) if args.clam_splits else []
+    if args.stamp_splits:
+        clam.append(lb.write_stamp_splits(table, args.folds, args.stamp_splits))
+    notes = lb.fold_notes(table, args.folds, args.holdout)
+    print(json.dumps({"cohort": args.cohort, "out": str(args.out), "slides": len(table), "folds": args.folds,
+                      "holdout": args.holdout, **notes, "split_files": [str(p) for p in clam]}))
+    gaps = notes["not_exactly_stratified"]
+    if gaps:
+        print(f"pathtwt labels split: groups kept whole, so {len(gaps)} (fold, class) count(s) miss their target by "
+              f"a slide or more: {'; '.join(gaps)}", file=sys.stderr)
+    if notes["mixed_label_groups"]:
+        print(f"pathtwt labels split: groups whose slides carry different labels (kept whole, allowed): "
+              f"{', '.join(notes['mixed_label_groups'])}", file=sys.stderr)
     return 0

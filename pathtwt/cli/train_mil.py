@@ -15,7 +15,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--features", required=True, type=Path, help="folder of {slide_id}.h5 features files")
     parser.add_argument("--labels", required=True, type=Path, help="label table CSV: slide_id,label,split (train/val/test)")
     parser.add_argument("--protocol", required=True, choices=("grading", "metastasis"), help="preset of the paper's training protocol")
-    parser.add_argument("--aggregator", default="abmil", choices=("abmil", "transmil"), help="slide head")
+    parser.add_argument(
+        "--aggregator", default="abmil", choices=("abmil", "transmil", "meanpool"),
+        help="slide head; meanpool: logistic regression on the standardised mean tile embedding, C chosen on val",
+    )
+    parser.add_argument(
+        "--fold", type=int, default=None, metavar="F",
+        help="k-fold cross-validation: test on fold F of the label table's `fold` column, select on fold F+1 "
+        "(mod K), train on the others; compression hold-out rows (fold -1) are left out (default: the split column)",
+    )
     parser.add_argument(
         "--seed", type=int, nargs="+", default=[0], metavar="SEED",
         help="seed of initialisation, bag sampling and data order; several seeds train one run each in this "
@@ -121,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     configs = [make_config(args.protocol, seed=seed, **overrides) for seed in args.seed]
     externals = [parse_external(spec) for spec in args.external]
     data = prepare_data(
-        features_dir=args.features, labels=args.labels, externals=externals, n_classes=args.classes, allow_missing=args.allow_missing, failed=args.failed_slides
+        features_dir=args.features, labels=args.labels, externals=externals, n_classes=args.classes, allow_missing=args.allow_missing, failed=args.failed_slides,
+        fold=args.fold,
     )
     for name, counts in data.skipped().items():
         if any(counts.values()):

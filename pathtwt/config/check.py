@@ -206,6 +206,7 @@ class LabelTable:
     labels: tuple[str, ...]
     splits: tuple[str, ...]
     lines: tuple[int, ...] = ()  # the file's line number of each row (1 = the header line)
+    folds: tuple[int, ...] = ()  # cross-validation: each slide's test fold (-1: compression hold-out)
 
     def where(self, i: int) -> str:
         """How an error names row ``i``: its line in the file."""
@@ -265,24 +266,70 @@ def read_label_table(
 
 
 def drawn_label_table(path: Path, *, label_column: str, draw: Mapping[str, Any], where: str) -> LabelTable:
-    """A label table without a split column, with the seeded class-stratified split the
-    `labels` rule writes (`pathtwt labels split`: the same function, so the workflow's
-    plan and the written table agree)."""
-    from pathtwt.mil.label_builders import build_drawn_split
+    """A label table without a split column, with the seeded class-stratified split (or
+    folds) the `labels` rule writes (`pathtwt labels split`: the same function, so the
+    workflow's plan and the written table agree)."""
+    from pathtwt.mil.label_builders import build_drawn_split, build_fold_split
 
     if not path.is_file():
         raise ConfigError(f"{path}: label table ({where}) not found")
-    table = build_drawn_split(path, draw["fractions"], draw["seed"], label_column)
+    if draw.get("folds"):
+        table = build_fold_split(path, draw["folds"], draw["seed"], label_column, draw.get("group_column"),
+                                 draw.get("holdout") or 0.0)
+    else:
+        table = build_drawn_split(path, split_fractions(draw), draw["seed"], label_column)
     return LabelTable(
         path=path,
         slide_ids=tuple(table["slide_id"]),
         labels=tuple(str(v) for v in table["label"]),
         splits=tuple(table["split"]),
+        folds=tuple(int(f) for f in table["fold"]) if "fold" in table.columns else (),
     )
 
 
+DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)
+
+
+def split_fractions(draw: Mapping[str, Any]) -> list[float]:
+    """The train / val / test fractions of a drawn split (the default when none given)."""
+    return list(draw.get("fractions") or DEFAULT_FRACTIONS)
+
+
+def cohort_folds(config: Mapping[str, Any], cohort: str) -> int | None:
+    """K of a cohort drawn into k folds, else None."""
+    draw = config["cohorts"][cohort].get("draw_split") or {}
+    return draw.get("folds") or None
+
+
+def check_fold_draws(config: Mapping[str, Any], *, source: str) -> None:
+    """`folds` excludes `fractions`; `group_column` and `holdout` need `folds`; and a
+    cross-validated cohort that compression calibrates on must hold out its compression
+    slides, else compression would see slides the folds report on."""
+    for name, cohort in config["cohorts"].items():
+        draw = cohort.get("draw_split") or {}
+        key = f"cohorts.{name}.draw_split"
+        if draw.get("folds") and draw.get("fractions") is not None:
+            raise ConfigError(f"{source}: key {key}: give `folds` or `fractions`, not both (folds test every slide once)")
+        if not draw.get("folds"):
+            for extra in ("group_column", "holdout"):
+                if draw.get(extra):
+                    raise ConfigError(f"{source}: key {key}.{extra}: only with `folds`")
+            continue
+        if draw.get("holdout"):
+            continue
+        calibrating = [b for b, bb in config["backbones"].items()
+                       if any(config["tasks"][t]["cohort"] == name for t in (bb["calibrate_on"] or list(config["tasks"])))
+                       and any(config["variants"][v]["method"] not in ("none", RANDOM_INIT_VARIANT)
+                               for v in (bb["variants"] or list(config["variants"])) if v in config["variants"])]
+        if calibrating:
+            raise ConfigError(
+                f"{source}: key {key}.holdout: backbone {calibrating[0]} is compressed on cohort {name}, whose every slide "
+                "a fold reports on; hold out a compression-only part (e.g. holdout: 0.2) or calibrate on another task's cohort"
+            )
+
+
 # The "split" of a cohort only tested externally, whose label table has no split column.
-ALL_TEST = {"fractions": [0.0, 0.0, 1.0], "seed": 0}
+ALL_TEST = {"fractions": [0.0, 0.0, 1.0], "seed": 0, "folds": None}
 
 
 def split_draw(config: Mapping[str, Any], cohort: str) -> Mapping[str, Any] | None:
@@ -391,6 +438,7 @@ def check_references(config: Mapping[str, Any], *, source: str) -> None:
         )
     if any(c.get("demo") for c in cohorts.values()) and not config["demo"]["enabled"]:
         raise ConfigError(f"{source}: key demo.enabled: cohorts marked demo: true need demo.enabled: true")
+    check_fold_draws(config, source=source)
 
 
 def available_probes(config: Mapping[str, Any], *, source: str) -> tuple[list[str], list[str]]:
@@ -455,7 +503,7 @@ def check_training_classes(config: Mapping[str, Any], tables: Mapping[str, Label
     count it)."""
     for name, task in config["tasks"].items():
         table = tables.get(task["cohort"])
-        if table is None:
+        if table is None or table.folds:  # folds: every fold holds every class (checked when drawn)
             continue
         train = {lab for lab, sp in zip(table.labels, table.splits) if sp == task["train_split"]}
         absent = sorted(set(table.labels) - train, key=lambda v: (len(v), v))

@@ -19,5 +19,8 @@ MODEL_DIR = "results/models/{backbone}/{variant}"
 DISCOVERY_DIR = "results/discovery/{backbone}"
 # a cohort's features folder (one {slide}.h5 per slide)
 FEATURES_DIR = "results/features/{backbone}/{variant}/{cohort}"
+# a MIL run folder; of test fold {fold} in a cross-validated task (pathtwt.mil.layout.run_dir
+# chooses between them)
 MIL_RUN_DIR = "results/mil/{backbone}/{variant}/{task}/{head}/seed{seed}"
+MIL_FOLD_RUN_DIR = "results/mil/{backbone}/{variant}/{task}/{head}/fold{fold}/seed{seed}"
 PROBE_RESULT = "results/probes/{backbone}/{variant}/{probe}/probe.json"

@@ -35,6 +35,7 @@ class Bag:
     label: int
     path: Path
     n_tiles: int
+    group: str | None = None  # the label table's `group` (patient, case), when it has one
 
 
 @dataclass
@@ -59,12 +60,15 @@ def features_files(features_dir: str | os.PathLike) -> dict[str, Path]:
 
 
 def match_table(
-    table: pd.DataFrame, features_dir: str | os.PathLike, *, allow_missing: bool, where: str
+    table: pd.DataFrame, features_dir: str | os.PathLike, *, allow_missing: bool, where: str,
+    also_listed: frozenset[str] = frozenset(),
 ) -> tuple[pd.DataFrame, dict[str, int]]:
     """Keep the table rows that have a features file; check the folder holds no slide the
-    table does not list. Returns the kept rows and the skip counts."""
+    table does not list (``also_listed``: slides the table lists for another use, such as
+    a cross-validation table's compression hold-out). Returns the kept rows and the skip
+    counts."""
     files = features_files(features_dir)
-    ids = set(table["slide_id"])
+    ids = set(table["slide_id"]) | set(also_listed)
     missing = [s for s in table["slide_id"] if s not in files]
     unlisted = sorted(s for s in files if s not in ids)
     if missing and not allow_missing:
@@ -98,7 +102,8 @@ def inspect_bags(
     unreadable: list[str] = []
     non_finite: list[str] = []
     dims: dict[int, list[str]] = {}
-    for slide_id, label, path in zip(rows["slide_id"], rows["label"], rows["path"]):
+    groups = rows["group"] if "group" in rows.columns else [None] * len(rows)
+    for slide_id, label, path, group in zip(rows["slide_id"], rows["label"], rows["path"], groups):
         try:
             with h5py.File(path, "r") as h5:
                 dataset = h5["features"]
@@ -120,7 +125,8 @@ def inspect_bags(
         except (OSError, KeyError) as exc:
             unreadable.append(f"{slide_id} ({type(exc).__name__})")
             continue
-        bags.append(Bag(slide_id=slide_id, label=int(label), path=Path(path), n_tiles=n_tiles))
+        bags.append(Bag(slide_id=slide_id, label=int(label), path=Path(path), n_tiles=n_tiles,
+                        group=None if group is None or pd.isna(group) else str(group)))
     if skipped is not None:
         skipped["failed_extraction"] = len(excluded)
         skipped["no_tiles"] = len(no_tiles)
@@ -227,6 +233,7 @@ class MILData:
     evaluated: list[Cohort]  # val first, then test (when present), then external cohorts
     dim: int
     n_classes: int
+    fold: int | None = None  # the test fold of a cross-validation run
 
     def cohort(self, name: str) -> Cohort:
         return next(c for c in [self.train, *self.evaluated] if c.name == name)
@@ -259,16 +266,21 @@ def prepare_data(
     n_classes: int | None = None,
     allow_missing: bool = False,
     failed: str = "stop",
+    fold: int | None = None,
 ) -> MILData:
     """Match the label table(s) with the features folder(s) and check everything before
-    any training starts."""
+    any training starts. With ``fold`` the table's ``fold`` column gives the splits
+    (:func:`fold_splits`)."""
     from pathtwt.mil.labels import read_label_table
 
     table = read_label_table(labels)
+    listed = frozenset(table["slide_id"])
+    if fold is not None:
+        table = fold_splits(table, fold, where=str(labels))
     odd = table.loc[~table["split"].isin(SPLITS), "slide_id"].tolist()
     if odd:
         raise ConfigError(f"{labels}: split must be one of {', '.join(SPLITS)}; not so for slide(s) {slide_listing(odd)}")
-    kept, skipped = match_table(table, features_dir, allow_missing=allow_missing, where=str(labels))
+    kept, skipped = match_table(table, features_dir, allow_missing=allow_missing, where=str(labels), also_listed=listed)
     bags, dim = inspect_bags(kept, where=str(features_dir), failed=failed, skipped=skipped)
     split_of = dict(zip(kept["slide_id"], kept["split"]))
     cohorts = {s: Cohort(name=s, bags=[b for b in bags if split_of[b.slide_id] == s], skipped=skipped) for s in SPLITS}
@@ -289,6 +301,27 @@ def prepare_data(
         evaluated.append(Cohort(name=name, bags=ext_bags, skipped=ext_skipped))
     if n_classes is None:  # from the whole main table, so a grade seen only in test still counts
         n_classes = max(2, int(max(b.label for b in bags)) + 1)
-    data = MILData(train=cohorts["train"], evaluated=evaluated, dim=dim, n_classes=int(n_classes))
+    data = MILData(train=cohorts["train"], evaluated=evaluated, dim=dim, n_classes=int(n_classes), fold=fold)
     check_labels([data.train, *evaluated], data.n_classes, where=str(labels))
     return data
+
+
+def fold_splits(table: pd.DataFrame, fold: int, *, where: str) -> pd.DataFrame:
+    """The rows of a cross-validation table (``fold`` column 0..K-1, -1 for the
+    compression-only hold-out) with ``split`` set for test fold ``fold``
+    (:func:`pathtwt.mil.folds.fold_roles`); the hold-out rows are left out."""
+    from pathtwt.mil import folds as cv
+
+    if "fold" not in table.columns:
+        raise ConfigError(f"{where}: --fold {fold} needs a `fold` column; draw one with `pathtwt labels split --folds K`")
+    values = pd.to_numeric(table["fold"], errors="coerce")
+    bad = table.loc[values.isna() | (values != np.round(values)), "slide_id"].tolist()
+    if bad:
+        raise ConfigError(f"{where}: fold not an integer for slide(s) {slide_listing(bad)}; folds are 0..K-1 (-1: hold-out)")
+    values = values.astype(np.int64).to_numpy()
+    k = int(values.max()) + 1
+    cv.check_fold_column(values, k, where)
+    if not 0 <= fold < k:
+        raise ConfigError(f"{where}: --fold {fold}: the table has folds 0..{k - 1}")
+    out = table.assign(split=cv.fold_roles(values, fold, k))
+    return out[values != cv.HOLDOUT].reset_index(drop=True)

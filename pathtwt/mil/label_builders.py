@@ -310,14 +310,9 @@ def stratified_split(ids: Sequence[str], labels: Sequence[int], fractions: Seque
     return [out[i] for i in ids]
 
 
-def build_drawn_split(
-    table_path: str | os.PathLike, fractions: Sequence[float] = (0.6, 0.2, 0.2), seed: int = 0,
-    label_column: str = "label",
-) -> pd.DataFrame:
-    """``slide_id,label,split`` (+ the table's other columns) for a label table without a
-    split: the split is drawn by :func:`stratified_split`. An existing ``split`` column
-    is replaced (and said so by the caller's summary)."""
-    path = Path(table_path)
+def read_unsplit_table(path: Path, label_column: str) -> pd.DataFrame:
+    """A label table checked for a drawn split: slide ids present and unique, labels class
+    indices (every cell still text, the other columns kept)."""
     table = read_table(path, "label table")
     for column in ("slide_id", label_column):
         if column not in table.columns:
@@ -331,12 +326,109 @@ def build_drawn_split(
     if dupes:
         raise ConfigError(f"{path}: slide(s) listed more than once: {slide_listing(dupes)}; keep one row per slide")
     labels = [int(v) for v in table[label_column]]
-    rows = table.drop(columns=[c for c in ("split",) if c in table.columns]).copy()
+    rows = table.drop(columns=[c for c in ("split", "fold") if c in table.columns]).copy()
     rows["label"] = labels
     if label_column != "label":
         rows = rows.drop(columns=[label_column])
-    rows["split"] = stratified_split(list(rows["slide_id"]), labels, fractions, seed)
+    return rows
+
+
+def build_drawn_split(
+    table_path: str | os.PathLike, fractions: Sequence[float] = (0.6, 0.2, 0.2), seed: int = 0,
+    label_column: str = "label",
+) -> pd.DataFrame:
+    """``slide_id,label,split`` (+ the table's other columns) for a label table without a
+    split: the split is drawn by :func:`stratified_split`. An existing ``split`` column
+    is replaced (and said so by the caller's summary)."""
+    path = Path(table_path)
+    rows = read_unsplit_table(path, label_column)
+    rows["split"] = stratified_split(list(rows["slide_id"]), list(rows["label"]), fractions, seed)
     return finish(rows, str(path))
+
+
+def build_fold_split(
+    table_path: str | os.PathLike, folds: int, seed: int = 0, label_column: str = "label",
+    group_column: str | None = None, holdout: float = 0.0,
+) -> pd.DataFrame:
+    """``slide_id,label,split,fold[,group]`` (+ the table's other columns): k folds drawn by
+    :func:`pathtwt.mil.folds.assign_folds`, stratified by class and, with
+    ``group_column``, keeping every group's slides in one fold (a copy of that column is
+    written as ``group``, the column the evaluation resamples by). ``split`` is ``cv`` for
+    a slide in a fold and ``compress`` for the compression-only hold-out (fold -1)."""
+    from pathtwt.mil import folds as cv
+
+    path = Path(table_path)
+    raw = read_table(path, "label table")
+    if group_column is not None and group_column not in raw.columns:
+        raise ConfigError(
+            f"{path}: group column {group_column!r} not in the label table (it has {', '.join(raw.columns)}); "
+            "name the patient or case column, or draw without groups"
+        )
+    rows = read_unsplit_table(path, label_column)
+    groups = None if group_column is None else [g.strip() for g in rows[group_column]]
+    rows["fold"] = cv.assign_folds(list(rows["slide_id"]), list(rows["label"]), folds, seed, groups, holdout,
+                                   where=str(path))
+    rows["split"] = np.where(rows["fold"] == cv.HOLDOUT, cv.HOLDOUT_SPLIT, cv.FOLD_SPLIT)
+    if groups is not None:
+        rows["group"] = [g or s for g, s in zip(groups, rows["slide_id"])]
+    out = finish(rows, str(path))
+    first = ["slide_id", "label", "split", "fold"] + (["group"] if groups is not None else [])
+    return out[first + [c for c in out.columns if c not in first]]
+
+
+def fold_notes(table: pd.DataFrame, folds: int, holdout: float) -> dict:
+    """What the command says about a fold table: slides per fold and class, where exact
+    stratification was impossible, and the groups whose slides carry different labels."""
+    from pathtwt.mil import folds as cv
+
+    labels, fold = table["label"].to_numpy(), table["fold"].to_numpy()
+    per_fold = {("holdout" if f == cv.HOLDOUT else f"fold{f}"): {str(k): int(v) for k, v in g["label"].value_counts().sort_index().items()}
+                for f, g in table.groupby("fold")}
+    groups = list(table["group"]) if "group" in table.columns else None
+    return {
+        "per_fold_label": per_fold,
+        "groups": None if groups is None else len(set(groups)),
+        "not_exactly_stratified": [str(g) for g in cv.stratification_gaps(labels, fold, holdout, folds)],
+        "mixed_label_groups": cv.mixed_label_groups(labels, groups, list(table["slide_id"])),
+    }
+
+
+def write_stamp_splits(table: pd.DataFrame, folds: int, path: str | os.PathLike) -> Path:
+    """STAMP's ``splits.json`` (``{"splits": [{"train_patients": [...], "test_patients":
+    [...]}, ...]}``, one entry per test fold; STAMP's crossval reuses the file it finds in
+    its output folder): the patients are the ``group`` column (each slide its own patient
+    without one); STAMP draws its validation part from the train patients itself, so
+    pathtwt's validation fold counts as training there. Hold-out slides are in none."""
+    import json
+
+    from pathtwt.io.atomic import write_text_atomic
+
+    patient = table["group"] if "group" in table.columns else table["slide_id"]
+    fold = table["fold"].to_numpy()
+    splits = [{"train_patients": sorted(set(patient[(fold >= 0) & (fold != f)])),
+               "test_patients": sorted(set(patient[fold == f]))} for f in range(folds)]
+    write_text_atomic(path, json.dumps({"splits": splits}, indent=1))
+    return Path(path)
+
+
+def write_clam_splits(table: pd.DataFrame, folds: int, folder: str | os.PathLike) -> list[Path]:
+    """CLAM's ``splits_{k}.csv`` (an unnamed index column, then ``train``, ``val``,
+    ``test`` columns of slide ids, padded with empty cells), one per test fold, with the
+    same train / val / test roles as pathtwt's folds (:func:`pathtwt.mil.folds.fold_roles`);
+    hold-out slides are in none."""
+    from pathtwt.io.atomic import atomic_output
+    from pathtwt.mil.folds import fold_roles
+
+    written = []
+    for f in range(folds):
+        roles = fold_roles(table["fold"].to_numpy(), f, folds)
+        parts = {r: list(table["slide_id"][roles == r]) for r in ("train", "val", "test")}
+        frame = pd.concat({r: pd.Series(ids, dtype=object) for r, ids in parts.items()}, axis=1)
+        path = Path(folder) / f"splits_{f}.csv"
+        with atomic_output(path) as tmp:
+            frame.to_csv(tmp)
+        written.append(path)
+    return written
 
 
 def build_camelyon17(

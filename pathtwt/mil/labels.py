@@ -53,7 +53,7 @@ def read_label_table(path: str | os.PathLike, *, need_split: bool = True) -> pd.
     if not path.is_file():
         raise ConfigError(f"{path}: label table not found; pass a CSV with columns slide_id,label,split")
     try:
-        table = pd.read_csv(path, dtype={"slide_id": str, "split": str})
+        table = pd.read_csv(path, dtype={"slide_id": str, "split": str, "group": str})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not a readable CSV ({exc})") from None
     needed = REQUIRED_COLUMNS + (("split",) if need_split else ())

@@ -125,43 +125,62 @@ def _fast_metric(metric: str, y_true: np.ndarray, y_pred: np.ndarray, n_classes:
 
 def bootstrap_interval(
     y_true, predictions: list[np.ndarray], metric: str, n_classes: int, *, n_boot: int = 1000, seed: int = 0,
-    level: float = 0.95,
+    level: float = 0.95, groups=None,
 ) -> tuple[float, float]:
     """Percentile interval of the mean over seeds of ``metric``, resampling the cohort's
     slides with replacement within each true class (so every class keeps its count and
     QWK stays defined). ``predictions`` holds one array of predicted classes per seed,
     aligned with ``y_true``; every resample scores all seeds on the same slides, so the
     interval is the slide-sampling uncertainty of the seed-mean in the table. Resamples
-    where the metric is undefined are left out; (NaN, NaN) when none is defined."""
-    return _percentile_interval(y_true, [predictions], metric, n_classes, n_boot=n_boot, seed=seed, level=level)
+    where the metric is undefined are left out; (NaN, NaN) when none is defined. With
+    ``groups`` (a patient or case per slide) whole groups are resampled
+    (:func:`resample_units`)."""
+    return _percentile_interval(y_true, [predictions], metric, n_classes, n_boot=n_boot, seed=seed, level=level,
+                                groups=groups)
 
 
 def bootstrap_difference_interval(
     y_true, predictions: list[np.ndarray], reference: list[np.ndarray], metric: str, n_classes: int, *,
-    n_boot: int = 1000, seed: int = 0, level: float = 0.95,
+    n_boot: int = 1000, seed: int = 0, level: float = 0.95, groups=None,
 ) -> tuple[float, float]:
     """Percentile interval of (seed-mean of ``predictions``) - (seed-mean of ``reference``),
     both scored on the same resampled slides (paired). Two rows whose own intervals
     overlap can still differ beyond slide sampling: the paired interval is what says
     whether these slides resolve the difference (it excludes 0) or not."""
     return _percentile_interval(y_true, [predictions, reference], metric, n_classes, n_boot=n_boot, seed=seed,
-                                level=level)
+                                level=level, groups=groups)
+
+
+def resample_units(y_true: np.ndarray, groups=None) -> list[list[np.ndarray]]:
+    """The units a bootstrap draws, per stratum: without ``groups`` every slide is a unit
+    and the strata are the true classes; with ``groups`` every group (patient, case) is a
+    unit, holding all its slides, and a group's stratum is its most frequent label
+    (ties: the lowest), so slides of one patient are drawn together."""
+    y_true = np.asarray(y_true, dtype=np.int64)
+    if groups is None:
+        return [[np.array([i]) for i in np.flatnonzero(y_true == c)] for c in np.unique(y_true)]
+    groups = np.asarray(groups, dtype=object)
+    units: dict[int, list[np.ndarray]] = {}
+    for g in sorted(set(groups.tolist()), key=str):
+        idx = np.flatnonzero(groups == g)
+        units.setdefault(int(np.bincount(y_true[idx]).argmax()), []).append(idx)
+    return [units[c] for c in sorted(units)]
 
 
 def _percentile_interval(y_true, prediction_sets: list[list[np.ndarray]], metric: str, n_classes: int, *,
-                         n_boot: int, seed: int, level: float) -> tuple[float, float]:
+                         n_boot: int, seed: int, level: float, groups=None) -> tuple[float, float]:
     """The interval of the seed-mean of one set, or of the first set's minus the second's,
-    over class-stratified resamples of the slides (the same resamples for every seed and
-    set, so the sets are compared on the same slides)."""
+    over class-stratified resamples of the slides, or of the groups (the same resamples for
+    every seed and set, so the sets are compared on the same slides)."""
     y_true = np.asarray(y_true, dtype=np.int64)
     sets = [[np.asarray(p, dtype=np.int64) for p in preds] for preds in prediction_sets]
     if len(y_true) == 0 or not all(sets):
         return math.nan, math.nan
     rng = np.random.default_rng(seed)
-    groups = [np.flatnonzero(y_true == c) for c in np.unique(y_true)]
+    strata = resample_units(y_true, groups)
     values = []
     for _ in range(n_boot):
-        idx = np.concatenate([rng.choice(g, size=len(g), replace=True) for g in groups])
+        idx = np.concatenate([u[k] for u in strata for k in rng.integers(0, len(u), size=len(u))])
         means = []
         for preds in sets:
             scores = [_fast_metric(metric, y_true[idx], p[idx], n_classes) for p in preds]

@@ -47,40 +47,52 @@ def run_mil(
 ) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model, summary = fit(data, config, out_dir=out_dir, device=device, progress=progress, resume=resume, on_epoch_end=on_epoch_end)
     # what the head was trained on, so `pathtwt predict` can refuse another backbone or embedding
     provenance = features_provenance(data.train.bags[0].path) if data.train.bags else {}
-    evaluations = [evaluate(model, c, n_classes=data.n_classes, device=torch.device(device), keep_attention=True) for c in data.evaluated]
+    if config.aggregator == "meanpool":
+        from pathtwt.mil.meanpool import fit_meanpool
+        from pathtwt.mil.metrics import slide_metrics
+
+        checkpoint, summary, probs = fit_meanpool(data, config)
+        checkpoint = {**checkpoint, "config": config.to_dict(), "selected_epoch": summary["selected_epoch"]}
+        evaluations = [Evaluation(cohort=c, probs=probs[c.name], metrics=slide_metrics(c.labels, probs[c.name], data.n_classes))
+                       for c in data.evaluated]
+    else:
+        model, summary = fit(data, config, out_dir=out_dir, device=device, progress=progress, resume=resume, on_epoch_end=on_epoch_end)
+        evaluations = [evaluate(model, c, n_classes=data.n_classes, device=torch.device(device), keep_attention=True) for c in data.evaluated]
+        checkpoint = {
+            "model": model.state_dict(),
+            "aggregator": config.aggregator,
+            "in_dim": data.dim,
+            "n_classes": data.n_classes,
+            "config": config.to_dict(),
+            "selected_epoch": summary["selected_epoch"],
+        }
+    checkpoint["features"] = provenance
+    if data.fold is not None:
+        checkpoint["fold"] = data.fold
     with atomic_output(out_dir / "checkpoint.pt") as tmp:
-        torch.save(
-            {
-                "model": model.state_dict(),
-                "aggregator": config.aggregator,
-                "in_dim": data.dim,
-                "n_classes": data.n_classes,
-                "config": config.to_dict(),
-                "selected_epoch": summary["selected_epoch"],
-                "features": provenance,
-            },
-            tmp,
-        )
+        torch.save(checkpoint, tmp)
     for evaluation in evaluations:
-        write_attention(out_dir / "attention" / f"{evaluation.cohort.name}.h5", evaluation)
-    write_predictions(out_dir / "predictions.csv", evaluations)
+        if evaluation.attention is not None:
+            write_attention(out_dir / "attention" / f"{evaluation.cohort.name}.h5", evaluation)
+    write_predictions(out_dir / "predictions.csv", evaluations, fold=data.fold)
     metrics = {
         "format": METRICS_FORMAT,
         "protocol": config.protocol,
         "aggregator": config.aggregator,
         "seed": config.seed,
+        "fold": data.fold,
         "n_classes": data.n_classes,
         "feature_dim": data.dim,
         "features": provenance,
         "selected_epoch": summary["selected_epoch"],
         "selection": {
-            "rule": config.selection,
+            "rule": config.selection if config.aggregator != "meanpool" else "best C",
             "metric": f"val {config.selection_metric}",
             "window": config.selection_window if config.selection == "moving-average" else 1,
             "fallback_to_last": summary["selection_fallback_to_last"],
+            **({"C": summary["selected_C"]} if "selected_C" in summary else {}),
         },
         "cohorts": {e.cohort.name: e.metrics for e in evaluations},
         "n_train_slides": len(data.train.bags),
@@ -97,11 +109,17 @@ def run_mil(
     return metrics
 
 
-def write_predictions(path: Path, evaluations: list[Evaluation]) -> None:
+def write_predictions(path: Path, evaluations: list[Evaluation], fold: int | None = None) -> None:
+    """One row per evaluated slide; ``group`` (the label table's patient or case) where the
+    table has one, ``fold`` (the run's test fold) in a cross-validation run."""
     rows = []
     for e in evaluations:
         for bag, probs in zip(e.cohort.bags, e.probs):
             row = {"slide_id": bag.slide_id, "cohort": e.cohort.name, "label": bag.label, "prediction": int(np.argmax(probs))}
+            if bag.group is not None:
+                row["group"] = bag.group
+            if fold is not None:
+                row["fold"] = fold
             row.update({f"prob_{c}": float(p) for c, p in enumerate(probs)})
             rows.append(row)
     with atomic_output(path) as tmp:

@@ -34,6 +34,8 @@ def summarize_runs(run_dirs: list[str | os.PathLike]) -> dict:
     kinds = {(r["protocol"], r["aggregator"]) for r in runs}
     if len(kinds) > 1:
         raise ConfigError(f"runs mix protocols/heads {sorted(kinds)}; summarise one protocol and head at a time")
+    if any(r.get("fold") is not None for r in runs):
+        return summarize_folds(runs, run_dirs, *next(iter(kinds)))
     seeds = [r["seed"] for r in runs]
     repeated = sorted({s for s in seeds if seeds.count(s) > 1})
     if repeated:
@@ -72,6 +74,58 @@ def summarize_runs(run_dirs: list[str | os.PathLike]) -> dict:
         "selected_epochs": [r["selected_epoch"] for r in runs],
         "summary": summary,
         "single_class_runs": single_class,
+    }
+
+
+def summarize_folds(runs: list[dict], run_dirs: list, protocol: str, aggregator: str) -> dict:
+    """Cross-validation runs (one per fold and seed): each metric on the pooled out-of-fold
+    predictions (:mod:`pathtwt.mil.oof`), mean ± std over seeds, its bootstrap interval
+    over all pooled slides (by group where the table has groups), and the mean ± std over
+    folds of the folds' own values."""
+    from pathtwt.mil.metrics import slide_metrics
+    from pathtwt.mil.oof import fold_spread, pool_seed
+
+    keys = [(r.get("fold"), r["seed"]) for r in runs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1}, key=str)
+    if repeated or any(f is None for f, _ in keys):
+        raise ConfigError(f"runs {repeated or 'without a fold'}: summarise one cross-validation (one run per fold and seed)")
+    n_classes = next((r.get("n_classes") for r in runs if r.get("n_classes")), None)
+    by_seed: dict[int, dict[int, dict]] = {}
+    for (fold, seed), d in zip(keys, run_dirs):
+        by_seed.setdefault(seed, {})[fold] = read_predictions(d)
+    pooled = {seed: pool_seed(f, where=f"{run_dirs[0]} seed {seed}") for seed, f in sorted(by_seed.items())}
+    cohorts = list(dict.fromkeys(c for p in pooled.values() for c in p))
+    summary: dict[str, dict] = {}
+    for cohort in cohorts:
+        per_seed = [p[cohort] for p in pooled.values() if cohort in p]
+        scored = [slide_metrics(p["label"], p["probs"], int(n_classes)) for p in per_seed]
+        summary[cohort] = {}
+        for metric in SUMMARY_METRICS:
+            values = [v.get(metric) for v in scored]
+            valid = np.array([v for v in values if v is not None], dtype=np.float64)
+            per_fold: dict[int, list] = {}
+            for (fold, _), r in zip(keys, runs):
+                per_fold.setdefault(fold, []).append(r["cohorts"].get(cohort, {}).get(metric))
+            mean, std, k = fold_spread(per_fold)
+            entry = {"mean": float(valid.mean()) if len(valid) else None,
+                     "std": float(valid.std(ddof=1)) if len(valid) > 1 else (0.0 if len(valid) else None),
+                     "n": int(len(valid)), "values": values, "n_slides": int(len(per_seed[0]["label"])),
+                     "fold_mean": None if k == 0 else mean, "fold_std": None if k == 0 else std, "n_folds": k}
+            if metric in BOOTSTRAP_METRICS:
+                lo, hi = pooled_interval(per_seed, metric, int(n_classes))
+                entry["ci95"] = [None if np.isnan(lo) else lo, None if np.isnan(hi) else hi]
+            summary[cohort][metric] = entry
+    return {
+        "protocol": protocol,
+        "aggregator": aggregator,
+        "seeds": sorted(by_seed),
+        "folds": sorted({f for f, _ in keys}),
+        "pooled": "out-of-fold: every slide predicted once by the head of the fold that tested it; external cohorts: "
+                  "the mean of the fold heads' probabilities",
+        "runs": [str(d) for d in run_dirs],
+        "selected_epochs": [r["selected_epoch"] for r in runs],
+        "summary": summary,
+        "single_class_runs": {},
     }
 
 
@@ -116,25 +170,28 @@ def write_summary(run_dirs: list[str | os.PathLike], outs: list[str | os.PathLik
 
 
 def read_predictions(run_dir: str | os.PathLike) -> dict[str, dict[str, np.ndarray]]:
-    """cohort -> {"slide_id", "label", "prediction"} arrays of a finished run's
-    ``predictions.csv`` ({} when the run has none, e.g. one written before it existed)."""
-    import csv
+    """cohort -> {"slide_id", "label", "prediction", "probs" (n, C) and, where the run
+    wrote one, "group"} arrays of a finished run's ``predictions.csv`` ({} when the run has
+    none, e.g. one written before it existed)."""
+    import pandas as pd
 
     path = Path(run_dir) / "predictions.csv"
     if not path.is_file():
         return {}
-    cohorts: dict[str, dict[str, list]] = {}
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            for row in csv.DictReader(fh):
-                c = cohorts.setdefault(row["cohort"], {"slide_id": [], "label": [], "prediction": []})
-                c["slide_id"].append(row["slide_id"])
-                c["label"].append(int(row["label"]))
-                c["prediction"].append(int(row["prediction"]))
-    except (KeyError, ValueError, csv.Error) as exc:
+        table = pd.read_csv(path, dtype={"slide_id": str, "cohort": str, "group": str}, keep_default_na=False)
+        probs = sorted((c for c in table.columns if c.startswith("prob_")), key=lambda c: int(c[5:]))
+        out = {}
+        for name, rows in table.groupby("cohort", sort=False):
+            entry = {"slide_id": rows["slide_id"].to_numpy(), "label": rows["label"].to_numpy(np.int64),
+                     "prediction": rows["prediction"].to_numpy(np.int64),
+                     "probs": rows[probs].to_numpy(np.float64) if probs else np.zeros((len(rows), 0))}
+            if "group" in rows.columns:
+                entry["group"] = rows["group"].to_numpy(object)
+            out[str(name)] = entry
+    except (KeyError, ValueError, pd.errors.ParserError) as exc:
         raise PathtwtError(f"{path}: not a predictions table of `pathtwt train-mil` ({exc}); re-run that training") from None
-    return {name: {"slide_id": np.array(c["slide_id"]), "label": np.array(c["label"], dtype=np.int64),
-                   "prediction": np.array(c["prediction"], dtype=np.int64)} for name, c in cohorts.items()}
+    return out
 
 
 def pooled_interval(per_seed: list[dict[str, np.ndarray]], metric: str, n_classes: int, *, n_boot: int = 1000,
@@ -147,8 +204,8 @@ def pooled_interval(per_seed: list[dict[str, np.ndarray]], metric: str, n_classe
     aligned = _aligned(per_seed)
     if aligned is None:
         return float("nan"), float("nan")
-    y_true, preds = aligned
-    return bootstrap_interval(y_true, preds[0], metric, n_classes, n_boot=n_boot, seed=seed)
+    y_true, preds, groups = aligned
+    return bootstrap_interval(y_true, preds[0], metric, n_classes, n_boot=n_boot, seed=seed, groups=groups)
 
 
 def pooled_difference_interval(per_seed: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]],
@@ -161,13 +218,15 @@ def pooled_difference_interval(per_seed: list[dict[str, np.ndarray]], reference:
     aligned = _aligned(per_seed, reference)
     if aligned is None:
         return float("nan"), float("nan")
-    y_true, (preds, ref) = aligned
-    return bootstrap_difference_interval(y_true, preds, ref, metric, n_classes, n_boot=n_boot, seed=seed)
+    y_true, (preds, ref), groups = aligned
+    return bootstrap_difference_interval(y_true, preds, ref, metric, n_classes, n_boot=n_boot, seed=seed, groups=groups)
 
 
-def _aligned(*groups: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[list[np.ndarray]]] | None:
-    """The labels and each group's per-seed predictions on the slides all of them hold, in
-    slide-id order; None when a group is empty or no slide is common."""
+def _aligned(*groups: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[list[np.ndarray]], np.ndarray | None] | None:
+    """The labels, each group's per-seed predictions on the slides all of them hold, in
+    slide-id order, and the slides' groups (patient, case: None unless every slide has
+    one, then the bootstrap resamples groups); None when a group is empty or no slide is
+    common."""
     if not groups or not all(groups):
         return None
     runs = [p for group in groups for p in group]
@@ -181,4 +240,7 @@ def _aligned(*groups: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[lis
     def pick(p: dict[str, np.ndarray], key: str) -> np.ndarray:
         pos = {s: i for i, s in enumerate(p["slide_id"])}
         return p[key][np.array([pos[s] for s in order])]
-    return pick(runs[0], "label"), [[pick(p, "prediction") for p in group] for group in groups]
+    slide_groups = pick(runs[0], "group") if "group" in runs[0] else None
+    if slide_groups is not None and any(g in ("", None) for g in slide_groups):
+        slide_groups = None
+    return pick(runs[0], "label"), [[pick(p, "prediction") for p in group] for group in groups], slide_groups

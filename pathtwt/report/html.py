@@ -93,7 +93,11 @@ def _slide_background(results: Path, slide: str) -> tuple[np.ndarray, float, flo
 
 
 def _run_dir(results: Path, row: Any, task: str) -> Path:
-    return results / "mil" / row.backbone / row.variant / task / row.head / f"seed{row.seeds[0]}"
+    """The row's lowest-seed run folder (of fold 0 in a cross-validation)."""
+    from pathtwt.mil.layout import run_dir
+
+    fold = 0 if getattr(row, "folds", None) else None
+    return Path(run_dir(row.backbone, row.variant, task, row.head, row.seeds[0], fold, results=str(results)))
 
 
 def _fixed_slides(path: Path, n: int) -> list[str]:
@@ -109,7 +113,8 @@ def attention_figures(results: Path, out: Path, task: str, rows: list, n_slides:
     """Per evaluated cohort of the task, ``n_slides`` fixed slides (most tiles in the
     teacher's run), each one figure with the per-tile attention of every variant (columns)
     and head (rows), lowest seed, over the slide's thumbnail, with one colour bar."""
-    rows = [r for r in rows if getattr(r, "role", "variant") != "chance" and r.seeds]
+    # meanpool has no attention
+    rows = [r for r in rows if getattr(r, "role", "variant") != "chance" and r.seeds and r.head != "meanpool"]
     if n_slides <= 0 or not rows:
         return []
     import h5py

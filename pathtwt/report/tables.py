@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -44,7 +43,6 @@ COUNTING_NOTE = (
     "QK^T and AV, and the patch embedding; norms and activations excluded. The paper's "
     "'GFLOPs' are these MACs."
 )
-SEED_DIR = re.compile(r"^seed(\d+)$")
 
 
 @dataclass
@@ -57,6 +55,7 @@ class Run:
     cohorts: dict[str, dict[str, Any]]
     path: Path | None = None  # the run folder (predictions.csv)
     n_classes: int | None = None
+    fold: int | None = None  # the test fold of a cross-validation run
 
 
 @dataclass
@@ -91,19 +90,23 @@ class Row:
     delta_ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     # cohort -> (runs that predicted one class for every slide, runs with predictions)
     single_class: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # cross-validation: (cohort, metric) -> (mean, std, K) over the folds beside the pooled value
+    folds: dict[tuple[str, str], tuple[float, float, int]] = field(default_factory=dict)
+    grouped: bool = False  # the intervals resample groups (patients), not slides
 
 
 def find_runs(results: Path) -> list[Run]:
-    """Every finished MIL run (metrics.json is written last, so it marks completion)."""
+    """Every finished MIL run (metrics.json is written last, so it marks completion), in
+    the layout of :mod:`pathtwt.mil.layout` (with or without a fold level)."""
+    from pathtwt.mil.layout import parse_run_dir
+
     runs = []
-    for path in sorted((results / "mil").glob("*/*/*/*/seed*/metrics.json")):
-        seed_dir = path.parent
-        match = SEED_DIR.match(seed_dir.name)
-        if match is None:
+    paths = sorted((results / "mil").glob("*/*/*/*/seed*/metrics.json")) + sorted(
+        (results / "mil").glob("*/*/*/*/fold*/seed*/metrics.json"))
+    for path in paths:
+        key = parse_run_dir(path.parent, results)
+        if key is None:
             continue
-        head_dir = seed_dir.parent
-        task_dir = head_dir.parent
-        variant_dir = task_dir.parent
         try:
             metrics = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -112,9 +115,8 @@ def find_runs(results: Path) -> list[Run]:
         if not isinstance(cohorts, dict):
             raise PathtwtError(f"{path}: no 'cohorts' section; it was not written by `pathtwt train-mil`")
         runs.append(Run(
-            backbone=variant_dir.parent.name, variant=variant_dir.name, task=task_dir.name,
-            head=head_dir.name, seed=int(match.group(1)), cohorts=cohorts, path=seed_dir,
-            n_classes=metrics.get("n_classes"),
+            backbone=key.backbone, variant=key.variant, task=key.task, head=key.head, seed=key.seed, cohorts=cohorts,
+            path=path.parent, n_classes=metrics.get("n_classes"), fold=key.fold,
         ))
     return runs
 
@@ -176,13 +178,10 @@ def teacher_weights(results: Path, backbone: str) -> tuple[str | None, str]:
 
 
 def _mean_std(values: list[float]) -> tuple[float, float, int]:
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan, 0
-    mean = sum(values) / n
-    # sample standard deviation over seeds (0 for a single seed)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return mean, std, n
+    """Mean and sample standard deviation over seeds (0 for a single seed)."""
+    from pathtwt.mil.oof import mean_std
+
+    return mean_std(values)
 
 
 def role_of(variant: str, cost: Cost) -> str:
@@ -234,15 +233,24 @@ def task_table(
         cost = cost_cache[backbone, variant]
         row = Row(backbone=backbone, variant=variant, head=head, seeds=[r.seed for r in members], cost=cost,
                   role=role_of(variant, cost))
-        preds = [read_predictions(r.path) if r.path is not None else {} for r in members]
+        if any(r.fold is not None for r in members):
+            row.seeds = sorted({r.seed for r in members})
+            pooled = cross_validation_values(row, members, cohorts, metrics, n_classes, where=f"{backbone}/{variant}/{task}/{head}")
+        else:
+            pooled = None
+            preds = [read_predictions(r.path) if r.path is not None else {} for r in members]
         for cohort in cohorts:
-            for m in metrics:
-                vals = [r.cohorts[cohort][m] for r in members if r.cohorts.get(cohort, {}).get(m) is not None]
-                row.values[cohort, m] = _mean_std([float(v) for v in vals])
-            sizes = [int(r.cohorts[cohort]["n_slides"]) for r in members if r.cohorts.get(cohort, {}).get("n_slides") is not None]
-            row.values[cohort, "n_slides"] = (float(max(sizes)), math.nan, len(sizes)) if sizes else (math.nan, math.nan, 0)
-            per_seed = [p[cohort] for p in preds if cohort in p]
+            if pooled is None:
+                for m in metrics:
+                    vals = [r.cohorts[cohort][m] for r in members if r.cohorts.get(cohort, {}).get(m) is not None]
+                    row.values[cohort, m] = _mean_std([float(v) for v in vals])
+                sizes = [int(r.cohorts[cohort]["n_slides"]) for r in members if r.cohorts.get(cohort, {}).get("n_slides") is not None]
+                row.values[cohort, "n_slides"] = (float(max(sizes)), math.nan, len(sizes)) if sizes else (math.nan, math.nan, 0)
+                per_seed = [p[cohort] for p in preds if cohort in p]
+            else:
+                per_seed = pooled[cohort]
             predictions[backbone, variant, head, cohort] = per_seed
+            row.grouped |= bool(per_seed) and all("group" in p and all(g not in ("", None) for g in p["group"]) for p in per_seed)
             if per_seed:
                 labels.setdefault(cohort, per_seed[0]["label"])
                 row.single_class[cohort] = (sum(len(np.unique(p["prediction"])) == 1 and len(p["prediction"]) > 1
@@ -279,12 +287,50 @@ def task_table(
     return rows, cohorts, metrics
 
 
+def cross_validation_values(row: Row, members: list[Run], cohorts: list[str], metrics: list[str], n_classes: int | None,
+                            *, where: str) -> dict[str, list[dict[str, np.ndarray]]]:
+    """Fill a cross-validation row: each metric on the pooled out-of-fold predictions
+    (:func:`pathtwt.mil.oof.pool_seed`; mean over seeds where several) and its mean ± std
+    over the folds' own values. Returns cohort -> the pooled predictions of each seed (for
+    the intervals)."""
+    from pathtwt.mil.metrics import slide_metrics
+    from pathtwt.mil.oof import fold_spread, pool_seed
+    from pathtwt.mil.summary import read_predictions
+
+    by_seed: dict[int, dict[int, dict]] = {}
+    for r in members:
+        by_seed.setdefault(r.seed, {})[r.fold] = read_predictions(r.path) if r.path is not None else {}
+    pooled = [pool_seed(folds, where=f"{where} seed {seed}") for seed, folds in sorted(by_seed.items())]
+    out = {}
+    for cohort in cohorts:
+        per_seed = [p[cohort] for p in pooled if cohort in p]
+        out[cohort] = per_seed
+        scored = [slide_metrics(p["label"], p["probs"], n_classes) for p in per_seed if n_classes and p["probs"].shape[1] == n_classes]
+        for m in metrics:
+            row.values[cohort, m] = _mean_std([float(v[m]) for v in scored if v.get(m) is not None])
+            per_fold: dict[int, list] = {}
+            for r in members:
+                per_fold.setdefault(r.fold, []).append(r.cohorts.get(cohort, {}).get(m))
+            row.folds[cohort, m] = fold_spread(per_fold)
+        n = len(per_seed[0]["label"]) if per_seed else math.nan
+        row.values[cohort, "n_slides"] = (float(n), math.nan, len(per_seed))
+    return out
+
+
 def _fmt(value: float, digits: int = 3) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def cohort_label(cohort: str) -> str:
-    return "internal test" if cohort == INTERNAL else cohort
+def cohort_label(cohort: str, cv: bool = False) -> str:
+    """How a table names a cohort; the internal test of a cross-validated task is every
+    slide once, out of fold."""
+    if cohort == INTERNAL:
+        return "out-of-fold" if cv else "internal test"
+    return cohort
+
+
+def is_cross_validated(rows: list[Row]) -> bool:
+    return any(r.folds for r in rows)
 
 
 def row_label(row: Row) -> str:
@@ -313,19 +359,24 @@ def table_records(rows: list[Row], cohorts: list[str], metrics: list[str], metri
             lo, hi = r.delta_ci.get(cohort, (math.nan, math.nan))
             rec[f"{cohort}_{metric}_delta_ci95_low"], rec[f"{cohort}_{metric}_delta_ci95_high"] = lo, hi
             rec[f"{cohort}_single_class_runs"] = r.single_class.get(cohort, (0, 0))[0]
+            if r.folds:
+                for m in metrics:
+                    mean, std, k = r.folds.get((cohort, m), (math.nan, math.nan, 0))
+                    rec[f"{cohort}_{m}_fold_mean"], rec[f"{cohort}_{m}_fold_std"], rec["n_folds"] = mean, std, k
         rec["params"], rec["macs_per_tile"] = r.cost.params, r.cost.macs
         rec["tiles_per_second"] = r.cost.tiles_per_second
         records.append(rec)
     return records
 
 
-def table_header(cohorts: list[str], metrics: list[str], metric: str) -> list[str]:
-    """The header of a task table; the README's demo tables are checked against it."""
+def table_header(cohorts: list[str], metrics: list[str], metric: str, cv: bool = False) -> list[str]:
+    """The header of a task table; the README's demo tables are checked against it. A
+    cross-validated task has the spread over folds beside its pooled headline."""
     label = METRIC_LABELS.get(metric, metric)
     header = ["Backbone", "Variant", "Head", "Extracted", "Distilled", "Params (M)", "GMACs", "tiles/s"]
     for cohort in cohorts:
-        c = cohort_label(cohort)
-        header += [f"Slides {c}", f"{label} {c} [95% CI]"]
+        c = cohort_label(cohort, cv)
+        header += [f"Slides {c}", f"{label} {c} [95% CI]"] + ([f"{label} {c} per fold"] if cv else [])
         header += [f"{METRIC_LABELS.get(m, m)} {c}" for m in metrics if m != metric]
         header += [f"Δ{label} {c} [95% CI]"]
     return header
@@ -340,7 +391,8 @@ def _mean_cell(value: tuple[float, float, int], reference: bool) -> str:
 
 def table_cells(rows: list[Row], cohorts: list[str], metrics: list[str], metric: str) -> tuple[list[str], list[list[str]]]:
     """Human-readable header and cells (Markdown and HTML share them)."""
-    header = table_header(cohorts, metrics, metric)
+    cv = is_cross_validated(rows)
+    header = table_header(cohorts, metrics, metric, cv)
     body = []
     for r in rows:
         chance = r.role == "chance"
@@ -352,7 +404,8 @@ def table_cells(rows: list[Row], cohorts: list[str], metrics: list[str], metric:
         for cohort in cohorts:
             n = r.values.get((cohort, "n_slides"), (math.nan, math.nan, 0))
             cells.append("n/a" if n[2] == 0 or math.isnan(n[0]) else str(int(n[0])))
-            head = _mean_cell(r.values[cohort, metric], chance)
+            # a cross-validated row with one seed has no spread over seeds to show
+            head = _mean_cell(r.values[cohort, metric], chance or (bool(r.folds) and len(r.seeds) == 1))
             lo, hi = r.ci.get(cohort, (math.nan, math.nan))
             if not (math.isnan(lo) or math.isnan(hi)):
                 head += f" [{lo:.3f}, {hi:.3f}]"
@@ -360,7 +413,11 @@ def table_cells(rows: list[Row], cohorts: list[str], metrics: list[str], metric:
             if flagged:
                 head += f" {SINGLE_CLASS_FLAG}{flagged}/{total}"
             cells.append(head)
-            cells += [_mean_cell(r.values[cohort, m], chance) for m in metrics if m != metric]
+            if cv:
+                spread = r.folds.get((cohort, metric))
+                cells.append("-" if spread is None else _mean_cell(spread, False))
+            cells += [_mean_cell(r.values[cohort, m], chance or (bool(r.folds) and len(r.seeds) == 1))
+                      for m in metrics if m != metric]
             d = r.delta[cohort]
             delta = "—" if r.role in ("teacher", "chance") else ("n/a" if d is None else f"{d:+.3f}")
             lo, hi = r.delta_ci.get(cohort, (math.nan, math.nan))
@@ -385,15 +442,20 @@ def task_notes(rows: list[Row], cohorts: list[str], metric: str) -> list[str]:
     and a missing random-init row."""
     label = METRIC_LABELS.get(metric, metric)
     seeds = sorted({len(r.seeds) for r in rows if r.role != "chance"})
-    notes = [
-        f"Cells: mean ± sample standard deviation over the seeds ({'/'.join(map(str, seeds)) or 'n/a'} per row); "
-        f"[95% CI] beside {label}: percentile bootstrap over the cohort's slides ({N_BOOT} resamples within each "
-        "true class, seed 0) of that mean, every resample scoring all seeds' predictions (predictions.csv) on the "
-        f"same slides. Δ{label}: difference of the means against the uncompressed teacher with the same head; "
-        "[95% CI] beside it: the same bootstrap, paired (each resample scores this row and the teacher's on the "
-        "same slides), so an interval that excludes 0 is a difference these slides resolve, and one that "
-        "contains 0 is not, whatever the overlap of the two rows' own intervals. "
-        "BAcc: balanced accuracy; AUC: macro one-vs-rest AUC.",
+    if is_cross_validated(rows):
+        notes = [cross_validation_note(rows, cohorts, label, seeds)]
+    else:
+        notes = [
+            f"Cells: mean ± sample standard deviation over the seeds ({'/'.join(map(str, seeds)) or 'n/a'} per row); "
+            f"[95% CI] beside {label}: percentile bootstrap over the cohort's slides ({N_BOOT} resamples within each "
+            "true class, seed 0) of that mean, every resample scoring all seeds' predictions (predictions.csv) on the "
+            f"same slides. Δ{label}: difference of the means against the uncompressed teacher with the same head; "
+            "[95% CI] beside it: the same bootstrap, paired (each resample scores this row and the teacher's on the "
+            "same slides), so an interval that excludes 0 is a difference these slides resolve, and one that "
+            "contains 0 is not, whatever the overlap of the two rows' own intervals. "
+            "BAcc: balanced accuracy; AUC: macro one-vs-rest AUC.",
+        ]
+    notes += [
         "Chance row: QWK 0, BAcc 1/C over the C classes present in the cohort, AUC 0.5, accuracy of always "
         "predicting the cohort's majority class. Extracted / Distilled: the precision of the features files "
         "(their `precision` attribute) and of the distillation (model.json); tiles/s: the extraction throughput "
@@ -415,6 +477,57 @@ def task_notes(rows: list[Row], cohorts: list[str], metric: str) -> list[str]:
             "random-init floor is the backbone-level reference."
         )
     return notes
+
+
+def fold_designs(results: Path) -> list[str]:
+    """One sentence per cross-validation label table under results/labels: its folds, its
+    groups and its compression-only hold-out."""
+    import pandas as pd
+
+    from pathtwt.mil.folds import HOLDOUT
+
+    lines = []
+    for path in sorted((results / "labels").glob("*.csv")):
+        try:
+            table = pd.read_csv(path, dtype={"slide_id": str, "group": str})
+        except (OSError, ValueError, pd.errors.ParserError):
+            continue
+        if "fold" not in table.columns:
+            continue
+        fold = pd.to_numeric(table["fold"], errors="coerce").fillna(HOLDOUT).astype(int)
+        held = int((fold == HOLDOUT).sum())
+        k = int(fold.max()) + 1
+        groups = f", {table['group'].nunique()} groups (`group`) each within one fold" if "group" in table.columns else ", by slide (no groups)"
+        hold = (f"; {held} slides are a compression-only hold-out (split `compress`): calibration, discovery and "
+                "distillation drew only from them, and no fold reports on them") if held else \
+            "; no compression hold-out in this cohort (compression drew from another cohort, or none was compressed)"
+        lines.append(f"{path.stem}: {k} folds over {int((fold != HOLDOUT).sum())} slides{groups}{hold}.")
+    return lines
+
+
+def cross_validation_note(rows: list[Row], cohorts: list[str], label: str, seeds: list[int]) -> str:
+    """What the cells of a cross-validated table are."""
+    folds = sorted({k for r in rows for (_, _), (_, _, k) in r.folds.items() if k})
+    grouped = any(r.grouped for r in rows)
+    external = [c for c in cohorts if c != INTERNAL]
+    text = (
+        f"Cross-validation ({'/'.join(map(str, folds)) or 'n/a'} folds, {'/'.join(map(str, seeds)) or 'n/a'} seed(s) "
+        "per fold): every slide of the cohort outside the compression hold-out is tested once, by the head of the "
+        "fold that held it out, and every variant uses the same folds. Out-of-fold cells: the metric on the pooled "
+        "out-of-fold predictions of all slides at once (mean ± std over seeds where there are several); [95% CI]: "
+        f"percentile bootstrap over all those slides ({N_BOOT} resamples within each true class, seed 0; "
+        + ("whole groups (the label table's `group`: patient, case) are resampled, each in the stratum of its most "
+           "frequent label" if grouped else "by slide: the label table names no groups")
+        + "); per fold: mean ± "
+        f"sample standard deviation over the folds of each fold's own test value. Δ{label}: against the "
+        "uncompressed teacher with the same head on the same slides; [95% CI] beside it: the same bootstrap, "
+        "paired, so an interval that excludes 0 is a difference these slides resolve. "
+        "BAcc: balanced accuracy; AUC: macro one-vs-rest AUC."
+    )
+    if external:
+        text += (f" {', '.join(external)}: predicted by every fold's head; the pooled prediction of a slide is the "
+                 "mean of the fold heads' class probabilities, and per fold is each head's own value.")
+    return text
 
 
 def csv_text(records: list[dict[str, Any]]) -> str:
@@ -505,10 +618,13 @@ def task_sections(results: Path, metrics: dict[str, str], costs: dict[tuple[str,
         metric = metrics.get(task, "accuracy")
         rows, cohorts, shown = task_table(runs, results, task=task, metric=metric, cost_cache=costs)
         header, body = table_cells(rows, cohorts, shown, metric)
+        notes = task_notes(rows, cohorts, metric) if rows else []
+        if is_cross_validated(rows):
+            notes += fold_designs(results)
         sections.append({
             "task": task, "metric": metric, "label": METRIC_LABELS.get(metric, metric), "header": header, "body": body, "rows": rows, "cohorts": cohorts,
             "records": table_records(rows, cohorts, shown, metric),
-            "notes": task_notes(rows, cohorts, metric) if rows else [],
+            "notes": notes,
             "references": [i for i, r in enumerate(rows) if r.role != "variant"],
             "flagged": {(i, j) for i, cells in enumerate(body) for j, c in enumerate(cells) if SINGLE_CLASS_FLAG in c},
         })
@@ -535,7 +651,8 @@ def readme_layout(config: Mapping[str, Any]) -> dict[str, tuple[list[str], list[
                     row = Row(backbone=backbone, variant=name, head=head, seeds=[], cost=cost, role=role_of(name, cost))
                     keys.append((row_label(row), head))
         keys.append(("chance (reference)", "-"))
-        layout[task] = (table_header(cohorts, shown_metrics(metric), metric), keys)
+        draw = ((config.get("cohorts") or {}).get(spec.get("cohort")) or {}).get("draw_split") or {}
+        layout[task] = (table_header(cohorts, shown_metrics(metric), metric, cv=bool(draw.get("folds"))), keys)
     return layout
 
 

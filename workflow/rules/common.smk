@@ -42,6 +42,7 @@ except ConfigError as exc:
 GPU_RULE_DEVICES = {
     "discover": "compress", "compress": "compress", "analyze_norms": "compress", "analyze_intrinsic_dim": "compress",
     "analyze_stability": "compress", "extract": "extract", "probe": "extract", "train_mil": "mil",
+    "train_mil_fold": "mil",
 }
 
 
@@ -67,8 +68,9 @@ wildcard_constraints:
     backbone=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     variant=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     task=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
-    head=r"abmil|transmil",
+    head=r"abmil|transmil|meanpool",
     seed=r"\d+",
+    fold=r"\d+",
     probe=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
 
 
@@ -155,10 +157,9 @@ def get_labels_command(wildcards, input, output):
     cohort = config["cohorts"][wildcards.cohort]
     draw = config_check.split_draw(config, wildcards.cohort)
     if draw:
-        fractions = " ".join(str(f) for f in draw["fractions"])
         return (
             f"pathtwt labels split {input.table} --label-column {cohort['label_column']}"
-            f" --fractions {fractions} --seed {draw['seed']} --out {output}"
+            f" {get_draw_args(draw)} --seed {draw['seed']} --out {output}"
         )
     rename = get_split_renames(wildcards)
     return (
@@ -303,7 +304,7 @@ def get_failure_tables(wildcards):
     folder = FAILURE_TABLES.format(**wildcards)
     if not config["extract"]["per_slide_jobs"]:
         return [f"{folder}/cohort.tsv"]
-    return [f"{folder}/{s}.tsv" for s in get_slide_ids(wildcards.cohort)]
+    return [f"{folder}/{s}.tsv" for s in get_extracted_slide_ids(wildcards.cohort)]
 
 
 def get_failure_summaries():
@@ -402,7 +403,7 @@ def get_calibration_coords(wildcards):
     files = []
     for task in tasks:
         t = config["tasks"][task]
-        files += [layout.TILES.format(cohort=t["cohort"], slide=s) for s in get_slide_ids(t["cohort"], t["train_split"])]
+        files += [layout.TILES.format(cohort=t["cohort"], slide=s) for s in get_compression_slide_ids(t)]
     return sorted(set(files))
 
 
@@ -415,7 +416,7 @@ def write_file_list(files, out):
 
 
 def get_cohort_coords(wildcards):
-    return [layout.TILES.format(cohort=wildcards.cohort, slide=s) for s in get_slide_ids(wildcards.cohort)]
+    return [layout.TILES.format(cohort=wildcards.cohort, slide=s) for s in get_extracted_slide_ids(wildcards.cohort)]
 
 
 def write_extract_manifest(wildcards, out):
@@ -426,7 +427,8 @@ def write_extract_manifest(wildcards, out):
     folder = get_features_dir(wildcards.backbone, wildcards.variant, wildcards.cohort)
     write_text_atomic(
         out,
-        "".join(f"{slides[s]}\t{layout.TILES.format(cohort=wildcards.cohort, slide=s)}\t{folder}/{s}.h5\n" for s in slides),
+        "".join(f"{slides[s]}\t{layout.TILES.format(cohort=wildcards.cohort, slide=s)}\t{folder}/{s}.h5\n"
+                for s in get_extracted_slide_ids(wildcards.cohort)),
     )
 
 
@@ -435,7 +437,7 @@ def get_features(backbone, variant, cohort):
     folder = get_features_dir(backbone, variant, cohort)
     if not config["extract"]["per_slide_jobs"]:
         return [folder]
-    return [f"{folder}/{s}.h5" for s in get_slide_ids(cohort)]
+    return [f"{folder}/{s}.h5" for s in get_extracted_slide_ids(cohort)]
 
 
 def get_mil_inputs(wildcards):
@@ -460,14 +462,14 @@ def get_mil_override_args(wildcards):
 
 
 def get_mil_runs():
-    """Every (backbone, variant, task, head, seed) metrics file of the study."""
+    """Every (backbone, variant, task, head, [fold,] seed) metrics file of the study."""
     return [
-        f"{layout.MIL_RUN_DIR.format(backbone=b, variant=v, task=task, head=head, seed=seed)}/metrics.json"
+        f"{run}/metrics.json"
         for b in get_backbones()
         for v in get_variants(b)
         for task in config["tasks"]
         for head in config["mil"]["heads"]
-        for seed in config["mil"]["seeds"]
+        for run in get_head_runs(b, v, task, head)
     ]
 
 
@@ -566,6 +568,86 @@ def get_final_targets():
     return ["results/report/index.html"] + get_failure_summaries()
 
 
+# ---- cross-validation (cohorts.*.draw_split.folds) -----------------------------------
+# A cohort drawn into k folds: its compression-only hold-out (split `compress`) is what
+# calibration reads and is never extracted; one MIL job per (variant, task, head, fold)
+# trains every seed of that fold. Run folders: pathtwt.mil.layout.run_dir.
+
+from pathtwt.mil import folds as cv_folds
+from pathtwt.mil.layout import run_dir as mil_run_dir
+
+
+def get_draw_args(draw):
+    """`pathtwt labels split` arguments of a cohort's draw_split: folds or fractions."""
+    if draw.get("folds"):
+        args = f"--folds {draw['folds']}"
+        if draw.get("group_column"):
+            args += f" --group-column {draw['group_column']}"
+        if draw.get("holdout"):
+            args += f" --holdout {draw['holdout']}"
+        return args
+    return "--fractions " + " ".join(str(f) for f in config_check.split_fractions(draw))
+
+
+def get_task_folds(task):
+    """The test folds of a task whose cohort is cross-validated, else [None]."""
+    k = config_check.cohort_folds(config, config["tasks"][task]["cohort"])
+    return list(range(k)) if k else [None]
+
+
+def get_compression_slide_ids(task_config):
+    """Slides a task's cohort lends to compression: the compression-only hold-out of a
+    cross-validated cohort, else its training split."""
+    cohort = task_config["cohort"]
+    if config_check.cohort_folds(config, cohort):
+        return get_slide_ids(cohort, cv_folds.HOLDOUT_SPLIT)
+    return get_slide_ids(cohort, task_config["train_split"])
+
+
+def get_extracted_slide_ids(cohort):
+    """Slides whose features are extracted: all but a compression-only hold-out."""
+    held = set(get_slide_ids(cohort, cv_folds.HOLDOUT_SPLIT))
+    return [s for s in get_slide_ids(cohort) if s not in held]
+
+
+def get_mil_job_files(name, fold=False):
+    """Output patterns of a MIL job: file `name` of every seed's run folder (of the
+    job's test fold with `fold`)."""
+    folder = mil_run_dir("{backbone}", "{variant}", "{task}", "{head}", "{seed}", "{fold}" if fold else None)
+    return [os.path.join(folder.replace("{seed}", str(seed)), name) for seed in config["mil"]["seeds"]]
+
+
+def get_head_runs(backbone, variant, task, head):
+    """Run folders of one head: every seed, in every test fold of a cross-validated task."""
+    return [
+        mil_run_dir(backbone, variant, task, head, seed, fold)
+        for fold in get_task_folds(task)
+        for seed in config["mil"]["seeds"]
+    ]
+
+
+def get_test_slide_ids(task):
+    """The internal test slides of a task: its cohort's test split, or the first test fold
+    of a cross-validated cohort."""
+    t = config["tasks"][task]
+    fold = get_task_folds(task)[0]
+    if fold is None:
+        return get_slide_ids(t["cohort"], t["test_split"])
+    table = _cohort_table(t["cohort"])
+    return [s for s, f in zip(table.slide_ids, table.folds) if f == fold]
+
+
+def get_fold_arg(wildcards):
+    """`pathtwt train-mil --fold F` of a cross-validation job ("" otherwise)."""
+    return f"--fold {wildcards.fold}" if "fold" in wildcards.keys() else ""
+
+
+def get_mil_out_pattern(wildcards):
+    """The job's run folders as `pathtwt train-mil --out` takes them ({seed} left open)."""
+    fold = wildcards.fold if "fold" in wildcards.keys() else None
+    return mil_run_dir(wildcards.backbone, wildcards.variant, wildcards.task, wildcards.head, "{seed}", fold)
+
+
 # ---- QuPath regions and heatmaps ------------------------------------------------------
 
 
@@ -584,15 +666,18 @@ def get_heatmap_slides(task):
     """(cohort, slide): the first `report.heatmaps` test slides by id of each reported cohort."""
     n, pairs = config["report"]["heatmaps"], []
     for i, cohort in enumerate(get_task_cohorts(task)):
-        # the training cohort's test split; an external cohort is tested whole
-        ids = get_slide_ids(cohort, config["tasks"][task]["test_split"]) if i == 0 else get_slide_ids(cohort)
+        # the training cohort's test split (of a cross-validated cohort: the first test fold,
+        # which get_heatmap_run's head tested); an external cohort is tested whole
+        ids = get_slide_ids(cohort) if i else get_test_slide_ids(task)
         pairs += [(cohort, s) for s in sorted(ids)[:n]]
     return pairs
 
 
 def get_heatmap_run(wildcards):
-    """The run folder a report heatmap uses: the head's lowest seed."""
-    return f"results/mil/{wildcards.backbone}/{wildcards.variant}/{wildcards.task}/{wildcards.head}/seed{min(config['mil']['seeds'])}"
+    """The run folder a report heatmap uses: the head's lowest seed (in the first test fold
+    of a cross-validated task)."""
+    return mil_run_dir(wildcards.backbone, wildcards.variant, wildcards.task, wildcards.head, min(config["mil"]["seeds"]),
+                       get_task_folds(wildcards.task)[0])
 
 
 def get_heatmaps():

@@ -2,14 +2,16 @@
 # seed, one run after the other in one process (the features are read and torch imported
 # once; for a small cohort that start-up costs more than a run), then mean +- std over
 # seeds. A job killed part-way resumes its unfinished run from that run's resume.pt.
+# A cross-validated task (cohorts.*.draw_split.folds) has one job per test fold
+# (train_mil_fold), its runs one folder level deeper (pathtwt.mil.layout.run_dir).
 
 
 rule train_mil:
     input:
         get_mil_inputs,
     output:
-        metrics=expand("results/mil/{{backbone}}/{{variant}}/{{task}}/{{head}}/seed{seed}/metrics.json", seed=config["mil"]["seeds"]),
-        predictions=expand("results/mil/{{backbone}}/{{variant}}/{{task}}/{{head}}/seed{seed}/predictions.csv", seed=config["mil"]["seeds"]),
+        metrics=get_mil_job_files("metrics.json"),
+        predictions=get_mil_job_files("predictions.csv"),
     params:
         features=lambda wc: get_features_dir(wc.backbone, wc.variant, config["tasks"][wc.task]["cohort"]),
         labels=lambda wc: layout.LABELS.format(cohort=config["tasks"][wc.task]["cohort"]),
@@ -21,6 +23,8 @@ rule train_mil:
         device=config["mil"]["device"],
         failed=config["mil"]["failed_slides"],
         extra=config["mil"]["extra_args"],
+        fold=get_fold_arg,
+        out=get_mil_out_pattern,
     log:
         "logs/mil/{backbone}/{variant}/{task}/{head}.log",
     # the seeds of a head are one job: on a cluster one submitted GPU job each
@@ -37,16 +41,21 @@ rule train_mil:
         "pathtwt train-mil --features {params.features}"
         " --labels {params.labels} --protocol {params.protocol} --classes {params.classes}"
         " --aggregator {wildcards.head} --seed {params.seeds}"
-        " --out 'results/mil/{wildcards.backbone}/{wildcards.variant}/{wildcards.task}/{wildcards.head}/seed{{seed}}'"
-        " {params.external} {params.overrides} --device {params.device} --threads {threads} --failed-slides {params.failed} --no-progress {params.extra} > {log} 2>&1"
+        " --out '{params.out}'"
+        " {params.external} {params.overrides} --device {params.device} --threads {threads} --failed-slides {params.failed} --no-progress {params.fold} {params.extra} > {log} 2>&1"
+
+
+use rule train_mil as train_mil_fold with:
+    output:
+        metrics=get_mil_job_files("metrics.json", fold=True),
+        predictions=get_mil_job_files("predictions.csv", fold=True),
+    log:
+        "logs/mil/{backbone}/{variant}/{task}/{head}/fold{fold}.log",
 
 
 rule summarize_mil:
     input:
-        lambda wc: [
-            f"results/mil/{wc.backbone}/{wc.variant}/{wc.task}/{wc.head}/seed{seed}/metrics.json"
-            for seed in config["mil"]["seeds"]
-        ],
+        lambda wc: [f"{run}/metrics.json" for run in get_head_runs(wc.backbone, wc.variant, wc.task, wc.head)],
     output:
         json="results/mil/{backbone}/{variant}/{task}/{head}/summary.json",
         csv="results/mil/{backbone}/{variant}/{task}/{head}/summary.csv",

@@ -1,0 +1,57 @@
+"""The demo tables of the results page (docs/results.md) have the shape `pathtwt report
+--markdown` writes for the demo config: per task the same header and the same rows
+(variant x head, reference rows included, in order), between the command's marker lines,
+with the line that says which commit and machine they came from. The numbers are pasted
+from a fresh run; this test keeps the pasted tables from drifting away from what the
+command writes. The page's comparison of two machines' runs is the output of
+benchmarks/compare_demo_tables.py on the two files it names."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from pathtwt.config.check import load_and_check
+from pathtwt.report.markdown import BEGIN, END, parse_tables
+from pathtwt.report.tables import METRIC_LABELS, readme_layout
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+PAGE = REPO / "docs" / "results.md"
+
+
+def test_results_page_demo_tables_have_the_rows_and_columns_the_command_writes():
+    text = PAGE.read_text(encoding="utf-8")
+    assert text.count(BEGIN) == 1 and text.count(END) == 1, "the results page holds one pasted `pathtwt report --markdown`"
+    section = text.split(BEGIN, 1)[1].split(END, 1)[0]
+    assert "Written by `pathtwt report --markdown`" in section and " at commit " in section and " on " in section
+    tables = parse_tables(text)
+    config, _ = load_and_check([REPO / "config" / "config.yaml"], require_slides=False)
+    layout = readme_layout(config)
+    assert layout, "the demo config has tasks"
+    for task, (header, keys) in layout.items():
+        metric = config["tasks"][task]["metric"]
+        title = f"{task} ({METRIC_LABELS.get(metric, metric)})"
+        assert title in tables, f"docs/results.md lacks the table '#### {title}'"
+        got_header, body = tables[title]
+        assert got_header == header, f"{title}: columns differ from what the command writes"
+        assert [(cells[1], cells[2]) for cells in body] == keys, f"{title}: rows differ from what the command writes"
+        assert all(len(cells) == len(header) for cells in body), f"{title}: a row has the wrong number of cells"
+
+
+def test_results_page_machine_comparison_is_the_scripts_output():
+    spec = importlib.util.spec_from_file_location("compare_demo_tables", REPO / "benchmarks" / "compare_demo_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    other = REPO / "benchmarks" / "results" / "demo_avx2_fp32" / "tables.md"
+    records = module.compare(PAGE, other)
+    text = PAGE.read_text(encoding="utf-8")
+    begin, end = "<!-- compare_demo_tables: begin -->", "<!-- compare_demo_tables: end -->"
+    pasted = text.split(begin, 1)[1].split(end, 1)[0].strip()
+    assert pasted == module.markdown(records).strip(), "rerun benchmarks/compare_demo_tables.py and paste its table"
+    # the page's statements: the descriptive and chance cells are exact, the result cells are not
+    by_kind = {(r["table"], r["kind"]): r for r in records}
+    assert by_kind[("grading (QWK)", "references")]["max_change"] == 0
+    assert by_kind[("grading (QWK)", "teacher")]["same"] < by_kind[("grading (QWK)", "teacher")]["cells"]
+    assert max(r["max_change"] for r in records) <= 0.125 + 1e-9
