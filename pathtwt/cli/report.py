@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, action="append", default=[], metavar="FILE",
                         help="workflow config(s) whose tasks give the headline metrics (as --metric does); repeatable")
     parser.add_argument("--markdown", action="store_true",
-                        help="also print the README's tables (OUT/tables.md: per task, tile probe, fidelity, with the "
+                        help="also print the result tables of the docs (OUT/tables.md: per task, tile probe, fidelity, with the "
                         "commit and machine) to stdout, to be pasted as they are")
 
 

@@ -1,4 +1,4 @@
-"""The HDF5 files between stages (README.md, "The pipeline and its files").
+"""The HDF5 files between stages (docs/pipeline.md and docs/formats.md).
 
 Coords file (``results/tiles/{cohort}/{slide}.h5``), written by ``pathtwt tile``:
   datasets ``coords`` int64 (N, 2) level-0 top-left (x, y), ``tissue_fraction`` float32 (N,)

@@ -18,7 +18,7 @@ The paper's tables were counted differently (an operator-level counter over the 
 forward pass); :func:`count_macs` reproduces that counting with ``norms=True`` (every
 LayerNorm over the tokens costs 5 MACs per element, as that counter charges them) and
 ``attention=False`` (the fused attention kernel timm calls is an operator that counter
-does not see, so QK^T and AV are missing from the students' rows). README, "Cost", lays
+does not see, so QK^T and AV are missing from the students' rows). docs/method.md, "Cost", lays
 the two countings side by side.
 """
 

@@ -1,8 +1,8 @@
-"""The README's result tables, exactly as `pathtwt report --markdown` prints them (and
+"""The result tables of the docs (docs/results.md), exactly as `pathtwt report --markdown` prints them (and
 ``report/tables.md`` holds them): one table per task, then the tile-probe and fidelity
 tables, between two marker lines, headed by the commit and the machine they came from.
 ``pathtwt.report.tables.readme_layout`` gives the header and row keys those tables have for
-a config, without any results, so a test can check that the README's pasted tables still
+a config, without any results, so a test can check that the pasted tables still
 have that shape."""
 
 from __future__ import annotations

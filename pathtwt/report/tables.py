@@ -2,7 +2,7 @@
 backbone variant x MIL head; per evaluated cohort the metric's mean +- std over seeds;
 the change against the uncompressed backbone with the same head; parameters and MACs.
 
-Everything is read from the files the workflow writes (README.md, "The pipeline and its files"):
+Everything is read from the files the workflow writes (docs/pipeline.md and docs/formats.md):
 ``results/mil/{backbone}/{variant}/{task}/{head}/seed{n}/metrics.json`` and
 ``results/models/{backbone}/{variant}/model.json``. The uncompressed teacher's cost is
 counted on its architecture (no weights needed) with the same counter.
@@ -370,7 +370,7 @@ def table_records(rows: list[Row], cohorts: list[str], metrics: list[str], metri
 
 
 def table_header(cohorts: list[str], metrics: list[str], metric: str, cv: bool = False) -> list[str]:
-    """The header of a task table; the README's demo tables are checked against it. A
+    """The header of a task table; the demo tables of docs/results.md are checked against it. A
     cross-validated task has the spread over folds beside its pooled headline."""
     label = METRIC_LABELS.get(metric, metric)
     header = ["Backbone", "Variant", "Head", "Extracted", "Distilled", "Params (M)", "GMACs", "tiles/s"]
@@ -657,7 +657,7 @@ def readme_layout(config: Mapping[str, Any]) -> dict[str, tuple[list[str], list[
 
 
 def write_report(results: str | Path, out: str | Path, *, metrics: dict[str, str], attention_slides: int = 3) -> Path:
-    """Write ``{task}.csv``, ``{task}.md``, ``tables.md`` (the README's tables) and
+    """Write ``{task}.csv``, ``{task}.md``, ``tables.md`` (the tables of docs/results.md) and
     ``index.html`` (with figures) into ``out``."""
     from pathtwt.io.atomic import write_text_atomic
     from pathtwt.report.html import render_html
