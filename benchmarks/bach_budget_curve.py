@@ -271,7 +271,7 @@ def _memoise_targets() -> None:
     d.normalised_objective = cached_norm
 
 
-def run_curve(spec: str, teacher, data: Data, ev: Evaluator, checkpoints: list[int], args) -> list[dict]:
+def run_curve(spec: str, teacher, data: Data, ev: Evaluator, checkpoints: list[int], args, on_row=None) -> list[dict]:
     from pathtwt.compress.distill import DistillOptions, distill
 
     method, norm, n_tiles, steps, *own = spec.split(":")
@@ -305,6 +305,8 @@ def run_curve(spec: str, teacher, data: Data, ev: Evaluator, checkpoints: list[i
             row["eval_s"] = round(time.perf_counter() - t1, 1)
             rows.append(row)
             print(fmt_row(row), flush=True)
+            if on_row is not None:  # written after every score, so a stopped run keeps its rows
+                on_row(rows)
             if args.every and flat(rows, args):
                 row["stopped"] = f"val R2 gained < {args.min_gain} over the last {args.window} steps"
                 print(row["stopped"], flush=True)
@@ -441,7 +443,8 @@ def main() -> None:
             print(fmt_row(rows[-1]), flush=True)
     checkpoints = sorted(int(c) for c in args.checkpoints.split(",") if c)
     for spec in args.runs:
-        rows += run_curve(spec, teacher, data, ev, checkpoints, args)
+        rows += run_curve(spec, teacher, data, ev, checkpoints, args,
+                          on_row=lambda part: write(args.out, rows + part, args))
         write(args.out, rows, args)
     if args.references:
         rows.append({"run": "random-init", **ev.score(ev.embeddings(random_init_model(teacher.spec, args.seed)))})
