@@ -66,11 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     drawn.add_argument(
         "--folds", type=int, default=None, metavar="K",
         help="k-fold cross-validation instead of fractions: a `fold` column 0..K-1, stratified by class (every slide "
-        "tested once; fold f's heads select on fold f+1 and train on the rest)",
+        "tested once; fold f's heads select on fold f+1 and train on the rest; default: none, a fractions split)",
     )
     drawn.add_argument(
         "--group-column", default=None, metavar="COL",
-        help="with --folds: keep every group's slides (a patient, a case) in one fold; copied to a `group` column",
+        help="with --folds: keep every group's slides (a patient, a case) in one fold; copied to a `group` column (default: none, every slide its own group)",
     )
     drawn.add_argument(
         "--holdout", type=float, default=0.0, metavar="FRACTION",
@@ -78,9 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(split `compress`, fold -1) that no fold tests (default: %(default)s)",
     )
     drawn.add_argument("--clam-splits", default=None, metavar="DIR",
-                       help="with --folds: also write CLAM's splits_{k}.csv (train,val,test columns) there")
+                       help="with --folds: also write CLAM's splits_{k}.csv (train,val,test columns) there (default: none)")
     drawn.add_argument("--stamp-splits", default=None, metavar="JSON",
-                       help="with --folds: also write STAMP's splits.json (train_patients / test_patients per fold)")
+                       help="with --folds: also write STAMP's splits.json (train_patients / test_patients per fold) (default: none)")
 
     for p in (panda, tcga, c17, c16, drawn):
         p.add_argument("--out", required=True, metavar="CSV", help="label table to write (slide_id,label,split,...)")
