@@ -13,7 +13,7 @@ import pytest
 from pathtwt.errors import PathtwtError
 from pathtwt.explain import geojson
 from pathtwt.explain.grid import attention_grid, rank_scores
-from pathtwt.explain.heatmap import Canvas, blend, canvas_for, colour_table, score_layer
+from pathtwt.explain.heatmap import Canvas, blend, canvas_for, colour_table, compose, score_layer
 from pathtwt.wsi.roi import Region, is_excluded_class, parse_roi, points_in_region, points_in_roi, read_roi
 
 
@@ -145,6 +145,17 @@ def test_scores_land_on_their_tiles():
     blend(background, layer, colour_table("gray"), alpha=1.0)
     assert (background[10, 10] == 0).all() and (background[60, 60] == 255).all()
     assert (background[10, 60] == 200).all()  # no tile there: the slide untouched
+
+
+def test_a_small_slide_is_enlarged_by_a_whole_factor_and_a_large_one_is_not():
+    small = np.zeros((100, 80, 3), np.uint8)
+    small[:50, :40] = 255  # the top-left quarter white: it must stay the top-left quarter
+    out = compose(small, ["slide"], "turbo", "percentile", min_height=420)
+    assert out.shape[0] == 420  # 4 x 100 = 400 px of slide, the panel sets the height
+    assert (out[:200, :160] == 255).all() and (out[200:400, 160:320] == 0).all()
+    large = np.full((500, 300, 3), 7, np.uint8)
+    out = compose(large, ["slide"], "turbo", "percentile", min_height=420)
+    assert out.shape[0] == 500 and (out[:500, :300] == 7).all()
 
 
 def test_pyramidal_tiff_opens_in_tiffslide_with_levels_and_mpp(tmp_path):

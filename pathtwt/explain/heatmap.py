@@ -175,7 +175,13 @@ def legend_panel(height: int, cmap: str, scale: str, lines: list[str], vmin: flo
 
 
 def compose(image: np.ndarray, panel_lines: list[str], cmap: str, scale: str, min_height: int = 420) -> np.ndarray:
-    """The heatmap beside its legend panel, on white, at least ``min_height`` tall."""
+    """The heatmap beside its legend panel, on white, at least ``min_height`` tall. A small
+    slide (a biopsy, a microscopy image at a coarse --mpp) is enlarged by a whole factor,
+    pixels repeated, so its tiles are not a corner of the figure; the panel says so."""
+    factor = min_height // image.shape[0] if image.shape[0] else 1
+    if factor >= 2:
+        image = np.repeat(np.repeat(image, factor, axis=0), factor, axis=1)
+        panel_lines = [*panel_lines, f"shown enlarged x{factor}"]
     height = max(image.shape[0], min_height)
     panel = legend_panel(min(height, 1400), cmap, scale, panel_lines)
     out = np.full((height, image.shape[1] + panel.shape[1], 3), 255, np.uint8)
