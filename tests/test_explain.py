@@ -185,6 +185,20 @@ def test_report_links_the_workflow_heatmaps_and_copies_them(tmp_path):
     assert heatmaps_html(tmp_path / "nothing", tmp_path / "report") == ""
 
 
+def test_report_lists_one_slides_heatmaps_together_teacher_first(tmp_path):
+    from pathtwt.report.html import heatmaps_html
+
+    root = tmp_path / "results" / "heatmaps" / "vit"
+    for variant in ("twt-4", "uncompressed", "twt-6"):
+        for slide in ("s2", "s1"):
+            folder = root / variant / "isup" / "abmil" / "panda"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{slide}.heatmap.png").write_bytes(b"x")
+    page = heatmaps_html(tmp_path / "results", tmp_path / "report")
+    rows = [(r.split("<td>")[3].split("<")[0], r.split("<td>")[4].split("<")[0]) for r in page.split("<tr>")[2:]]
+    assert rows == [(s, f"vit / {v}") for s in ("s1", "s2") for v in ("uncompressed", "twt-4", "twt-6")]
+
+
 def test_predict_takes_folders_of_slides(tmp_path):
     from pathtwt.cli.predict import slide_list
 

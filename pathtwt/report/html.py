@@ -196,7 +196,12 @@ def heatmaps_html(results: Path, out: Path) -> str:
     `report: {heatmaps: N}`): results/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/,
     copied under figures/heatmaps/ so the report folder stands alone."""
     root = results / "heatmaps"
-    pngs = [p for p in sorted(root.glob("*/*/*/*/*/*.heatmap.png")) if not p.name.startswith(".")]
+    def order(png: Path) -> tuple:
+        # one slide's heatmaps together, the teacher's first: the comparison a reader makes
+        backbone, variant, task, head, cohort = png.relative_to(root).parts[:5]
+        return task, cohort, png.name, backbone, variant != UNCOMPRESSED, variant, head
+
+    pngs = sorted((p for p in root.glob("*/*/*/*/*/*.heatmap.png") if not p.name.startswith(".")), key=order)
     if not pngs:
         return ""
     body = []
@@ -215,7 +220,7 @@ def heatmaps_html(results: Path, out: Path) -> str:
     head_row = "".join(f"<th>{h}</th>" for h in ("task", "cohort", "slide", "variant", "head", "files"))
     rows = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in body)
     return ("<h2>Attention heatmaps</h2><p class='note'>Test slides (the first by slide id of each reported cohort) "
-            "drawn by <code>pathtwt heatmap</code> with each variant's head (lowest seed): attention over the slide, "
+            "drawn by <code>pathtwt heatmap</code> with each variant's head (lowest seed), the teacher's first: attention over the slide, "
             "the tiles of highest and lowest attention, and the tiles with their attention as QuPath objects.</p>"
             f"<div class='scroll'><table><thead><tr>{head_row}</tr></thead><tbody>{rows}</tbody></table></div>")
 
