@@ -158,7 +158,8 @@ def fidelity_table(results: Path, cost_of: Callable[[str, str], Any]) -> tuple[l
         else:
             notes.append(f"{backbone}: these model.json files predate the centred measures and reference rows (n/a).")
     if body:
-        notes.append(f"R² L<i>: R² of the student's tokens at the end of the block that stands for teacher layers "
-                     f"up to i, against the teacher's tokens after layer i; {NOT_MATCHED}: no block of this "
-                     "student ends at that layer.")
+        # no "L<i>": in Markdown pages an unknown tag like <i> is passed through as HTML
+        notes.append(f"R² L1 to R² L{depth}: R² of the student's tokens at the end of the block that stands for "
+                     f"teacher layers up to that layer, against the teacher's tokens after it; {NOT_MATCHED}: no "
+                     "block of this student ends at that layer.")
     return ((HEADER + [BLOCK_COLUMN.format(i) for i in range(1, depth + 1)]) if body else []), body, records, notes
