@@ -230,3 +230,16 @@ def test_troubleshooting_lists_every_refusal(site):
     assert len(refusals) > 200, "the user-facing errors of the package are found"
     missing = [f"{m}:{line}" for _, _, m, line, _ in refusals if f"<code>{m}:{line}</code>" not in html]
     assert not missing, f"the troubleshooting page lacks the refusals raised at {missing[:5]}"
+
+
+ALLOWED_TAGS = {"div", "figure", "figcaption", "img", "br", "details", "summary", "span", "a", "sub", "sup"}
+
+
+def test_prose_holds_no_stray_html_tag():
+    """Markdown passes an unknown `<word>` through as HTML: `R² L<i>` once set the rest of
+    a page in italics. Outside code, only the tags the pages use on purpose."""
+    for page in sorted(DOCS.glob("*.md")) + [REPO / "README.md"]:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        text = re.sub(r"`[^`\n]*`", "", text)
+        stray = sorted({t for t in re.findall(r"</?([A-Za-z][A-Za-z0-9]*)[\s/>]", text) if t.lower() not in ALLOWED_TAGS})
+        assert not stray, f"{page.name}: raw HTML tags {stray} in the prose; put them in backticks"
