@@ -204,4 +204,5 @@ def test_paper_study_is_a_few_hundred_submissions(tmp_path):
     # 2 backbones x 8 variants x 2 tasks x 3 heads (abmil, transmil, meanpool), the 5 seeds
     # of a head in one job
     assert per_rule["train_mil"] == 2 * 8 * 2 * 3
-    assert sum(per_rule.values()) <= 300, per_rule
+    # 120 tile + 64 extract + 96 train_mil + a few dozen one-off jobs: ~310 against ~12,600
+    assert sum(per_rule.values()) <= 320, per_rule
