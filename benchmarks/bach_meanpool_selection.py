@@ -43,15 +43,13 @@ def slide_means(features: Path, slide_ids) -> dict[str, np.ndarray]:
     return out
 
 
-def fit(x: np.ndarray, y: np.ndarray, c: float):
-    """Standardise with the fitting slides, logistic regression: a predict_proba."""
-    from sklearn.linear_model import LogisticRegression
+def fit(x: np.ndarray, y: np.ndarray, c: float, n_classes: int):
+    """The study's meanpool head fitted on these slides (class-weighted, as the protocols'
+    heads are): a function from mean embeddings to class probabilities."""
+    from pathtwt.mil.meanpool import fit_head, predict
 
-    mean, scale = x.mean(axis=0), x.std(axis=0)
-    scale[scale == 0] = 1.0
-    # class-weighted as the protocols' heads are (pathtwt.mil.protocols.MILConfig.class_weighted)
-    model = LogisticRegression(C=c, max_iter=5000, class_weight="balanced").fit((x - mean) / scale, y)
-    return lambda z: model.predict_proba((z - mean) / scale)
+    head = fit_head(x, y, c, class_weighted=True, seed=0)
+    return lambda z: predict(head, n_classes, z)
 
 
 def out_of_fold(means: dict[str, np.ndarray], table, rule: str, k: int, n_classes: int) -> dict[str, np.ndarray]:
@@ -69,7 +67,7 @@ def out_of_fold(means: dict[str, np.ndarray], table, rule: str, k: int, n_classe
 
     def score(train, val, c):
         (xt, yt), (xv, yv) = xy(train), xy(val)
-        p = fit(xt, yt, c)(xv)
+        p = fit(xt, yt, c, n_classes)(xv)
         if rule == "val-qwk":
             return quadratic_weighted_kappa(yv, p.argmax(1), n_classes)
         return balanced_accuracy_score(yv, p.argmax(1)) if rule == "val-bacc" else -log_loss(yv, p, labels=labels)
@@ -86,7 +84,7 @@ def out_of_fold(means: dict[str, np.ndarray], table, rule: str, k: int, n_classe
         else:
             c = max(C_GRID, key=lambda c: score(train, val, c))  # ties: the first, the smaller C
             fit_on = train if rule != "val-logloss-refit" else table[table.fold != f]
-        p = fit(*xy(fit_on), c)(xy(test)[0])
+        p = fit(*xy(fit_on), c, n_classes)(xy(test)[0])
         probs.update(zip(test.slide_id, p))
     return probs
 

@@ -42,30 +42,37 @@ def predict(model: dict, n_classes: int, means: np.ndarray) -> np.ndarray:
     return out
 
 
-def fit_meanpool(data: MILData, config: MILConfig) -> tuple[dict, dict, dict[str, np.ndarray]]:
-    """(checkpoint state, summary with the per-C validation history, probabilities of
-    every evaluated cohort under the selected C)."""
+def fit_head(x_train: np.ndarray, y_train: np.ndarray, c: float, *, class_weighted: bool, seed: int) -> dict:
+    """A fitted head (the tensors :func:`predict` reads) on slides' mean embeddings:
+    standardised with these slides, then a logistic regression with inverse
+    regularisation ``c``."""
     import torch
     from sklearn.linear_model import LogisticRegression
 
-    x_train = bag_means(data.train)
-    y_train = data.train.labels
     mean = x_train.mean(axis=0)
     scale = x_train.std(axis=0)
     scale[scale == 0] = 1.0  # a constant dimension carries nothing; leave it at 0
+    model = LogisticRegression(C=c, max_iter=MAX_ITER, class_weight="balanced" if class_weighted else None,
+                               random_state=seed)
+    model.fit((x_train - mean) / scale, y_train)
+    coef, intercept = model.coef_, model.intercept_
+    if len(model.classes_) == 2:  # one logit row for the second class -> two rows
+        coef, intercept = np.vstack([np.zeros_like(coef), coef]), np.concatenate([[0.0], intercept])
+    return {"mean": torch.from_numpy(mean), "scale": torch.from_numpy(scale), "coef": torch.from_numpy(coef),
+            "intercept": torch.from_numpy(np.asarray(intercept, dtype=np.float64)),
+            "classes": torch.from_numpy(model.classes_.astype(np.int64))}
+
+
+def fit_meanpool(data: MILData, config: MILConfig) -> tuple[dict, dict, dict[str, np.ndarray]]:
+    """(checkpoint state, summary with the per-C validation history, probabilities of
+    every evaluated cohort under the selected C)."""
+    x_train = bag_means(data.train)
+    y_train = data.train.labels
     means = {c.name: bag_means(c) for c in data.evaluated}
     val = data.evaluated[0]
     history, fitted = [], []
     for i, c in enumerate(C_GRID):
-        model = LogisticRegression(C=c, max_iter=MAX_ITER, class_weight="balanced" if config.class_weighted else None,
-                                   random_state=config.seed)
-        model.fit((x_train - mean) / scale, y_train)
-        coef, intercept = model.coef_, model.intercept_
-        if len(model.classes_) == 2:  # one logit row for the second class -> two rows
-            coef, intercept = np.vstack([np.zeros_like(coef), coef]), np.concatenate([[0.0], intercept])
-        head = {"mean": torch.from_numpy(mean), "scale": torch.from_numpy(scale), "coef": torch.from_numpy(coef),
-                "intercept": torch.from_numpy(np.asarray(intercept, dtype=np.float64)),
-                "classes": torch.from_numpy(model.classes_.astype(np.int64))}
+        head = fit_head(x_train, y_train, c, class_weighted=config.class_weighted, seed=config.seed)
         state = {"model": head, "aggregator": "meanpool", "n_classes": data.n_classes, "in_dim": data.dim, "C": c}
         metrics = slide_metrics(val.labels, predict(head, data.n_classes, means[val.name]), data.n_classes)
         history.append({"epoch": i + 1, "C": c, "val": metrics})
