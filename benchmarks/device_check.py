@@ -525,6 +525,8 @@ def measure_distill(run: Run) -> None:
 
 def _training_tiles(size: int, n: int) -> np.ndarray:
     """uint8 tiles of the real slide at the model's input size (random ones without it)."""
+    from pathtwt.errors import PathtwtError
+
     try:
         from pathtwt.wsi.slides import open_slide
 
@@ -533,7 +535,7 @@ def _training_tiles(size: int, n: int) -> np.ndarray:
             tiles = [slide.read_tile(x, y, size, 0, size) for x, y in grid[:n]]
         reps = -(-n // len(tiles))
         return np.stack((tiles * reps)[:n])
-    except Exception:  # noqa: BLE001 - no slide or no OpenSlide here: random tiles time the same
+    except (ImportError, OSError, PathtwtError):  # no slide or no OpenSlide here: random tiles time the same
         return np.random.default_rng(0).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
 
 
@@ -670,8 +672,9 @@ def main(argv: list[str] | None = None) -> int:
     if "fp16" in s.precisions and not device.startswith("cuda"):
         ap.error("--precisions fp16 needs a GPU; on CPU use fp32,bf16")
     if device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 rows measure fp32, not TF32
-        torch.backends.cudnn.allow_tf32 = False
+        from pathtwt.models.precision import pin_fp32_matmul
+
+        pin_fp32_matmul("ieee")  # fp32 rows measure fp32, not TF32, also after create_backbone
     run = Run(s)
     info = machine(run)
     # where it ran, first: a run that dies later still says so

@@ -123,6 +123,19 @@ def test_tf32_is_chosen_explicitly_on_gpus_that_have_it(gpu, tf32_flags):
     assert choose_fp32_matmul("cuda:1") == "tf32" and tf32_flags() == ("tf32", "tf32")
 
 
+def test_a_pinned_fp32_mode_outlasts_the_backbones_built_after_it(gpu, tf32_flags, monkeypatch):
+    """device_check pins ieee so its fp32 rows are fp32: a later create_backbone (which
+    chooses TF32 on capability 8.0) must neither flip it back nor mix torch's two APIs."""
+    import pathtwt.models.precision as precision
+
+    monkeypatch.setattr(precision, "_pinned_fp32_matmul", None)
+    gpu["capability"] = (9, 0)
+    precision.pin_fp32_matmul("ieee")
+    assert choose_fp32_matmul("cuda:0") == "ieee" and tf32_flags() == ("ieee", "ieee")
+    with pytest.raises(ValueError):
+        precision.pin_fp32_matmul("fast")
+
+
 def test_the_distillation_record_says_tf32_only_where_it_ran():
     from pathtwt.compress.calibration import CalibrationSet  # noqa: F401 - the record's companion
     from pathtwt.compress.distill import DistillResult

@@ -109,24 +109,47 @@ def resolve_precision(request: str, device: object, *, default: str = "fp32", tr
     return Precision(weights=choice)
 
 
+# set by pin_fp32_matmul: what fp32 matmuls compute in for the rest of the process, whatever
+# a later choose_fp32_matmul (every create_backbone) would pick
+_pinned_fp32_matmul: str | None = None
+
+
+def _set_fp32_matmul(mode: str) -> None:
+    """torch's switches for fp32 matmuls and convolutions to ``mode`` (ieee | tf32), through
+    one API: torch >= 2.9 refuses a mix of ``fp32_precision`` and ``allow_tf32`` at the first
+    matmul that reads them."""
+    import torch
+
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    if hasattr(matmul, "fp32_precision"):
+        matmul.fp32_precision = mode
+        cudnn.conv.fp32_precision = mode
+    else:
+        matmul.allow_tf32 = cudnn.allow_tf32 = mode == "tf32"
+
+
+def pin_fp32_matmul(mode: str) -> None:
+    """Fix what fp32 matmuls compute in for this process (``ieee``: a benchmark's fp32 rows
+    measure fp32), so that the backbones built afterwards keep it."""
+    global _pinned_fp32_matmul
+    if mode not in ("ieee", "tf32"):
+        raise ValueError(f"fp32 matmul mode {mode!r}: ieee or tf32")
+    _set_fp32_matmul(mode)
+    _pinned_fp32_matmul = mode
+
+
 def choose_fp32_matmul(device: object) -> str:
     """Set, for this process, what fp32 matrix multiplies and convolutions compute in on
     ``device``, and return it: ``tf32`` on CUDA GPUs of compute capability 8.0 and later
     (10-bit mantissa products with fp32 accumulation, several times the fp32 rate; finer
     than the bf16 autocast that ``auto`` already accepts), ``ieee`` elsewhere (CPUs and
     ROCm keep full fp32). Chosen explicitly rather than left to torch's default, which
-    has changed between releases."""
-    import torch
-
+    has changed between releases; a mode pinned by :func:`pin_fp32_matmul` wins."""
+    if _pinned_fp32_matmul is not None:
+        return _pinned_fp32_matmul
     capability = _cuda_capability(device) if str(device).startswith("cuda") else None
     if capability is None or capability < NATIVE_BF16_CAPABILITY:
         return "ieee"
-    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9; mixing it with allow_tf32 is refused
-        matmul.fp32_precision = "tf32"
-        cudnn.conv.fp32_precision = "tf32"
-    else:
-        matmul.allow_tf32 = True
-        cudnn.allow_tf32 = True
+    _set_fp32_matmul("tf32")
     log.info("fp32 matrix multiplies on %s use TF32", device)
     return "tf32"
