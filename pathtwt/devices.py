@@ -36,7 +36,7 @@ def resolve_device(name: object = "auto", claim: bool = True) -> str:
     torch cannot use (:func:`check_no_unusable_gpu`).
 
     With several GPUs visible and not narrowed by the launcher (CUDA_VISIBLE_DEVICES,
-    SLURM, torchrun ranks), ``auto``/``cuda`` take a free one (:func:`claim_gpu`): jobs
+    SLURM, torchrun ranks), ``auto``/``cuda`` take a free one (:func:`process_claim`): jobs
     started side by side on one machine each get their own GPU, ``cuda:K``. The claim is
     the process's own and is kept until it ends; later calls return the same device."""
     import torch

@@ -4,7 +4,7 @@ to a whole batch on the device it trains on.
 Tiles arrive as uint8 (the DataLoader workers only read and resize them); the batch is
 augmented where the model runs, a handful of batched kernels per micro-batch instead of
 ~10 small ones per tile on a reading core, then normalised with the backbone's own mean
-and std (:func:`normalise_batch`). Each tile's parameters come from its own seed,
+and std (:meth:`pathtwt.models.transform.TileTransform.normalise_batch`). Each tile's parameters come from its own seed,
 derived from (run seed, stream position) and drawn on the CPU with a private generator:
 a tile is augmented the same whichever rank draws it and whether or not the run was
 resumed, and augmentation never touches the global RNG stream.
@@ -18,6 +18,7 @@ of a drawn sigma, reflect-padded, on a drawn share of the tiles.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -113,15 +114,23 @@ class BatchAugmenter:
 
     @staticmethod
     def _hue(x: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
-        yiq = torch.tensor(RGB_TO_YIQ, dtype=x.dtype, device=x.device)
+        yiq, yiq_inv = (m.to(x.device) for m in _yiq_matrices(x.dtype))
         angle = 2 * math.pi * turns
         cos, sin = torch.cos(angle), torch.sin(angle)
         rotation = torch.zeros(len(x), 3, 3, dtype=x.dtype, device=x.device)
         rotation[:, 0, 0] = 1
         rotation[:, 1, 1], rotation[:, 1, 2] = cos, -sin
         rotation[:, 2, 1], rotation[:, 2, 2] = sin, cos
-        matrix = torch.linalg.inv(yiq) @ rotation @ yiq  # (N, 3, 3): RGB -> rotated RGB
+        matrix = yiq_inv @ rotation @ yiq  # (N, 3, 3): RGB -> rotated RGB
         return torch.einsum("nij,njhw->nihw", matrix, x).clamp_(0, 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _yiq_matrices(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """RGB -> YIQ and its inverse, computed once per dtype on the CPU: inverting on a GPU
+    at every micro-batch would wait for the device each time (linalg.inv checks its status)."""
+    yiq = torch.tensor(RGB_TO_YIQ, dtype=dtype)
+    return yiq, torch.linalg.inv(yiq)
 
 
 def _grey(x: torch.Tensor) -> torch.Tensor:
@@ -147,13 +156,3 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int) -> torch.Te
     y = torch.nn.functional.conv2d(y, weights.view(n * c, 1, 1, kernel), groups=n * c)
     y = torch.nn.functional.conv2d(y, weights.view(n * c, 1, kernel, 1), groups=n * c)
     return y.view(n, c, h, w)
-
-
-def normalise_batch(tiles: torch.Tensor, mean: Sequence[float], inv_std: Sequence[float]) -> torch.Tensor:
-    """(N, 3, H, W) tiles in [0, 255] (uint8 or float) -> the model's input, ``(x - mean) *
-    inv_std`` per channel with the backbone's constants scaled to [0, 255]
-    (:class:`pathtwt.models.transform.TileTransform`'s ``mean`` and ``inv_std``): the same
-    float32 operations as its per-tile normalisation, so the values are bit-identical."""
-    m = torch.as_tensor(mean, dtype=torch.float32, device=tiles.device).view(1, -1, 1, 1)
-    s = torch.as_tensor(inv_std, dtype=torch.float32, device=tiles.device).view(1, -1, 1, 1)
-    return (tiles.float() - m) * s

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from pathtwt.models.bf16_guard import autocast as _autocast
-from pathtwt.models.bf16_guard import bf16_attention, teacher_targets
+from pathtwt.models.bf16_guard import BF16_LOSS_TOLERANCE, bf16_attention, teacher_targets
 from pathtwt.compress.defaults import COMPRESS_DEFAULTS as D
 from pathtwt.errors import NumericsError, PathtwtError
 from pathtwt.io.atomic import atomic_output
@@ -77,7 +77,7 @@ class DistillOptions:
     loss_norm: str = D.loss_norm
     # bf16 is kept only when the first step's loss under bf16 autocast is within this
     # relative difference of the fp32 loss (pathtwt.models.bf16_guard.check_bf16_first_step), else fp32
-    bf16_tolerance: float = 0.02
+    bf16_tolerance: float = BF16_LOSS_TOLERANCE
 
     def resolved_steps(self, n_tiles: int) -> int:
         if self.steps is not None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from pathtwt.compress.augment import BatchAugmenter, normalise_batch, step_seed
+from pathtwt.compress.augment import BatchAugmenter, step_seed
 from pathtwt.errors import ConfigError, PathtwtError, SlideError
 from pathtwt.wsi.coords_tiles import cv2_pool_stopped, reader_worker_init  # noqa: F401 - cv2_pool_stopped: used with loader()
 from pathtwt.wsi.slides import Slide
@@ -262,7 +262,7 @@ class TrainingItems(torch.utils.data.Dataset):
         x = tiles.to(device, non_blocking=True)
         if self.augmenter is not None:
             x = self.augmenter(x, [step_seed(self.seed, int(p)) for p in positions])
-        return normalise_batch(x, self.transform.mean, self.transform.inv_std)
+        return self.transform.normalise_batch(x, device, channels_first=True)
 
     def failure(self, index: int, reason: str) -> PathtwtError:
         if isinstance(self.source, SlideTiles):
@@ -292,8 +292,9 @@ def default_workers(device: str, streaming: bool) -> int:
         return cpu_readers()
     from pathtwt.devices import available_cores
 
-    local_ranks = os.environ.get("LOCAL_WORLD_SIZE", "")
-    share = available_cores() // (int(local_ranks) if local_ranks.isdigit() and int(local_ranks) > 0 else 1)
+    from pathtwt.compress.ranks import _env_int
+
+    share = available_cores() // max(1, _env_int("LOCAL_WORLD_SIZE", default=1))
     return max(1, min(GPU_FEEDERS, share - 1))
 
 

@@ -105,14 +105,18 @@ class TileTransform:
         )
         return torch.from_numpy(self.normalise(resized))
 
-    def normalise_batch(self, images: Any, device: Any = "cpu"):
+    def normalise_batch(self, images: Any, device: Any = "cpu", *, channels_first: bool = False):
         """uint8 tiles (B, S, S, 3) at the input size (a tensor, as extraction's workers send
         them) -> float32 (B, 3, S, S) on ``device``: the arithmetic of :meth:`normalise`
         with the same float32 constants, run where the model is, so a batch crosses to a
-        GPU as a quarter of float32's bytes."""
+        GPU as a quarter of float32's bytes. ``channels_first``: the tiles are already
+        (B, 3, S, S), uint8 or float in [0, 255] (distillation's tiles, augmented on the
+        device)."""
         import torch
 
         x = torch.as_tensor(images).to(device, non_blocking=True)
         mean = torch.from_numpy(self.mean).to(x.device)
         inv_std = torch.from_numpy(self.inv_std).to(x.device)
+        if channels_first:
+            return (x.float() - mean.view(1, -1, 1, 1)) * inv_std.view(1, -1, 1, 1)
         return ((x.float() - mean) * inv_std).permute(0, 3, 1, 2).contiguous()
