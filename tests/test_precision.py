@@ -87,6 +87,26 @@ def test_this_cpu_keeps_its_decisions(monkeypatch):
     assert choose_fp32_matmul("cpu") == "ieee"
 
 
+@pytest.mark.parametrize("env, native", [
+    ({}, True),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, False),
+    ({"ONEDNN_MAX_CPU_ISA": "avx512_core"}, False),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, True),
+    ({"ATEN_CPU_CAPABILITY": "avx2"}, False),
+    ({"ATEN_CPU_CAPABILITY": "avx512"}, True),
+])
+def test_a_cpu_held_below_its_bf16_instructions_runs_fp32(monkeypatch, env, native):
+    """A process whose oneDNN or ATen kernels are held to AVX2 (as a run that reproduces an
+    AVX2-only machine does) would emulate bf16: ``auto`` then means fp32 there too."""
+    for key in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(P, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    assert native_bf16("cpu") is native
+    assert resolve_precision("auto", "cpu", training=True).compute == ("bf16" if native else "fp32")
+
+
 def test_create_backbone_records_the_resolved_precision(monkeypatch):
     from pathtwt.models.registry import create_backbone
 

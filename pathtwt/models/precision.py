@@ -23,6 +23,7 @@ which every run that records its precision also records.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 from pathtwt.errors import ConfigError
@@ -86,8 +87,22 @@ def native_bf16(device: object) -> bool:
         return capability is not None and capability >= NATIVE_BF16_CAPABILITY
     if name == "cpu":
         flags = _cpu_flags()
-        return "avx512_bf16" in flags or "amx_bf16" in flags
+        return ("avx512_bf16" in flags or "amx_bf16" in flags) and not _cpu_isa_capped()
     return False
+
+
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) that still reach AVX512-BF16 or AMX instructions
+_BF16_ISAS = {"ALL", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512",
+              "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2"}
+
+
+def _cpu_isa_capped() -> bool:
+    """Whether the process holds its kernels below the CPU's bf16 instructions: oneDNN's
+    ``ONEDNN_MAX_CPU_ISA`` below AVX512-BF16, or torch's ``ATEN_CPU_CAPABILITY`` below
+    AVX512. bf16 is then emulated and slower than fp32, as on an AVX2-only CPU."""
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    return bool(isa and isa not in _BF16_ISAS) or aten in {"default", "avx2"}
 
 
 def resolve_precision(request: str, device: object, *, default: str = "fp32", training: bool = False) -> Precision:
