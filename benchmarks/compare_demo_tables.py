@@ -4,6 +4,8 @@ the compressed students, the reference rows), how many result cells are the same
 and the largest change of a cell's first number, as a Markdown table.
 
     python benchmarks/compare_demo_tables.py docs/results.md benchmarks/results/demo_avx2_fp32/tables.md
+    python benchmarks/compare_demo_tables.py A B --by-metric      # per head and metric, and the Δ that flip
+    python benchmarks/compare_demo_tables.py --choices results --json out.json   # meanpool's chosen C per run
 
 Rows are matched on (backbone, variant, head) and the columns by name; a cell's first
 number is its mean (the text before ±, or the value). Columns that describe a row rather
@@ -78,6 +80,95 @@ def compare(a: Path, b: Path) -> list[dict]:
     return out
 
 
+MIL_TABLES = ("grading (QWK)", "metastasis (Acc)")
+INTERVAL = re.compile(r"\[([-+]?\d+\.\d+), ([-+]?\d+\.\d+)\]")
+
+
+def _mil_cells(path: Path):
+    """(table, head, variant, column, cell) of every result cell of the MIL tables of ``path``."""
+    for title, (header, rows) in read_tables(path).items():
+        if title not in MIL_TABLES:
+            continue
+        v, h = header.index("Variant"), header.index("Head")
+        for row in rows:
+            for j, column in enumerate(header):
+                if j not in (0, v, h) and not column.startswith(DESCRIPTIVE) and first_number(row[j]) is not None:
+                    yield title, row[h], row[v], column, row[j]
+
+
+def metric_of(column: str) -> str:
+    """The metric a MIL column measures, without its cohort: QWK, Acc, BAcc, AUC, ΔQWK, ΔAcc."""
+    return column.split(" ", 1)[0]
+
+
+def by_metric(a: Path, b: Path) -> list[dict]:
+    """One record per (table, head, metric) of the MIL tables, students and teacher rows
+    together (reference rows are exact by construction): cells, the same, the largest
+    change of a cell's mean and where it is."""
+    cells_b = {(t, hd, var, col): cell for t, hd, var, col, cell in _mil_cells(b)}
+    groups: dict[tuple[str, str, str], list[tuple[float, str, bool]]] = {}
+    for t, hd, var, col, cell in _mil_cells(a):
+        other = cells_b.get((t, hd, var, col))
+        if other is None or row_kind(var) == "references" or first_number(other) is None:
+            continue
+        change = abs(first_number(cell) - first_number(other))
+        groups.setdefault((t, hd, metric_of(col)), []).append((change, f"{var}, {col}", cell == other))
+    out = []
+    for (t, hd, metric), cells in groups.items():
+        change, where, _ = max(cells, key=lambda c: c[0])
+        out.append({"table": t, "head": hd, "metric": metric, "cells": len(cells),
+                    "same": sum(same for *_, same in cells), "max_change": change, "where": where if change > 0 else ""})
+    return out
+
+
+def side_of_zero(cell: str) -> str:
+    """Where a paired Δ's interval lies: above 0, below 0, or across it."""
+    match = INTERVAL.search(cell.replace("−", "-"))
+    if not match:
+        return ""
+    lo, hi = float(match.group(1)), float(match.group(2))
+    return "above 0" if lo > 0 else "below 0" if hi < 0 else "across 0"
+
+
+def flips(a: Path, b: Path) -> list[dict]:
+    """The paired Δ cells whose interval lies on another side of 0 in ``b`` than in ``a``:
+    the conclusions that change between the two runs."""
+    cells_b = {(t, hd, var, col): cell for t, hd, var, col, cell in _mil_cells(b)}
+    out = []
+    for t, hd, var, col, cell in _mil_cells(a):
+        other = cells_b.get((t, hd, var, col), "")
+        if col.startswith("Δ") and side_of_zero(cell) and side_of_zero(other) and side_of_zero(cell) != side_of_zero(other):
+            out.append({"table": t, "head": hd, "variant": var, "column": col, "a": cell, "b": other})
+    return out
+
+
+def meanpool_choices(results: Path) -> dict[str, float]:
+    """variant/task/seedN -> the C meanpool's head chose on its validation slides, from
+    every ``mil/*/*/*/meanpool/seed*/metrics.json`` under ``results``."""
+    import json
+
+    out = {}
+    for metrics in sorted(results.glob("mil/*/*/*/meanpool/seed*/metrics.json")):
+        seed, _, task, variant = metrics.parts[-2], metrics.parts[-3], metrics.parts[-4], metrics.parts[-5]
+        out[f"{variant}/{task}/{seed}"] = json.loads(metrics.read_text())["selection"]["C"]
+    return out
+
+
+def markdown_by_metric(records: list[dict]) -> str:
+    lines = ["| table | head | metric | cells | the same | largest change | in |", "|---|---|---|---|---|---|---|"]
+    for r in records:
+        lines.append(f"| {r['table']} | {r['head']} | {r['metric']} | {r['cells']} | {r['same']} | "
+                     f"{r['max_change']:.3f} | {r['where']} |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_flips(records: list[dict], names: tuple[str, str]) -> str:
+    lines = [f"| table | row | Δ column | {names[0]} | {names[1]} |", "|---|---|---|---|---|"]
+    for r in records:
+        lines.append(f"| {r['table']} | {r['variant']} {r['head']} | {r['column']} | {r['a']} | {r['b']} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(records: list[dict]) -> str:
     lines = ["| table | rows | result cells | the same | largest change | in |", "|---|---|---|---|---|---|"]
     for r in records:
@@ -87,9 +178,32 @@ def markdown(records: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("a", type=Path, help="a file holding `pathtwt report --markdown` output")
-    parser.add_argument("b", type=Path, help="another such file, of the same config")
+    parser.add_argument("a", type=Path, nargs="?", help="a file holding `pathtwt report --markdown` output")
+    parser.add_argument("b", type=Path, nargs="?", help="another such file, of the same config")
+    parser.add_argument("--by-metric", action="store_true",
+                        help="per MIL head and metric instead of per table, then the paired Δ that change sides of 0")
+    parser.add_argument("--choices", type=Path, metavar="RESULTS",
+                        help="print the C each meanpool head chose, read from a results folder")
+    parser.add_argument("--json", type=Path, help="with --choices: also write them to this JSON file")
     args = parser.parse_args()
+    if args.choices:
+        import json
+
+        choices = meanpool_choices(args.choices)
+        if not choices:
+            parser.error(f"{args.choices}: no mil/*/*/*/meanpool/seed*/metrics.json under it; name a results folder")
+        text = json.dumps(choices, indent=1, sort_keys=True) + "\n"
+        if args.json:
+            args.json.write_text(text, encoding="utf-8")
+        print(text, end="")
+        return
+    if args.a is None or args.b is None:
+        parser.error("name two files of `pathtwt report --markdown` output, or --choices RESULTS")
+    if args.by_metric:
+        print(markdown_by_metric(by_metric(args.a, args.b)), end="")
+        print()
+        print(markdown_flips(flips(args.a, args.b), (args.a.parent.name, args.b.parent.name)), end="")
+        return
     print(markdown(compare(args.a, args.b)), end="")
 
 
