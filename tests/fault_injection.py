@@ -34,7 +34,8 @@ import numpy as np
 # JSON keys (or attrs) that legitimately differ between two runs of the same command:
 # wall-clock times, speeds, dates, hosts, the command line, and resume bookkeeping.
 VOLATILE_KEYS = ("time", "second", "elapsed", "duration", "date", "created", "host", "per_s", "wall",
-                 "resum", "command", "platform", "python", "torch_version", "started", "finished", "progress")
+                 "resum", "command", "platform", "python", "torch_version", "started", "finished", "progress",
+                 "waited")  # who waited for whom (extraction): measured shares of wall time
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,10 @@ def test_cli_manifest_extracts_several_slides_with_one_backbone(tmp_path, shared
                  "--out", str(tmp_path / "x.h5")]) == 1
     err = capsys.readouterr().err
     assert "known backbones: " in err and "h0-mini," in err
+    if not torch.cuda.is_available():
+        assert main(argv + ["--decode", "gpu"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "decode gpu: CUDA is not available" in err[0]
 
 
 def test_unreadable_tile_names_slide_and_coords_and_leaves_nothing(tmp_path, shared_slides, tiny):
@@ -143,3 +147,20 @@ def test_cls_embedding_is_the_cls_half_of_cls_mean(tmp_path, shared_slides, tiny
     assert (both_attrs["embedding_recipe"], both_attrs["embedding_dim"]) == ("cls+mean", 128)
     with pytest.raises(PathtwtError, match="use one of cls\\+mean, cls"):
         extract_slide(slide, coords, tmp_path / "c.h5", tiny, workers=0, progress=False, embedding="mean")
+
+
+def test_spawned_readers_give_the_forked_readers_rows(tmp_path, shared_slides, tiny, monkeypatch):
+    """Readers that decode on the GPU are spawned (CUDA cannot start in a forked process):
+    the job pickles into a spawned reader and gives the same rows. Here with the CPU
+    decoder, the start method forced."""
+    import pathtwt.features.extract as extract
+
+    slide = shared_slides / CMU
+    coords = _coords(tmp_path / "c.h5", slide, XY)
+    extract_slide(slide, coords, tmp_path / "forked.h5", tiny, batch_size=2, workers=1, progress=False)
+    seen = []
+    monkeypatch.setattr(extract, "worker_context", lambda name, workers: seen.append((name, workers)) or ("spawn" if workers else None))
+    extract_slide(slide, coords, tmp_path / "spawned.h5", tiny, batch_size=2, workers=1, progress=False)
+    assert seen == [("cpu", 1)]
+    forked, spawned = h5io.read_features(tmp_path / "forked.h5")[0], h5io.read_features(tmp_path / "spawned.h5")[0]
+    assert np.array_equal(forked, spawned)

@@ -101,14 +101,14 @@ def test_a_failing_slide_mid_job_leaves_the_others_whole(tmp_path, shared_slides
             for i in range(3)]
     # one tile of the middle slide cannot be read (a damaged JPEG tile, say), found by a
     # worker after the slide passed its checks; the workers are forked with this patch
-    read = CoordsTileReader.read
+    read = CoordsTileReader.read_many
 
-    def damaged(self, index):
-        if tuple(self.coords[index]) == (1344, 1792):
+    def damaged(self, indices):
+        if any(tuple(self.coords[i]) == (1344, 1792) for i in indices):
             raise OSError("damaged tile")
-        return read(self, index)
+        return read(self, indices)
 
-    monkeypatch.setattr(CoordsTileReader, "read", damaged)
+    monkeypatch.setattr(CoordsTileReader, "read_many", damaged)
     bad_xy = [(0, 0), (1344, 1792), (448, 0), (0, 448), (448, 448)]
     bad = ExtractJob(slide, _coords(tmp_path / "bad.h5", slide, bad_xy), tmp_path / "bad_f.h5")
     failures = tmp_path / "failures.tsv"
@@ -126,3 +126,24 @@ def test_a_failing_slide_mid_job_leaves_the_others_whole(tmp_path, shared_slides
         with torch.inference_mode():
             direct = tiny.embed_tiles(tiny.transform.batch(tiles[i : i + 4])).numpy()
         assert np.abs(feats - direct).max() <= 1e-5
+
+
+def test_a_job_says_who_waited_for_whom(tmp_path, shared_slides, tiny, capsys):
+    slide = shared_slides / CMU
+    jobs = [ExtractJob(slide, _coords(tmp_path / f"c{i}.h5", slide, GRID[i: i + 5]), tmp_path / f"f{i}.h5")
+            for i in range(2)]
+    extract_many(jobs, tiny, batch_size=2, workers=1, progress=False)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("extract: ")]
+    assert len(lines) == 1 and "the model waited for tiles" in lines[0] and "1 reader(s) waited" in lines[0]
+    for job in jobs:
+        _feats, _xy, attrs = h5io.read_features(job.out)
+        assert 0.0 <= attrs["model_waited_share"] <= 1.0 and 0.0 <= attrs["readers_waited_share"] <= 1.0
+        assert attrs["reading_workers"] == 1
+
+
+def test_readers_on_a_gpu_are_the_jobs_cores_less_one(monkeypatch):
+    monkeypatch.setattr("pathtwt.devices.available_cores", lambda: 32)
+    assert extract_module.default_workers("cuda:0") == 31  # no cap: a GPU embeds faster than 4 readers read
+    assert extract_module.default_workers("cpu") == 4  # the forward passes share the cores
+    monkeypatch.setattr("pathtwt.devices.available_cores", lambda: 1)
+    assert extract_module.default_workers("cuda") == 1

@@ -43,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_precision_argument(parser)
     add_workers_argument(parser, "tile-reading processes")
     add_threads_argument(parser)
+    add_decode_argument(parser)
     parser.add_argument("--skip-existing", action="store_true", help="leave features files that already exist")
     parser.add_argument(
         "--failures", metavar="TSV", default=None,
@@ -57,6 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "file fingerprint); only for a scan re-saved with the same geometry",
     )
     add_progress_argument(parser)
+
+
+def add_decode_argument(parser: argparse.ArgumentParser) -> None:
+    from pathtwt.wsi.decoding import DECODE_CHOICES
+
+    parser.add_argument("--decode", default="cpu", choices=DECODE_CHOICES,
+                        help="how the native tiles of tiled TIFF slides are decoded: cpu (in the reading processes), "
+                        "gpu (nvJPEG batches in spawned reading processes; an error without CUDA), auto (gpu where "
+                        "the model runs on CUDA and a GPU decoder is installed, else cpu)")
 
 
 def add_precision_argument(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +93,7 @@ def load_backbone(args: argparse.Namespace, device):
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from pathtwt.devices import resolve_device
+    from pathtwt.devices import use_device
     from pathtwt.errors import PathtwtError
     from pathtwt.features.extract import extract_many, jobs_from_lists, read_manifest
 
@@ -102,12 +112,15 @@ def run(args: argparse.Namespace) -> int:
         raise PathtwtError(f"--workers must be >= 0 (0 reads tiles in the main process), got {args.workers}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
+    from pathtwt.wsi.decoding import resolve_decode
+
+    device = use_device(args.device)
+    decode = resolve_decode(args.decode, device)  # `gpu` without CUDA: one line before any model loads
     backbone, autocast = load_backbone(args, device)
     summaries = extract_many(
         jobs, backbone, batch_size=args.batch_size, workers=args.workers,
         progress=show_progress(args), skip_existing=args.skip_existing, failures=args.failures,
-        embedding=args.embedding, force=args.force, bf16_autocast=autocast,
+        embedding=args.embedding, force=args.force, bf16_autocast=autocast, decode=decode,
     )
     for summary in summaries:
         print(json.dumps(summary))

@@ -16,12 +16,11 @@ from pathtwt.cli.options import (
     add_device_argument, add_normalisation_arguments, add_progress_argument, add_workers_argument, backbone_help,
     show_progress,
 )
+# a folder given as SLIDE: its files (and OME-Zarr stores) of every slide format
+from pathtwt.wsi.formats import SLIDE_SUFFIXES, is_folder_slide
 
 HELP = ("tile, embed and classify new slides with a backbone variant and one or more trained MIL runs; "
         "writes slide_id, p<class> (mean over runs), predicted and each run's probabilities to a CSV")
-
-# a folder given as SLIDE: the workflow's default slide suffixes plus images
-SLIDE_SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".mrxs", ".scn", ".vms", ".bif", ".dcm", ".jpg", ".jpeg", ".png")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +67,7 @@ def slide_list(specs: list[str]) -> dict[str, Path]:
     slides: dict[str, Path] = {}
     for spec in specs:
         path = Path(spec)
-        if path.is_dir():
+        if path.is_dir() and not is_folder_slide(path):  # a folder of slides, not one OME-Zarr slide
             found = [p for p in sorted(path.iterdir()) if p.suffix.lower() in SLIDE_SUFFIXES and not p.name.startswith(".")]
             if not found:
                 raise PathtwtError(f"{path}: no slide files ({', '.join(SLIDE_SUFFIXES)}) in this folder")
@@ -92,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import pandas as pd
 
-    from pathtwt.devices import resolve_device
+    from pathtwt.devices import use_device
     from pathtwt.errors import PathtwtError
     from pathtwt.explain.runs import check_applicable, load_head
     from pathtwt.explain.scores import score_bag
@@ -103,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.out).is_dir():
         raise PathtwtError(f"--out {args.out}: is a folder; give the CSV file to write, e.g. {Path(args.out) / 'predictions.csv'}")
     slides = slide_list(args.slides)
-    device = resolve_device(args.device)
+    device = use_device(args.device)
     heads = [load_head(r, device=device) for r in args.run]
     classes = {h.n_classes for h in heads}
     if len(classes) > 1:

@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def add_tissue_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of how tiles are chosen and the slide is opened (all but --mpp and
     --tile-size), shared with `pathtwt predict`."""
+    from pathtwt.wsi.formats import READERS
     from pathtwt.wsi.tiling import DEFAULT_MIN_TISSUE
     from pathtwt.wsi.tiling import TILING_DEFAULTS as D
     from pathtwt.wsi.tissue import TissueParams
@@ -63,7 +64,7 @@ def add_tissue_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"resolution of the tissue mask in um/px (default {TissueParams.mask_mpp})",
     )
     parser.add_argument(
-        "--reader", choices=("auto", "openslide", "tiffslide", "image"), default="auto",
+        "--reader", choices=("auto", *READERS), default="auto",
         help="slide reader (default auto: JPEG/PNG images by the image reader, other files OpenSlide, then tiffslide); recorded so extraction reopens it the same way",
     )
     parser.add_argument(

@@ -306,10 +306,18 @@ def _read_coords_tiles(group: _Group, indices: list[int], attrs: dict[str, Any],
     geometry = TileGeometry.from_attrs(group.source, attrs)
     out = np.empty((len(indices), size, size, 3), dtype=np.uint8)
     # resampled to the backbone's input size where it differs from the tiling's
+    # a slide's draw read a batch at a time, in the coords file's order, so neighbours
+    # share their native tiles (each decoded once: Slide.read_tiles)
+    order = np.argsort(np.asarray(indices), kind="stable")
     with CoordsTileReader(geometry, group.origins[indices], size=size) as reader:
-        for k in range(len(indices)):
-            out[k] = reader.read(k)
+        for start in range(0, len(order), _READ_BATCH):
+            chunk = order[start:start + _READ_BATCH]
+            for k, tile in zip(chunk, reader.read_many(chunk)):
+                out[k] = tile
     return out
+
+
+_READ_BATCH = 64  # tiles of one slide read together by the calibration draw
 
 
 def _read_image_tiles(group: _Group, indices: list[int], size: int) -> np.ndarray:

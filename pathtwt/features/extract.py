@@ -1,7 +1,8 @@
 """Frozen-backbone tile embeddings of slides, to features HDF5 files.
 
-Tiles are read at the geometry stored in the coords file (``Slide.read_tile``) by
-DataLoader worker processes, each with its own slide handles and one compute thread, so
+Tiles are read at the geometry stored in the coords file, a batch at a time
+(``Slide.read_tiles``: each native tile under a batch decoded once) by DataLoader worker
+processes, each with its own slide handles and one compute thread, so
 reading and decoding overlap with the batched forward pass in the main process, which
 keeps all the compute threads. One extraction job embeds its slides with one loaded
 backbone and one DataLoader over all their tiles (:func:`extract_many`): the workers start
@@ -12,6 +13,7 @@ travel as uint8 and are normalised on the model's device.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from pathtwt.models.registry import Backbone
 from pathtwt.models.embedding import DEFAULT_RECIPE, check_recipe, embed_tiles, embedding_dim
 from pathtwt.errors import NumericsError, PathtwtError, SlideError
 from pathtwt.io.h5 import GEOMETRY_ATTRS, FeaturesWriter, read_coords, write_features
+from pathtwt.wsi.decoding import resolve_decode, worker_context
 from pathtwt.wsi.coords_tiles import CoordsTileReader, TileGeometry, check_geometry, cv2_pool_stopped, reader_worker_init
 
 
@@ -64,12 +67,14 @@ class TileDataset(torch.utils.data.Dataset):
             return index, torch.zeros(3, size, size), reason
 
 
-def default_workers() -> int:
+def default_workers(device: Any = "cpu") -> int:
     """Tile-reading processes when --workers is not given: the job's cores minus the main
-    process, at most 4."""
+    process; at most 4 on CPU, where the forward passes compute on the same cores, and no
+    cap on a GPU, which embeds faster than a few readers read."""
     from pathtwt.devices import available_cores
 
-    return max(1, min(4, available_cores() - 1))
+    spare = available_cores() - 1
+    return max(1, spare if str(device).startswith("cuda") else min(4, spare))
 
 
 def features_attrs(
@@ -116,10 +121,12 @@ def check_bf16(jobs: Sequence[ExtractJob], backbone: Backbone, batch_size: int) 
     """bf16 autocast or fp32 for this run (:func:`pathtwt.models.bf16_guard.check_bf16_on`),
     decided on the first tiles of the first readable slide; the outcome goes to the
     features files' ``precision_check``."""
+    from pathtwt.wsi.formats import is_folder_slide
+
     for job in jobs:
         try:
             xy, _tissue, attrs = read_coords(job.coords)
-            if not len(xy) or not job.slide.is_file():
+            if not len(xy) or not (job.slide.is_file() or is_folder_slide(job.slide)):
                 continue
             dataset = TileDataset(job.slide, xy[: min(batch_size, BF16_CHECK_TILES)], attrs, backbone.transform)
             items = [dataset[i] for i in range(len(dataset))]
@@ -143,6 +150,7 @@ def extract_slide(
     embedding: str = DEFAULT_RECIPE,
     force: bool = False,
     auto_precision: AutoPrecision | None = None,
+    decode: str = "cpu",
 ) -> dict[str, Any]:
     """Embed every tile of ``slide`` listed in ``coords`` into ``out`` (written atomically).
     Returns a summary (tiles, seconds, tiles/s). The slide must be the one the coords were
@@ -150,7 +158,7 @@ def extract_slide(
     job = ExtractJob(Path(slide), Path(coords), Path(out))
     prepared = prepare_slide(job, backbone, embedding, force, auto_precision)
     for _prepared, outcome in _embed_slides([prepared], backbone, batch_size, workers, progress, embedding,
-                                             auto_precision):
+                                             auto_precision, decode):
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
@@ -175,12 +183,15 @@ def prepare_slide(job: ExtractJob, backbone: Backbone, embedding: str, force: bo
                   auto_precision: AutoPrecision | None) -> PreparedSlide:
     """The checks before any tile is read (coords geometry, slide file, fingerprint) and
     the features file's attributes; a SlideError names what is wrong."""
+    from pathtwt.wsi.formats import is_folder_slide
+
     slide, coords = job.slide, job.coords
     xy, _tissue, coords_attrs = read_coords(coords)
     check_geometry(coords, coords_attrs)
-    if slide.is_dir():
+    folder_slide = is_folder_slide(slide)  # an OME-Zarr store is a folder that is one slide
+    if slide.is_dir() and not folder_slide:
         raise SlideError(f"{slide}: is a folder, not a slide file (paired with {coords}); give the slide file itself")
-    if not slide.is_file():
+    if not (slide.is_file() or folder_slide):
         raise SlideError(f"{slide}: slide file not found (named by {coords})")
     slide_check = "forced" if force else _check_slide(slide, coords, coords_attrs)
     attrs = features_attrs(backbone, coords_attrs, slide, coords, len(xy), embedding)
@@ -198,22 +209,27 @@ def _check_slide(slide: Path, coords: Path, coords_attrs: dict[str, Any]) -> str
 
 
 class JobTiles(torch.utils.data.Dataset):
-    """Tile k of a job's slides, numbered across them (slide j holds ``offsets[j]`` to
-    ``offsets[j+1] - 1``) -> (k, uint8 tile (S, S, 3) at the model's input size, error text
-    or ""). One dataset for every slide of a job, so one set of reading processes serves
-    them all: a worker keeps the slide it read last open and opens the next on first use.
+    """Batch b of a job's slides -> (tile numbers (B,), uint8 tiles (B, S, S, 3) at the
+    model's input size, error text or "", seconds spent reading). Tiles are numbered
+    across the slides (slide j holds ``offsets[j]`` to ``offsets[j+1] - 1``) and a batch
+    lies within one slide (:meth:`batches`). One dataset for every slide of a job, so one
+    set of reading processes serves them all: a worker keeps the slide it read last open
+    and opens the next on first use.
 
-    Tiles leave the workers as uint8, a quarter of float32's bytes in shared memory and
-    over PCIe; the model's normalisation runs on the device
-    (:meth:`pathtwt.models.transform.TileTransform.normalise_batch`). A tile that cannot
+    A batch is read as few regions (:meth:`pathtwt.wsi.slides.Slide.read_tiles`: each
+    native tile under it decoded once, the reader messages collected once) and leaves the
+    worker as one uint8 array, a quarter of float32's bytes in shared memory and over PCIe;
+    the model's normalisation runs on the device
+    (:meth:`pathtwt.models.transform.TileTransform.normalise_batch`). A batch that cannot
     be read comes as zeros with the reason, and the main process raises one SlideError
-    naming the slide and the tile (an exception in a worker would arrive wrapped in a
+    naming the slide and the region (an exception in a worker would arrive wrapped in a
     multi-line traceback)."""
 
-    def __init__(self, slides: Sequence[PreparedSlide], transform: Any):
+    def __init__(self, slides: Sequence[PreparedSlide], transform: Any, decode: str = "cpu"):
         # each slide reopened exactly as it was tiled (the coords file's own reader)
         self.readers = [
-            CoordsTileReader(TileGeometry.from_attrs(p.job.coords, p.coords_attrs, slide_path=p.job.slide), p.xy)
+            CoordsTileReader(TileGeometry.from_attrs(p.job.coords, p.coords_attrs, slide_path=p.job.slide,
+                                                     decode=decode), p.xy)
             for p in slides
         ]
         self.offsets = np.cumsum([0] + [len(r) for r in self.readers])
@@ -234,17 +250,24 @@ class JobTiles(torch.utils.data.Dataset):
         return [list(range(i, min(i + batch_size, int(end))))
                 for start, end in zip(self.offsets[:-1], self.offsets[1:]) for i in range(int(start), int(end), batch_size)]
 
-    def __getitem__(self, k: int):
-        j = self.slide_of(k)
+    def __getitem__(self, ks: Sequence[int]):
+        began = time.perf_counter()
+        ks = [int(k) for k in ks]
+        j = self.slide_of(ks[0])
         if self._open is not None and self._open != j:
             self.readers[self._open].close()
         self._open = j
+        index = torch.as_tensor(ks, dtype=torch.int64)
+        size = self.transform.input_size
         try:
-            return k, torch.from_numpy(np.ascontiguousarray(self.transform.resize(self.readers[j].read(k - int(self.offsets[j]))))), ""
+            tiles = self.readers[j].read_many(np.asarray(ks) - int(self.offsets[j]))
+            batch = np.empty((len(ks), size, size, 3), np.uint8)
+            for b, tile in enumerate(tiles):
+                batch[b] = self.transform.resize(tile)
+            return index, torch.from_numpy(batch), "", time.perf_counter() - began
         except Exception as exc:  # noqa: BLE001 - carried to the main process and raised there
-            size = self.transform.input_size
             reason = " ".join(f"{type(exc).__name__}: {exc}".split())
-            return k, torch.zeros(size, size, 3, dtype=torch.uint8), reason
+            return index, torch.zeros(len(ks), size, size, 3, dtype=torch.uint8), reason, time.perf_counter() - began
 
     def close(self) -> None:
         for reader in self.readers:
@@ -252,20 +275,52 @@ class JobTiles(torch.utils.data.Dataset):
         self._open = None
 
 
+@dataclass
+class FeedTiming:
+    """Who waited for whom in an extraction job.
+
+    ``model_waited``: the share of wall time the embedding process spent blocked on the
+    next batch of tiles (in the DataLoader's ``next``). ``readers_waited``: the share of
+    the readers' time they were not reading, 1 - (seconds the workers spent reading
+    batches, summed) / (workers x wall time): a reader that is not reading has a finished
+    batch queued and waits for the model to take it (or is starting up). Read in the
+    embedding process (no workers), reading is the model's wait and the readers never wait.
+    """
+
+    workers: int
+    began: float = 0.0
+    waited: float = 0.0  # seconds blocked in next()
+    reading: float = 0.0  # seconds the readers spent reading the batches received
+
+    def shares(self) -> dict[str, float]:
+        wall = max(time.perf_counter() - self.began, 1e-9)
+        model = min(1.0, self.waited / wall)
+        readers = 0.0 if not self.workers else max(0.0, 1.0 - self.reading / (self.workers * wall))
+        return {"model_waited_share": round(model, 4), "readers_waited_share": round(readers, 4)}
+
+    def line(self) -> str:
+        sh = self.shares()
+        bound = "reading" if sh["model_waited_share"] > sh["readers_waited_share"] else "the model"
+        return (f"extract: the model waited for tiles {sh['model_waited_share']:.0%} of the time, the "
+                f"{self.workers or 'in-process'} reader(s) waited for the model {sh['readers_waited_share']:.0%}: "
+                f"bound by {bound}")
+
+
 def _embed_slides(
     prepared: Sequence[PreparedSlide], backbone: Backbone, batch_size: int, workers: int | None, progress: bool,
-    embedding: str = DEFAULT_RECIPE, auto_precision: AutoPrecision | None = None,
+    embedding: str = DEFAULT_RECIPE, auto_precision: AutoPrecision | None = None, decode: str = "cpu",
 ):
     """(prepared slide, summary or the SlideError/NumericsError that stopped it) per slide,
     in order. One DataLoader reads the tiles of every slide, so its workers start once per
     job and read the next slide while the last batches of one are embedded."""
     from tqdm import tqdm
 
-    dataset = JobTiles(prepared, backbone.transform)
+    decode = resolve_decode(decode, backbone.device)
+    dataset = JobTiles(prepared, backbone.transform, decode)
     batch_size = int(batch_size)
     batches = dataset.batches(batch_size)
-    workers = default_workers() if workers is None else int(workers)
     on_cuda = str(backbone.device).startswith("cuda")
+    workers = default_workers(backbone.device) if workers is None else int(workers)
     if not on_cuda and len(dataset) <= IN_PROCESS_BATCHES * batch_size:
         # a reading process costs about 0.3 s to start (fork, reader set-up, first
         # transfer), more than reading a batch or two here (a few ms a tile) while the CPU
@@ -273,12 +328,15 @@ def _embed_slides(
         workers = 0
     loader = torch.utils.data.DataLoader(
         dataset,
-        batch_sampler=batches,  # in order, each batch within one slide
+        sampler=batches,  # in order, each batch within one slide, read by one worker as one item
+        batch_size=None,
         num_workers=workers,
         worker_init_fn=reader_worker_init if workers else None,
+        multiprocessing_context=worker_context(decode, workers),
         prefetch_factor=4 if workers else None,
         pin_memory=on_cuda,
     )
+    timing_job = FeedTiming(workers, began=time.perf_counter())
     model, prefix = backbone.model, backbone.spec.num_prefix_tokens
     per_slide = np.diff(dataset.offsets)
     bar = tqdm(total=len(dataset), unit="tile", disable=not progress, dynamic_ncols=True)
@@ -295,9 +353,12 @@ def _embed_slides(
                                         attrs=slide.attrs) as writer:
                         writer.coords[...] = slide.xy
                         while left:
-                            index, images, errors = next(stream)
+                            waited = time.perf_counter()
+                            index, images, error, reading = next(stream)
+                            timing_job.waited += time.perf_counter() - waited
+                            timing_job.reading += reading
                             left -= 1
-                            feats = _embed_batch(slide, index - first, images, errors, backbone, model, prefix,
+                            feats = _embed_batch(slide, index - first, images, error, backbone, model, prefix,
                                                  embedding, auto_precision, timing)
                             writer.features[int(index[0]) - first : int(index[-1]) - first + 1] = feats
                             bar.update(len(index))
@@ -308,6 +369,9 @@ def _embed_slides(
                         # the CPU threads of the forward passes: a one-thread job (extract.threads
                         # 1, jobs side by side) embeds at a lower tiles/s than one with every core
                         writer.h5.attrs["torch_threads"] = torch.get_num_threads()
+                        # who waited for whom, over the job so far (FeedTiming)
+                        writer.h5.attrs.update(timing_job.shares())
+                        writer.h5.attrs["reading_workers"] = workers
                 except (SlideError, NumericsError) as exc:
                     for _ in range(left):  # the failed slide's remaining batches, already on their way
                         next(stream)
@@ -318,20 +382,23 @@ def _embed_slides(
                     "slide": str(slide.job.slide), "out": str(slide.job.out), "tiles": slide.n, "seconds": seconds,
                     "tiles_per_s": slide.n / max(seconds, 1e-9), "embed_seconds": timing["embed_seconds"],
                 }
+        if batches:  # the job's one line on who bounds it, beside the progress bar
+            print(timing_job.line(), file=sys.stderr, flush=True)
     finally:
         bar.close()
         dataset.close()
 
 
-def _embed_batch(slide: PreparedSlide, index: torch.Tensor, images: torch.Tensor, errors: Sequence[str],
+def _embed_batch(slide: PreparedSlide, index: torch.Tensor, images: torch.Tensor, error: str,
                  backbone: Backbone, model: torch.nn.Module, prefix: int, embedding: str,
                  auto_precision: AutoPrecision | None, timing: dict[str, float]) -> np.ndarray:
     """Features (B, D) on the host of one batch of a slide's uint8 tiles; ``timing``
     accumulates the backbone's own time (normalisation and forward, without reading)."""
-    bad = next((i for i, e in enumerate(errors) if e), None)
-    if bad is not None:
-        x, y = slide.xy[int(index[bad])]
-        raise SlideError(f"{slide.job.slide}: cannot read tile at level-0 (x={x}, y={y}): {errors[bad]}")
+    if error:
+        (x0, y0), (x1, y1) = slide.xy[int(index[0])], slide.xy[int(index[-1])]
+        where = f"tile at level-0 (x={x0}, y={y0})" if len(index) == 1 else \
+            f"tiles {int(index[0])}-{int(index[-1])} (level-0 x={x0}, y={y0} to x={x1}, y={y1})"
+        raise SlideError(f"{slide.job.slide}: cannot read {where}: {error}")
     began = time.perf_counter()
     with (auto_precision or AutoPrecision()).context(backbone.device, model):
         inputs = backbone.transform.normalise_batch(images, backbone.device)
@@ -359,6 +426,7 @@ def extract_many(
     embedding: str = DEFAULT_RECIPE,
     force: bool = False,
     bf16_autocast: bool = False,
+    decode: str = "cpu",
 ) -> list[dict[str, Any]]:
     """Extract several slides with one loaded backbone and one set of reading processes.
 
@@ -387,7 +455,8 @@ def extract_many(
         except (SlideError, NumericsError) as exc:
             failed(i, exc)
     if prepared:
-        for slide, outcome in _embed_slides(prepared, backbone, batch_size, workers, progress, embedding, auto):
+        for slide, outcome in _embed_slides(prepared, backbone, batch_size, workers, progress, embedding, auto,
+                                            decode):
             if isinstance(outcome, Exception):
                 failed(number[id(slide)], outcome)
             else:

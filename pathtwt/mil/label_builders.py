@@ -30,13 +30,15 @@ import numpy as np
 import pandas as pd
 
 from pathtwt.errors import ConfigError
+from pathtwt.wsi import formats as _formats
 from pathtwt.mil.labels import gleason_to_isup, slide_listing
 
 MISSING = {"", "'--", "--", "na", "nan", "none", "[not available]", "[not applicable]", "[unknown]", "[discrepancy]"}
 SPLIT_NAMES = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
                "test": "test", "testing": "test"}
 C17_STAGES = {"negative": 0, "itc": 1, "micro": 1, "macro": 1}  # label 1 = metastasis of any size
-SLIDE_SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".mrxs", ".scn", ".zip")
+# a slide name in a table may end in any slide format's suffix (pathtwt.wsi.formats) or an archive's
+SLIDE_SUFFIXES = _formats.SLIDE_SUFFIXES + _formats.ARCHIVE_SUFFIXES
 
 
 # -- reading -------------------------------------------------------------------------

@@ -54,33 +54,43 @@ class TileGeometry:
     patch_size: int
     open_options: dict[str, Any] = field(default_factory=dict)
     coords_file: str = ""
+    decode: str = "cpu"  # the native-tile decoder, resolved once: pathtwt.wsi.decoding.resolve_decode
 
     @classmethod
     def from_attrs(cls, coords_file: str | os.PathLike, attrs: Mapping[str, Any], *,
-                   slide_path: str | os.PathLike | None = None) -> "TileGeometry":
+                   slide_path: str | os.PathLike | None = None, decode: str = "cpu") -> "TileGeometry":
         """The geometry of ``coords_file`` (its ``attrs``); ``slide_path`` overrides the slide
         the file names (extraction pairs each coords file with its slide explicitly)."""
         check_geometry(coords_file, attrs)
         slide = Path(slide_path) if slide_path is not None else resolve_slide_path(coords_file, attrs)
         return cls(slide_path=slide, patch_size_level0=int(attrs["patch_size_level0"]), read_level=int(attrs["read_level"]),
                    patch_size=int(attrs["patch_size"]), open_options=open_options_from_attrs(attrs),
-                   coords_file=str(coords_file))
+                   coords_file=str(coords_file), decode=decode)
 
     def open(self) -> Slide:
         """The slide, reopened exactly as it was tiled (same reader, so ``read_level`` indexes
         the same levels; same channel map; the level-0 mpp as fallback)."""
-        return open_slide(self.slide_path, **self.open_options)
+        from pathtwt.wsi.decoding import decoder
+
+        slide = open_slide(self.slide_path, **self.open_options)
+        slide.decoder = decoder(self.decode)
+        return slide
 
     def read(self, slide: Slide, x: int, y: int, size: int | None = None) -> np.ndarray:
         """uint8 (P, P, 3) tile at level-0 (x, y) of the opened ``slide``: P is the tiling's
         ``patch_size``, resampled (area) to ``size`` when given and different (the backbone's
         input size)."""
-        tile = slide.read_tile(int(x), int(y), self.patch_size_level0, self.read_level, self.patch_size)
-        if size is not None and tile.shape[0] != int(size):
-            import cv2
+        return self.read_many(slide, [(x, y)], size)[0]
 
-            tile = cv2.resize(tile, (int(size), int(size)), interpolation=cv2.INTER_AREA)
-        return tile
+    def read_many(self, slide: Slide, xy: Any, size: int | None = None) -> list[np.ndarray]:
+        """:meth:`read` for each level-0 (x, y) of ``xy``, as few regions
+        (:meth:`~pathtwt.wsi.slides.Slide.read_tiles`: each native tile decoded once)."""
+        tiles = slide.read_tiles(xy, self.patch_size_level0, self.read_level, self.patch_size)
+        if size is None or self.patch_size == int(size):
+            return tiles
+        import cv2
+
+        return [cv2.resize(t, (int(size), int(size)), interpolation=cv2.INTER_AREA) for t in tiles]
 
 
 class CoordsTileReader:
@@ -104,10 +114,13 @@ class CoordsTileReader:
         return state
 
     def read(self, index: int) -> np.ndarray:
+        return self.read_many([index])[0]
+
+    def read_many(self, indices: Any) -> list[np.ndarray]:
+        """Tiles ``indices`` (best in coords order: neighbours share native tiles)."""
         if self._slide is None or self._owner != os.getpid():
             self._slide, self._owner = self.geometry.open(), os.getpid()
-        x, y = self.coords[index]
-        return self.geometry.read(self._slide, int(x), int(y), self.size)
+        return self.geometry.read_many(self._slide, self.coords[np.asarray(indices, dtype=np.int64)], self.size)
 
     def close(self) -> None:
         if self._slide is not None and self._owner == os.getpid():

@@ -28,6 +28,10 @@ FINGERPRINT_ATTRS = ("slide_level_count", "slide_size_bytes", "slide_head_tail_s
 def head_tail_sha256(path: str | os.PathLike) -> tuple[int, str]:
     """(size in bytes, sha256 of the first MiB, the last MiB and the size in decimal)."""
     path = Path(path)
+    if path.is_dir():  # a zarr store (OME-Zarr): its metadata and file sizes instead
+        from pathtwt.wsi.ome_zarr import store_fingerprint
+
+        return store_fingerprint(path)
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pathtwt.errors import SlideError
-from pathtwt.wsi.formats import refuse_associated_image, refuse_unsupported, truncation_note
+from pathtwt.wsi.formats import READERS, refuse_associated_image, refuse_unsupported, truncation_note
 from pathtwt.wsi.reader_notes import capture_reader_messages
 
 # Plausible microns per pixel for a slide scan. Values outside this range come from
@@ -38,8 +38,6 @@ MPP_MIN, MPP_MAX = 0.05, 100.0
 
 # Size of the regions read at open time to prove the pixel data decodes.
 _PROBE = 32
-
-READERS = ("openslide", "tiffslide", "image")
 
 
 def _as_float(value: Any) -> float | None:
@@ -108,6 +106,7 @@ def mpp_from_properties(props: Mapping[str, Any]) -> tuple[float | None, str | N
         ("dicom.PixelSpacing", _mpp_from_dicom),
         ("ome.PhysicalSizeX", _mpp_from_ome),
         ("image.dpi", lambda p: 25400.0 / p["image.dpi"] if _as_float(p.get("image.dpi")) else None),
+        ("ome-zarr.mpp-x", lambda p: _as_float(p.get("ome-zarr.mpp-x"))),  # pathtwt.wsi.ome_zarr.MPP_KEY
     )
     for key, getter in candidates:
         mpp = getter(props)
@@ -145,6 +144,10 @@ class Slide:
         # out-of-slide pixels: white glass for brightfield, black for mapped fluorescence channels
         self.fill = 255 if channel_map is None else 0
         self.reader_notes: list[str] = []  # reader-library messages met on this slide
+        # the native-tile view of each read level (pathtwt.wsi.native_tiles), opened on first use
+        self._native: dict[int, Any] = {}
+        self._tif: Any = None
+        self.decoder: Any = _default_decoder()  # how native tiles are decoded (the decode seam)
 
     # -- context manager -------------------------------------------------------------
     def __enter__(self) -> "Slide":
@@ -157,6 +160,10 @@ class Slide:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+        if self._tif is not None:
+            self._tif.close()
+            self._tif = None
+        self._native = {}
 
     def __repr__(self) -> str:
         return f"Slide({str(self.path)!r}, reader={self.reader}, levels={self.level_count}, mpp={self.mpp:.4g})"
@@ -183,16 +190,22 @@ class Slide:
             raise ValueError(f"region size must be positive, got {w}x{h}")
         try:
             with capture_reader_messages(self.reader_notes):
-                if self.reader == "openslide":
-                    return self._to_rgb(np.asarray(self._handle.read_region((int(x), int(y)), int(level), (w, h))))
-                return self._read_tiffslide(int(x), int(y), int(level), w, h)
+                return self._read_raw(int(x), int(y), int(level), w, h)
         except Exception as exc:  # the reader libraries raise many types on corrupt data
-            notes = "".join(f"; {n}" for n in self.reader_notes[:3])
-            raise SlideError(
-                f"{self.path}: cannot decode region x={x} y={y} level={level} size={w}x{h} "
-                f"({type(exc).__name__}: {_one_line(exc)}{notes}); the file is corrupt or truncated: "
-                "re-export or exclude it"
-            ) from None
+            raise self._decode_error(exc, x, y, level, w, h) from None
+
+    def _read_raw(self, x: int, y: int, level: int, w: int, h: int) -> np.ndarray:
+        if self.reader == "openslide":
+            return self._to_rgb(np.asarray(self._handle.read_region((x, y), level, (w, h))))
+        return self._read_tiffslide(x, y, level, w, h)
+
+    def _decode_error(self, exc: BaseException, x: int, y: int, level: int, w: int, h: int) -> SlideError:
+        notes = "".join(f"; {n}" for n in self.reader_notes[:3])
+        return SlideError(
+            f"{self.path}: cannot decode region x={x} y={y} level={level} size={w}x{h} "
+            f"({type(exc).__name__}: {_one_line(exc)}{notes}); the file is corrupt or truncated: "
+            "re-export or exclude it"
+        )
 
     def _read_tiffslide(self, x: int, y: int, level: int, w: int, h: int) -> np.ndarray:
         # tiffslide pads out-of-bounds reads with black; read the in-bounds part and
@@ -231,6 +244,78 @@ class Slide:
         interp = cv2.INTER_AREA if side > patch_size else cv2.INTER_LINEAR
         return cv2.resize(region, (patch_size, patch_size), interpolation=interp)
 
+    def read_tiles(self, xy: Any, patch_size_level0: int, read_level: int, patch_size: int) -> list[np.ndarray]:
+        """:meth:`read_tile` for each level-0 (x, y) of ``xy``, with the same pixels, read as
+        few regions as the layout allows (:mod:`pathtwt.wsi.supertiles`): each native tile
+        under the batch is decoded once. The reader messages are collected once."""
+        from pathtwt.wsi import supertiles
+
+        xy = np.asarray(xy, dtype=np.int64).reshape(-1, 2)
+        if self._handle is None:
+            raise SlideError(f"{self.path}: slide is closed")
+        if not len(xy):
+            return []
+        ds = self.level_downsamples[read_level]
+        side = max(1, int(round(patch_size_level0 / ds)))
+        origins, exact = supertiles.level_origins(xy, ds, self.reader)
+        native = self.native_level(read_level) if exact else None
+        try:
+            with capture_reader_messages(self.reader_notes):
+                if native is not None:
+                    regions = native.regions(supertiles.boxes(origins, side))
+                elif exact and self.reader != "image":
+                    regions = []
+                    for start, end in supertiles.runs(origins, side):
+                        x, y = (int(v) for v in xy[start])
+                        band = self._read_raw(x, y, int(read_level), side * (end - start), side)
+                        regions += supertiles.cut_run(band, end - start, side)
+                else:
+                    regions = [self._read_raw(int(x), int(y), int(read_level), side, side) for x, y in xy]
+        except Exception as exc:  # the reader libraries raise many types on corrupt data
+            x0, y0, w, h = supertiles.bounding_box(xy, int(patch_size_level0))
+            raise self._decode_error(exc, x0, y0, read_level, int(round(w / ds)), int(round(h / ds))) from None
+        return [_fit(region, patch_size) for region in regions]
+
+    def native_level(self, level: int) -> Any:
+        """The :class:`~pathtwt.wsi.native_tiles.NativeLevel` of ``level`` (its native tiles
+        decoded once), or None where the reader's own ``read_region`` must read it."""
+        if level not in self._native:
+            self._native[level] = self._open_native(level)
+        return self._native[level]
+
+    def _open_native(self, level: int) -> Any:
+        from pathtwt.wsi.formats import native_tiles_for
+        from pathtwt.wsi.native_tiles import NativeLevel, native_page
+
+        if self.channel_map is not None or not native_tiles_for(self.reader, self.properties):
+            return None
+        import tifffile
+
+        try:
+            if self._tif is None:
+                self._tif = tifffile.TiffFile(self.path)
+            page = native_page(self._tif, level, self.level_dimensions[level])
+        except Exception:  # noqa: BLE001 - not a TIFF tifffile reads: the reader's own path
+            return None
+        return None if page is None else NativeLevel(page, decoder=self.decoder, fill=self.fill)
+
+
+def _default_decoder() -> Any:
+    from pathtwt.wsi.native_tiles import decode_native_tiles
+
+    return decode_native_tiles
+
+
+def _fit(region: np.ndarray, patch_size: int) -> np.ndarray:
+    """A read region resized to (patch_size, patch_size) as :meth:`Slide.read_tile` does."""
+    side = region.shape[0]
+    if side == patch_size and region.shape[1] == patch_size:
+        return np.ascontiguousarray(region)
+    import cv2
+
+    interp = cv2.INTER_AREA if side > patch_size else cv2.INTER_LINEAR
+    return cv2.resize(np.ascontiguousarray(region), (patch_size, patch_size), interpolation=interp)
+
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
@@ -264,15 +349,50 @@ def map_channels(arr: np.ndarray, channel_map: tuple[int, int, int]) -> np.ndarr
     return np.ascontiguousarray(rgb.astype(np.uint8))
 
 
+def _open_image(path: Path) -> Any:
+    from pathtwt.wsi.images import ImageHandle
+
+    return ImageHandle(path)
+
+
+def _open_tiffslide(path: Path) -> Any:
+    import tiffslide
+
+    return tiffslide.TiffSlide(str(path))
+
+
+# reader name (pathtwt.wsi.formats.READERS, a format's `reader`) -> path -> handle with
+# level_count, level_dimensions, level_downsamples, properties, read_region and close;
+# OpenSlide is opened in _open_handle, which tells its refusal apart
+def _open_ome_zarr(path: Path) -> Any:
+    from pathtwt.wsi.ome_zarr import OmeZarrHandle
+
+    return OmeZarrHandle(path)
+
+
+OPENERS: dict[str, Any] = {"tiffslide": _open_tiffslide, "image": _open_image, "ome-zarr": _open_ome_zarr}
+
+
 def _open_handle(path: Path, reader: str | None, notes: list[str]) -> tuple[Any, str, str]:
     """(handle, reader name, why OpenSlide refused the file or "")."""
     import openslide
 
-    from pathtwt.wsi.images import ImageHandle, image_format
+    from pathtwt.wsi.formats import format_of
+    from pathtwt.wsi.images import image_format
 
     # JPEG and PNG (told by their bytes, not the suffix): neither slide library reads them
     if reader == "image" or (reader is None and image_format(path) is not None):
-        return ImageHandle(path), "image", ""
+        return _open_image(path), "image", ""
+    named = format_of(path)
+    if reader is None and named is not None and named.reader not in ("openslide", "image"):
+        reader = named.reader  # a format only its own opener reads
+    if reader is not None and reader not in ("openslide", "tiffslide"):
+        try:
+            return OPENERS[reader](path), reader, ""
+        except SlideError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the opener's own errors, in one line
+            raise SlideError(f"{path}: {reader} cannot open it ({type(exc).__name__}: {_one_line(exc)})") from None
 
     first: BaseException | None = None
     if reader in (None, "openslide"):
@@ -284,10 +404,8 @@ def _open_handle(path: Path, reader: str | None, notes: list[str]) -> tuple[Any,
                     f"{path}: OpenSlide cannot open it ({_one_line(os_exc)}); use reader tiffslide or auto"
                 ) from None
             first = os_exc
-    import tiffslide
-
     try:
-        return tiffslide.TiffSlide(str(path)), "tiffslide", _one_line(first) if first else ""
+        return _open_tiffslide(path), "tiffslide", _one_line(first) if first else ""
     except Exception as ts_exc:  # tifffile raises assorted errors on non-TIFF input
         raise SlideError(_refusal(path, first, ts_exc, notes)) from None
 
@@ -418,7 +536,7 @@ def open_slide(
     if reader in ("", "auto"):
         reader = None
     if reader is not None and reader not in READERS:
-        raise SlideError(f"{path}: reader {reader!r} is unknown; use auto, openslide, tiffslide or image")
+        raise SlideError(f"{path}: reader {reader!r} is unknown; use auto, {', '.join(READERS)}")
     if not path.exists():
         raise SlideError(f"{path}: slide file not found")
     refuse_unsupported(path)

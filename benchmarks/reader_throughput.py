@@ -1,0 +1,237 @@
+"""Tile-reading throughput per reading core, as shares of the native decode limit measured
+in the same run.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/reader_throughput.py [--rows 8] [--jobs 3]
+
+Slides (built in a temporary folder, except the first):
+  - ``svs``: the real CMU-1-Small-Region.svs (240 px JPEG tiles, 0.499 um/px), 224 px at 0.5 um/px;
+  - ``bach``: a 12,288 px pyramidal JPEG TIFF, an 8 x 8 mosaic of the shared 1536 px BACH
+    images (256 px tiles, 0.42 um/px), 224 px tiles at 0.5 um/px (267 level-0 px, shrunk);
+  - ``40x``: a 0.25 um/px JPEG TIFF (4 x 4 BACH images, levels 1, 4, 16: no 2x level),
+    read at level 0, 448 px -> 224.
+
+Readers, one process, one thread, every whole tile of the first ``--rows`` tile rows:
+  - ``new``: ``Slide.read_tiles`` a batch of 32 at a time and the model-input resize (what
+    an extraction worker does);
+  - ``today``: ``Slide.read_tile`` per tile and the resize (the reader before batches;
+    the method is unchanged);
+  - ``openslide``: plain ``openslide.read_region`` per tile, nothing else;
+  - ``limit``: every native tile under those tiles decoded once (tifffile + imagecodecs).
+Extraction end to end with the near-free backbone (``vit-s14-tiny``, random init, one
+torch thread) at 1 and 2 reading workers over the whole slide, in steady state: a job of
+``--jobs`` copies of the slide minus a job of one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+SHARED = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared"))
+SVS = SHARED / "data" / "slides" / "CMU-1-Small-Region.svs"
+BACH = SHARED / "data" / "bach" / "images"
+BATCH = 32
+
+
+def mosaic(n: int) -> np.ndarray:
+    import cv2
+
+    files = sorted(BACH.glob("*.jpeg"))[: n * n]
+    rows = [np.concatenate([cv2.imread(str(f))[..., ::-1] for f in files[r * n:(r + 1) * n]], axis=1) for r in range(n)]
+    return np.ascontiguousarray(np.concatenate(rows, axis=0))
+
+
+def write_bach(path: Path) -> Path:
+    from pathtwt.demo.tiff_writer import write_pyramidal_tiff
+
+    image = mosaic(8)
+    write_pyramidal_tiff(path, image.shape[1], image.shape[0], lambda x, y, w, h: image[y:y + h, x:x + w],
+                         mpp=0.42, tile=256, quality=90)
+    return path
+
+
+def write_40x(path: Path) -> Path:
+    import cv2
+    import tifffile
+
+    image = mosaic(4)
+    h, w = image.shape[:2]
+    with tifffile.TiffWriter(path) as tif:
+        for i, ds in enumerate((1, 4, 16)):
+            level = image if ds == 1 else cv2.resize(image, (w // ds, h // ds), interpolation=cv2.INTER_AREA)
+            tif.write(level, tile=(256, 256), compression="jpeg", compressionargs={"level": 90}, photometric="rgb",
+                      subfiletype=int(i > 0), resolution=(1e4 / (0.25 * ds),) * 2, resolutionunit="CENTIMETER")
+    return path
+
+
+def coords_file(slide_path: Path, out: Path) -> Path:
+    from pathtwt.io.h5 import write_coords
+    from pathtwt.wsi.slides import open_slide
+    from pathtwt.wsi.tiling import tile_slide
+
+    with open_slide(slide_path) as slide:
+        tiling = tile_slide(slide, target_mpp=0.5, tile_size=224, min_tissue=0.0)
+    write_coords(out, tiling.coords, tiling.tissue_fraction, {**tiling.attrs, "slide_path": str(slide_path)})
+    return out
+
+
+def first_rows(xy: np.ndarray, rows: int) -> np.ndarray:
+    ys = np.unique(xy[:, 1])[:rows]
+    return xy[np.isin(xy[:, 1], ys)]
+
+
+def rates(slide_path: Path, coords: Path, rows: int, profile: bool, repeat: int = 3) -> dict[str, float]:
+    """tiles/s of each reader over the first ``rows`` tile rows, best of ``repeat`` (each
+    from a freshly opened slide, so no decoded tile is kept between repeats)."""
+    import openslide
+    import tifffile
+
+    from pathtwt.io.h5 import read_coords
+    from pathtwt.models.transform import TileTransform
+    from pathtwt.wsi.coords_tiles import TileGeometry
+    from pathtwt.wsi.native_tiles import decode_native_tiles, native_page
+
+    xy, _t, attrs = read_coords(coords)
+    xy = first_rows(xy, rows)
+    geometry = TileGeometry.from_attrs(coords, attrs, slide_path=slide_path)
+    resize = TileTransform(224, (0.5,) * 3, (0.5,) * 3).resize
+    p0, level, size = geometry.patch_size_level0, geometry.read_level, geometry.patch_size
+
+    def new(slide):
+        for i in range(0, len(xy), BATCH):
+            for tile in slide.read_tiles(xy[i:i + BATCH], p0, level, size):
+                resize(tile)
+
+    def today(slide):
+        for x, y in xy:
+            resize(slide.read_tile(int(x), int(y), p0, level, size))
+
+    with geometry.open() as slide:
+        ds = slide.level_downsamples[level]
+        side = max(1, int(round(p0 / ds)))
+        native = slide.native_level(level)
+        under = [] if native is None else \
+            sorted({i for x, y in xy for i in native.tiles_under(int(x / ds), int(y / ds), side, side)})
+
+    def plain(raw):
+        for x, y in xy:
+            raw.read_region((int(x), int(y)), level, (side, side))
+
+    def limit(tif):
+        decode_native_tiles(native_page(tif, level, tif.series[0].levels[level].keyframe.shape[1::-1]), under)
+
+    openers = {"new": (geometry.open, new), "today": (geometry.open, today),
+               "openslide": (lambda: openslide.OpenSlide(str(slide_path)), plain)}
+    if under:
+        openers["limit"] = (lambda: tifffile.TiffFile(slide_path), limit)
+    out: dict[str, float] = {"tiles": float(len(xy)), "native_tiles": float(len(under))}
+    for name, (opener, read) in openers.items():
+        best = float("inf")
+        for _ in range(repeat):
+            with opener() as handle:
+                began = time.perf_counter()
+                read(handle)
+                best = min(best, time.perf_counter() - began)
+        out[name] = len(xy) / best
+    if profile:
+        with geometry.open() as slide:
+            cProfile.runctx("new(slide)", globals(), {"new": new, "slide": slide}, "/tmp/reader.prof")
+        pstats.Stats("/tmp/reader.prof").sort_stats("tottime").print_stats(12)
+    return out
+
+
+def near_free_backbone():
+    import torch
+
+    from pathtwt.models.registry import create_backbone
+
+    torch.set_num_threads(1)
+    return create_backbone("vit-s14-tiny", pretrained=False, precision="fp32")
+
+
+def model_only(batches: int = 20) -> float:
+    """tiles/s of the near-free backbone alone on uint8 batches (normalisation, forward)."""
+    import torch
+
+    from pathtwt.models.embedding import embed_tiles
+
+    backbone = near_free_backbone()
+    size = backbone.transform.input_size
+    x = torch.randint(0, 256, (BATCH, size, size, 3), dtype=torch.uint8)
+    with torch.inference_mode():
+        embed_tiles(backbone.model, backbone.transform.normalise_batch(x, "cpu"), backbone.spec.num_prefix_tokens)
+        began = time.perf_counter()
+        for _ in range(batches):
+            inputs = backbone.transform.normalise_batch(x, "cpu")
+            embed_tiles(backbone.model, inputs, backbone.spec.num_prefix_tokens).float().numpy()
+    return batches * BATCH / (time.perf_counter() - began)
+
+
+def extraction(slide_path: Path, coords: Path, folder: Path, jobs: int, workers: int) -> float:
+    """Steady-state tiles/s: a job of ``jobs`` copies minus a job of one."""
+    from pathtwt.features import extract
+    from pathtwt.features.extract import ExtractJob, extract_many
+    from pathtwt.io.h5 import read_coords
+
+    extract.IN_PROCESS_BATCHES = 0  # the SVS's 61 tiles would be read in the main process
+    backbone = near_free_backbone()
+    n = len(read_coords(coords)[0])
+    seconds = []
+    for count in (1, jobs):
+        todo = [ExtractJob(slide_path, coords, folder / f"f{workers}_{count}_{i}.h5") for i in range(count)]
+        began = time.perf_counter()
+        extract_many(todo, backbone, batch_size=BATCH, workers=workers, progress=False)
+        seconds.append(time.perf_counter() - began)
+    return (jobs - 1) * n / max(seconds[1] - seconds[0], 1e-9)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=12, help="tile rows read by every reader")
+    parser.add_argument("--jobs", type=int, default=4, help="slides in the long extraction job")
+    parser.add_argument("--cases", default="svs,bach,40x")
+    parser.add_argument("--no-extract", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="cProfile the new reader on each case")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import cv2
+
+    cv2.setNumThreads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        slides = {"svs": lambda: SVS, "bach": lambda: write_bach(tmp / "bach.tiff"), "40x": lambda: write_40x(tmp / "x40.tiff")}
+        if not args.no_extract:
+            print(f"near-free backbone alone, one thread: {model_only():.0f} tiles/s", flush=True)
+        print("| case | tiles | native tiles | limit tiles/s | new | today | openslide.read_region | extract 1 reader | extract 2 readers | 2 / 1 |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for case in args.cases.split(","):
+            began = time.perf_counter()
+            path = slides[case]()
+            coords = coords_file(path, tmp / f"{case}.h5")
+            print(f"# {case}: built in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+            r = rates(path, coords, args.rows, args.profile)
+            limit = r.get("limit", float("nan"))
+            share = {k: r[k] / limit for k in ("new", "today", "openslide")}
+            e1 = e2 = float("nan")
+            if not args.no_extract:
+                e1 = extraction(path, coords, tmp, args.jobs, 1)
+                e2 = extraction(path, coords, tmp, args.jobs, 2)
+            print(f"| {case} | {int(r['tiles'])} | {int(r.get('native_tiles', 0))} | {limit:.0f} | "
+                  f"{share['new']:.2f} ({r['new']:.0f}/s) | {share['today']:.2f} ({r['today']:.0f}/s) | "
+                  f"{share['openslide']:.2f} | {e1 / limit:.2f} ({e1:.0f}/s) | {e2 / limit:.2f} ({e2:.0f}/s) | "
+                  f"{e2 / e1:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
