@@ -212,3 +212,47 @@ def test_predict_takes_folders_of_slides(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(PathtwtError, match="no slide files"):
         slide_list([str(tmp_path / "empty")])
+
+
+def _legend_texts(lines):
+    from pathtwt.explain.heatmap import legend_figure
+
+    fig = legend_figure(420, "turbo", "rank", lines)
+    renderer = fig.canvas.get_renderer()
+    width = fig.get_window_extent().x1
+    texts = [t for t in fig.texts if t.get_text()]
+    extents = [t.get_window_extent(renderer) for t in texts]
+    return "\n".join(t.get_text() for t in texts), width, extents
+
+
+def test_every_class_probability_fits_the_legend_panel():
+    from pathtwt.explain.heatmap import probability_lines
+
+    probs = [0.01, 0.02, 0.03, 0.04, 0.05, 0.85]
+    lines = probability_lines(probs)
+    text, width, extents = _legend_texts(["slide-001", "abmil head: predicted class 5", *lines, "13 tiles"])
+    for c, p in enumerate(probs):
+        assert f"p{c} {p:.2f}" in text
+    assert all(0 <= e.x0 and e.x1 <= width for e in extents), [(e.x0, e.x1, width) for e in extents]
+
+
+def test_rank_scale_states_the_raw_range_and_warns_when_nearly_uniform():
+    from pathtwt.explain.heatmap import NEAR_UNIFORM_RATIO, attention_range_lines
+
+    flat = np.linspace(0.0744, 0.0791, 13)
+    lines = attention_range_lines(flat, "rank")
+    assert "0.0744-0.0791" in lines[0] and any(f"< {NEAR_UNIFORM_RATIO:g}: nearly uniform" in line for line in lines)
+    spread = attention_range_lines(np.array([0.01, 0.5]), "rank")
+    assert "0.01-0.5" in spread[0] and "nearly uniform" not in " ".join(spread)
+    assert attention_range_lines(flat, "max") == []  # the bar shows raw attention / max already
+    text, width, extents = _legend_texts(["s", *lines])
+    assert "nearly uniform" in text and all(e.x1 <= width for e in extents)
+
+
+def test_a_top_k_over_half_the_tiles_says_what_it_gave():
+    from pathtwt.explain.montage import top_bottom, top_k_note
+
+    top, bottom = top_bottom(np.arange(13.0), 8)
+    assert len(top) == len(bottom) == 6
+    assert top_k_note(8, 13) == "top-k 8 asked, 6+6 shown of 13 tiles"
+    assert top_k_note(6, 13) is None

@@ -344,3 +344,51 @@ def test_html_mil_cells_put_the_interval_under_the_mean_and_markdown_keeps_one_l
     assert interval and "<br>" not in cell  # Markdown: one line
     page = (report[1] / "index.html").read_text()
     assert f"{mean}<br>[{interval}" in page and f"{mean} [{interval}" not in page
+
+
+MAX_TABLE_COLUMNS = 9  # 3 row-name columns and 6 more fit a 1280-px window (checked in headless Chromium)
+
+
+def _html_tables(page: str) -> list[list[str]]:
+    """The header cells of each <table> of the page."""
+    from html.parser import HTMLParser
+
+    class Tables(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tables, self._in_th = [], False
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "table":
+                self.tables.append([])
+            self._in_th = tag == "th" or (self._in_th and tag != "td")
+
+        def handle_endtag(self, tag):
+            if tag == "th":
+                self._in_th = False
+
+        def handle_data(self, data):
+            if self._in_th and self.tables:
+                self.tables[-1].append(data)
+
+    parser = Tables()
+    parser.feed(page)
+    return parser.tables
+
+
+def test_report_tables_fit_a_1280_px_window_with_cohorts_in_their_own_tables(report):
+    page = (report[1] / "index.html").read_text()
+    tables = _html_tables(page)
+    mil = [t for t in tables if "Head" in t]
+    assert mil and all(len(t) <= MAX_TABLE_COLUMNS for t in mil), [len(t) for t in mil]
+    # backbone tables: the per-layer R² columns (narrow numbers) are a table of their own
+    per_layer = [t for t in tables if "R² L1" in t]
+    assert len(per_layer) == 1 and "CKA" not in per_layer[0] and len(per_layer[0]) <= 2 + 12
+    assert all(len(t) <= MAX_TABLE_COLUMNS + 2 for t in tables if t not in mil and t not in per_layer)
+    internal = [t for t in tables if "QWK internal test [95% CI]" in t]
+    external = [t for t in tables if "QWK grading-external [95% CI]" in t]
+    assert len(internal) == len(external) == 1 and internal[0] is not external[0]
+    assert "ΔQWK grading-external [95% CI]" in external[0] and "tiles/s" not in external[0]
+    assert any("tiles/s" in t and "Params (M)" in t for t in tables)  # cost columns kept, in their own table
+    style = page.split("<style>")[1].split("</style>")[0]
+    assert "max-width:1500px" not in style and "body{" in style and "max-width" not in style.split("body{")[1].split("}")[0]

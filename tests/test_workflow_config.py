@@ -186,3 +186,22 @@ def test_shipped_configs_validate():
         config = validate_schema(yaml.safe_load(path.read_text()), source=str(path))
         check_references(config, source=str(path))
         assert config["tasks"] and config["backbones"] and config["variants"]
+
+
+def test_every_schema_violation_is_listed_with_a_did_you_mean(tmp_path, capsys):
+    def two_typos(cfg):
+        cfg["cohorts"]["c1"]["tilling"] = {}
+        cfg["mil"] = {"sedes": [1]}
+
+    path = _edited(tmp_path, two_typos)
+    assert main(["check-config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "more problems" not in err and "2 problems" in err
+    assert "'tilling': did you mean 'tiling'?" in err and "'sedes': did you mean 'seeds'?" in err
+
+
+def test_top_level_help_names_every_mil_head(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "ABMIL, TransMIL or meanpool" in out

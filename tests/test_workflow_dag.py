@@ -204,6 +204,19 @@ def test_a_config_error_names_the_configfile_given(paper, tmp_path):
     assert "config/config.yaml" not in out
 
 
+def test_a_missing_label_table_is_one_line_without_a_traceback_frame(paper, tmp_path):
+    data, work = paper
+    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    cohort = next(iter(cfg["cohorts"]))
+    cfg["cohorts"][cohort]["labels"] = str(tmp_path / "nowhere.csv")
+    bad = tmp_path / "study.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    res = snakemake(work, "-n", "--configfile", str(bad), "--config", f"data_root={data}", check=False)
+    lines = [line for line in (res.stdout + res.stderr).splitlines() if line.strip()]
+    assert res.returncode != 0 and len(lines) == 1, lines
+    assert "nowhere.csv" in lines[0] and f"cohorts.{cohort}.labels" in lines[0] and "File \"" not in lines[0]
+
+
 def test_slurm_profile_plans_the_demo(tmp_path):
     res = snakemake(tmp_path, "-n", "--profile", str(REPO / "workflow" / "profiles" / "slurm"),
                     "--configfile", str(REPO / "config" / "config.yaml"))

@@ -41,7 +41,7 @@ SUMMARIES: dict[str, str] = {
     "discover": "layer-similarity matrix and the exact min-max partition into blocks",
     "compress": "compress a backbone (TWT or a comparison method) and export a timm ViT",
     "labels": "build a cohort's slide_id,label,split table from its published metadata",
-    "train-mil": "train and evaluate an ABMIL or TransMIL slide head on frozen features",
+    "train-mil": "train and evaluate an ABMIL, TransMIL or meanpool slide head on frozen features",
     "summarize-mil": "mean +- std of MIL metrics over seeds",
     "analyze": "norm growth, eps sensitivity, intrinsic dimension and stability analyses",
     "probe": "logistic-regression and kNN probes of a backbone's tile embeddings on labelled tiles",

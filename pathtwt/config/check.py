@@ -117,11 +117,30 @@ def validate_schema(config: dict, *, source: str, schema_path: str | os.PathLike
         raise ConfigError(f"{source}: the config must be a mapping of keys to values")
     errors = sorted(validator_cls(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
-        err = errors[0]
-        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-        raise ConfigError(f"{source}: key {_key_path(err.absolute_path)}: {err.message}{more}")
+        # Every violation, one per line, so a config with several typos is fixed in one pass.
+        lines = [f"key {_key_path(err.absolute_path)}: {err.message}{_did_you_mean(err)}" for err in errors]
+        if len(lines) == 1:
+            raise ConfigError(f"{source}: {lines[0]}")
+        raise ConfigError(f"{source}: {len(lines)} problems:\n" + "\n".join(f"  {line}" for line in lines))
     fill_min_tissue(config)
     return config
+
+
+def _did_you_mean(err) -> str:
+    """For an unknown key, the known keys of that mapping closest to it (difflib), or ""."""
+    import difflib
+
+    if err.validator != "additionalProperties" or not isinstance(err.instance, dict):
+        return ""
+    known = list((err.schema.get("properties") or {}).keys())
+    hints = []
+    for key in err.instance:
+        if key in known or not isinstance(key, str):
+            continue
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"{key!r}: did you mean {close[0]!r}?")
+    return f" ({'; '.join(hints)})" if hints else ""
 
 
 def fill_min_tissue(config: dict) -> None:

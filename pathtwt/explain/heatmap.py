@@ -38,6 +38,11 @@ MAX_PIXELS = 40_000_000
 DEFAULT_CMAP = "turbo"
 DEFAULT_ALPHA = 0.45
 STRIP_ROWS = 64  # rows blended at a time: temporaries of ~12 bytes per pixel of a strip
+PROBS_PER_LINE = 3  # class probabilities per legend line: three fit the panel's width at 11 pt
+# Rank colouring spreads any attention over the whole colour bar; when the slide's raw
+# attention max/min is below this ratio the head barely tells its tiles apart, and the
+# legend says so (docs/predict.md).
+NEAR_UNIFORM_RATIO = 1.5
 
 
 @dataclass(frozen=True)
@@ -149,9 +154,28 @@ def blend(background: np.ndarray, layer: ScoreLayer, table: np.ndarray, alpha: f
     return background
 
 
-def legend_panel(height: int, cmap: str, scale: str, lines: list[str], vmin: float = 0.0, vmax: float = 1.0) -> np.ndarray:
-    """RGB uint8 (height, ~300, 3): a colour bar with its label and a few lines of text
-    (slide, head, prediction), readable at 100 dpi."""
+def probability_lines(probs) -> list[str]:
+    """Every class probability, ``PROBS_PER_LINE`` to a line, so none runs off the panel."""
+    items = [f"p{c} {float(p):.2f}" for c, p in enumerate(probs)]
+    return [", ".join(items[i : i + PROBS_PER_LINE]) for i in range(0, len(items), PROBS_PER_LINE)]
+
+
+def attention_range_lines(attention, scale: str) -> list[str]:
+    """Under rank colouring, the raw attention range (which the colours no longer show)
+    and a warning when it is nearly uniform (max/min below ``NEAR_UNIFORM_RATIO``)."""
+    if scale != "rank" or len(attention) == 0:
+        return []
+    lo, hi = float(np.min(attention)), float(np.max(attention))
+    ratio = hi / lo if lo > 0 else math.inf
+    lines = [f"raw attention {lo:.3g}-{hi:.3g}", f"max/min {ratio:.3g}"]
+    if ratio < NEAR_UNIFORM_RATIO:
+        lines[1] += f" < {NEAR_UNIFORM_RATIO:g}: nearly uniform,"
+        lines.append("colours stretch tiny differences")
+    return lines
+
+
+def legend_figure(height: int, cmap: str, scale: str, lines: list[str], vmin: float = 0.0, vmax: float = 1.0):
+    """The legend panel's matplotlib figure, drawn (tests read its text artists)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -169,6 +193,15 @@ def legend_panel(height: int, cmap: str, scale: str, lines: list[str], vmin: flo
     bar.set_label(SCALE_LABELS.get(scale, scale), fontsize=11)
     ax.tick_params(labelsize=10)
     fig.canvas.draw()
+    return fig
+
+
+def legend_panel(height: int, cmap: str, scale: str, lines: list[str], vmin: float = 0.0, vmax: float = 1.0) -> np.ndarray:
+    """RGB uint8 (height, ~300, 3): a colour bar with its label and a few lines of text
+    (slide, head, prediction), readable at 100 dpi."""
+    import matplotlib.pyplot as plt
+
+    fig = legend_figure(height, cmap, scale, lines, vmin, vmax)
     panel = np.asarray(fig.canvas.buffer_rgba())[:, :, :3].copy()
     plt.close(fig)
     return panel

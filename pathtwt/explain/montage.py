@@ -23,6 +23,17 @@ def top_bottom(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return order[:k], order[::-1][:k]
 
 
+def top_k_note(k: int, n: int) -> str | None:
+    """What a ``k`` the slide's ``n`` tiles cannot give was turned into, or None when all
+    ``k`` + ``k`` were shown."""
+    shown = max(0, min(int(k), n // 2))
+    if shown == k:
+        return None
+    if shown == 0:
+        return f"top-k {k} asked, the only tile shown of {n}"
+    return f"top-k {k} asked, {shown}+{shown} shown of {n} tiles"
+
+
 def write_montage(
     path: str | os.PathLike, *, slide_path: str | os.PathLike, coords_file: str | os.PathLike,
     coords_attrs: Mapping[str, Any], coords: np.ndarray, scores: np.ndarray, k: int, title: str,
@@ -57,7 +68,8 @@ def write_montage(
                 ax.set_title(f"rank {rank[i]}/{n}: {float(scores[i]):.3g}\nx {x}, y {y}", fontsize=8)
                 if col == 0:
                     ax.set_ylabel(label, fontsize=9)
-    fig.suptitle(title, fontsize=9)
+    note = top_k_note(k, n)
+    fig.suptitle(f"{title}\n{note}" if note else title, fontsize=9)
     fig.subplots_adjust(left=0.06, right=0.98, top=0.84, bottom=0.02, wspace=0.08, hspace=0.32)
     with atomic_output(path) as tmp:
         fig.savefig(tmp, dpi=100, format="png")

@@ -5,6 +5,7 @@ slide leaves nothing behind."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +16,12 @@ import numpy as np
 from pathtwt.errors import PathtwtError
 from pathtwt.explain import geojson, heatmap
 from pathtwt.explain.grid import scale_scores
-from pathtwt.explain.montage import write_montage
+from pathtwt.explain.montage import top_k_note, write_montage
 from pathtwt.explain.runs import TrainedHead, check_applicable
 from pathtwt.explain.scores import ATTRIBUTION, attention_for_heatmap
 from pathtwt.io.h5 import read_coords, read_features
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -94,11 +97,14 @@ def explain_slide(
         from pathtwt.explain.tiff import write_pyramid_tiff
 
         write_pyramid_tiff(paths["tiff"], image, canvas.mpp)
-    probs = ", ".join(f"p{c} {p:.2f}" for c, p in enumerate(scores.probs))
-    lines = [slide_id, f"{head.aggregator} head: predicted class {scores.predicted}", probs,
-             f"{len(coords)} tiles, drawn at {canvas.mpp:g} um/px"]
+    lines = [slide_id, f"{head.aggregator} head: predicted class {scores.predicted}",
+             *heatmap.probability_lines(scores.probs), f"{len(coords)} tiles, drawn at {canvas.mpp:g} um/px",
+             *heatmap.attention_range_lines(scores.attention, options.scale)]
     heatmap.write_png(paths["heatmap"], heatmap.compose(image, lines, options.cmap, options.scale))
     del image
+    note = top_k_note(options.top_k, len(coords))
+    if note:
+        log.info("%s: %s", slide_id, note)
     write_montage(paths["top_tiles"], slide_path=slide_path, coords_file=coords_path, coords_attrs=coords_attrs,
                   coords=coords, scores=scores.attention, k=options.top_k,
                   title=f"{slide_id}: highest (top row) and lowest (bottom row) attention, predicted class "
@@ -109,4 +115,5 @@ def explain_slide(
     geojson.write_geojson(paths["geojson"], features_out)
     return {"slide_id": slide_id, "tiles": int(len(coords)), "predicted": scores.predicted,
             "probs": [float(p) for p in scores.probs], "mpp": canvas.mpp,
-            "canvas": [canvas.width, canvas.height], **{k: str(v) for k, v in paths.items()}}
+            "canvas": [canvas.width, canvas.height], "legend": lines, "top_k_note": note,
+            **{k: str(v) for k, v in paths.items()}}

@@ -135,8 +135,12 @@ def attention_figures(results: Path, out: Path, task: str, rows: list, n_slides:
         cohort = cohort_file.stem
         for slide in _fixed_slides(cohort_file, n_slides):
             background = _slide_background(results, slide)
-            fig, axes = plt.subplots(len(heads), len(variants), figsize=(3.2 * len(variants), 3.2 * len(heads) + 0.4),
-                                     squeeze=False)
+            # Panels as tall as the thumbnail is (square cells around a wide thumbnail
+            # left a blank band between the title and the panels), laid out by
+            # constrained layout so titles and colour bar take only their own room.
+            aspect = background[0].shape[0] / background[0].shape[1] if background is not None else 1.0
+            fig, axes = plt.subplots(len(heads), len(variants), squeeze=False, layout="constrained",
+                                     figsize=(3.2 * len(variants) + 0.8, (3.2 * aspect + 0.3) * len(heads) + 0.3))
             im = None
             label = None
             for i, head in enumerate(heads):
@@ -232,8 +236,8 @@ def _table_html(header: list[str], body: list[list[str]], css: str = "", referen
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
 
     def cell(text: str) -> str:
-        # MIL cells: the interval on its own line under "mean ± std", so the 18-column
-        # table hides less of its external cohorts behind the scrollbar
+        # MIL cells: the interval on its own line under "mean ± std", so each part of
+        # the split table stays narrow
         return html.escape(text).replace(" [", "<br>[") if css == "mil" else html.escape(text)
 
     rows = "".join(
@@ -244,6 +248,52 @@ def _table_html(header: list[str], body: list[list[str]], css: str = "", referen
     )
     cls = f" class='{css}'" if css else ""
     return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+ROW_NAME_COLUMNS = 3  # Backbone, Variant, Head: repeated in each part of a split MIL table
+
+
+def mil_table_parts(header: list[str]) -> list[tuple[str, list[int]]]:
+    """The MIL table cut into parts that fit a 1280-px window: one per evaluated cohort
+    (its columns start at "Slides <cohort>") and one of the backbone's precision and
+    cost, each (title, column indices) with the row-name columns first. A header with
+    no cohort columns stays one part."""
+    names = list(range(min(ROW_NAME_COLUMNS, len(header))))
+    starts = [i for i, h in enumerate(header) if h.startswith("Slides ")]
+    if not starts:
+        return [("", list(range(len(header))))]
+    parts = []
+    for k, start in enumerate(starts):
+        end = starts[k + 1] if k + 1 < len(starts) else len(header)
+        parts.append((header[start][len("Slides "):], names + list(range(start, end))))
+    cost = list(range(len(names), starts[0]))
+    if cost:
+        parts.append(("backbone precision and cost", names + cost))
+    return parts
+
+
+def backbone_table_parts(header: list[str]) -> list[tuple[str, list[int]]]:
+    """A backbone-level table (fidelity) with its per-layer R² columns as a second part,
+    so neither needs a horizontal scrollbar at 1280 px; (title, column indices)."""
+    names = list(range(min(2, len(header))))
+    layers = [j for j, h in enumerate(header) if h.startswith("R² L")]
+    if not layers:
+        return [("", list(range(len(header))))]
+    rest = [j for j in range(len(names), len(header)) if j not in layers]
+    return [("", names + rest), ("per layer", names + layers)]
+
+
+def _mil_tables_html(s: dict[str, Any]) -> str:
+    references = set(s.get("references", ()))
+    flagged = set(s.get("flagged", ()))
+    out = []
+    for title, columns in mil_table_parts(s["header"]):
+        where = {j: n for n, j in enumerate(columns)}
+        part_flags = {(i, where[j]) for i, j in flagged if j in where}
+        table = _table_html([s["header"][j] for j in columns], [[row[j] for j in columns] for row in s["body"]],
+                            css="mil", references=references, flagged=part_flags)
+        out.append((f"<h3>{html.escape(title)}</h3>" if title else "") + f"<div class='scroll'>{table}</div>")
+    return "\n".join(out)
 
 
 def _figures_html(title: str, figs: list[tuple[str, str]], wide: bool = False) -> str:
@@ -258,7 +308,8 @@ def _figures_html(title: str, figs: list[tuple[str, str]], wide: bool = False) -
 
 
 STYLE = """
-body{font-family:system-ui,sans-serif;max-width:1500px;margin:2em auto;padding:0 1em;color:#222}
+body{font-family:system-ui,sans-serif;margin:2em auto;padding:0 1em;color:#222}
+p,ul{max-width:80em}
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}
 th,td{border:1px solid #ccc;padding:0.3em 0.6em;text-align:right}
 th:nth-child(-n+3),td:nth-child(-n+3){text-align:left}
@@ -298,15 +349,15 @@ def render_html(
     attention = []
     for s in sections:
         parts.append(f"<h2>Task: {html.escape(s['task'])} (headline metric {html.escape(s['metric'])})</h2>")
-        parts.append(("<div class='scroll'>" + _table_html(s["header"], s["body"], css="mil", references=set(s.get("references", ())),
-                                                           flagged=set(s.get("flagged", ()))) + "</div>")
-                     if s["body"] else "<p>No finished runs yet.</p>")
+        parts.append(_mil_tables_html(s) if s["body"] else "<p>No finished runs yet.</p>")
         parts += [f"<p class='note'>{html.escape(n)}</p>" for n in s.get("notes", [])]
         attention += attention_figures(results, out, s["task"], s["rows"], attention_slides)
     for t in tables or []:
         parts.append(f"<h2>{html.escape(t['title'])}</h2>")
-        parts.append("<div class='scroll'>" + _table_html(t["header"], t["body"], css="names2",
-                                                          references=set(t.get("references", ()))) + "</div>")
+        for title, columns in backbone_table_parts(t["header"]):
+            table = _table_html([t["header"][j] for j in columns], [[row[j] for j in columns] for row in t["body"]],
+                                css="names2", references=set(t.get("references", ())))
+            parts.append((f"<h3>{html.escape(t['title'])}, {title}</h3>" if title else "") + f"<div class='scroll'>{table}</div>")
         parts += [f"<p class='note'>{html.escape(n)}</p>" for n in t["notes"]]
     parts.append(_figures_html("Layer similarity and discovered blocks", similarity_figures(results, out)))
     parts.append(_figures_html("MIL attention", attention, wide=True))
