@@ -64,6 +64,28 @@ def resolve_device(name: object = "auto", claim: bool = True) -> str:
     return name
 
 
+_DECIDED: dict[str, str] = {}
+
+
+def use_device(name: object = "auto") -> str:
+    """The process's device, decided once: resolved (:func:`resolve_device`: a free GPU
+    claimed where several are shared, MIOpen's caches node-local on ROCm), made torch's
+    current device, so what asks torch.cuda without a device (bf16 support, memory
+    statistics, pinned memory) asks about this one. Every command calls it once where it
+    starts; the rest of the process reads its result (a Backbone's ``device``, the
+    options' ``device``), and a second call returns the same device."""
+    key = str(name)
+    if key not in _DECIDED:
+        device = resolve_device(key)
+        if device.startswith("cuda:"):
+            import torch
+
+            torch.cuda.set_device(int(device[5:]))
+        check_gpu_architecture(device)
+        _DECIDED[key] = device
+    return _DECIDED[key]
+
+
 # --- one GPU per job on a machine with several (local runs) ---------------------------
 
 # Set to 0 to share the GPUs without claims (every `cuda` job then runs on cuda:0).
@@ -118,24 +140,50 @@ class GpuClaim:
             self.handle.close()
 
 
+def _open_lock(path: str) -> tuple[int, bool]:
+    """The lock file's descriptor and whether it is writable. An existing file is opened
+    without O_CREAT: under fs.protected_regular (systemd's default) O_CREAT on another
+    user's file in the sticky, world-writable claims folder is refused (EACCES) even when
+    the file is shared. Read-only where another user's umask left it so: flock needs no
+    write access."""
+    for _ in range(3):  # a file made or removed by another job between two tries
+        for flags, writable in ((os.O_RDWR, True), (os.O_RDONLY, False)):
+            try:
+                return os.open(path, flags), writable
+            except FileNotFoundError:
+                break
+            except PermissionError:
+                continue
+        else:
+            raise PermissionError(13, "permission denied")
+        try:  # not there yet: made by this process, O_EXCL so an existing one is never re-created
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        try:
+            os.fchmod(fd, 0o666)  # every user of a shared workstation claims through the same file
+        except OSError:
+            pass
+        return fd, True
+    raise FileNotFoundError(2, "appeared and vanished while opening")
+
+
 def _try_lock(path: str) -> Any:
     import fcntl
 
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd, writable = _open_lock(path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot open the GPU claim ({exc.strerror}); set {LOCK_DIR_VARIABLE} "
                           "to a node-local folder of yours, or PATHTWT_GPU_CLAIMS=0") from None
-    try:
-        os.fchmod(fd, 0o666)  # every user of a shared workstation claims through the same file
-    except OSError:
-        pass  # another user's file, already shared
-    handle = os.fdopen(fd, "r+")  # kept open for as long as the claim holds
+    handle = os.fdopen(fd, "r+" if writable else "r")  # kept open for as long as the claim holds
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         handle.close()
         return None
+    if not writable:
+        return handle
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
@@ -197,8 +245,8 @@ def process_claim(count: int) -> GpuClaim:
         import torch
 
         _PROCESS_CLAIM.extend(claim_gpus(1, count))
-        # the claimed GPU is also the current one: what asks torch.cuda without a device
-        # (bf16 support, memory statistics, pinned memory) asks about it
+        # the claimed GPU is also the current one (as use_device makes it): set here too,
+        # so a library caller of resolve_device alone is on the GPU it holds
         torch.cuda.set_device(_PROCESS_CLAIM[0].index)
         _stderr(f"device: cuda:{_PROCESS_CLAIM[0].index} (claimed {_PROCESS_CLAIM[0].path})")
     return _PROCESS_CLAIM[0]
@@ -215,30 +263,58 @@ def check_ranks_fit(count: int) -> None:
         )
 
 
-def visible_gpu_count() -> int | None:
-    """GPUs this machine shows without importing torch (the workflow's planning process):
-    the entries of CUDA_VISIBLE_DEVICES when set, else the NVIDIA device files; None when
-    neither says (e.g. AMD GPUs), so nothing is checked."""
+# AMD GPUs (each MI250X GCD is one) show as DRM render nodes of vendor 0x1002 (the
+# amdgpu driver); torch's ROCm build counts the same devices.
+AMD_RENDER_VENDOR_GLOB = "/sys/class/drm/renderD*/device/vendor"
+AMD_VENDOR_ID = "0x1002"
+
+
+def visible_gpus() -> tuple[int, str]:
+    """GPUs this machine shows, and what says so, without importing torch (the workflow's
+    planning process; importing torch there costs seconds on every plan): the entries of
+    CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES where set, else the
+    driver's device files (NVIDIA's /dev/nvidiaN, AMD's render nodes)."""
     import glob
 
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([v for v in visible.split(",") if v.strip() and not v.strip().startswith("-")])
-    found = glob.glob(NVIDIA_DEVICE_GLOB)
-    return len(found) if found else None
+    for var in (*VISIBLE_VARIABLES, "ROCR_VISIBLE_DEVICES"):
+        visible = os.environ.get(var)
+        if visible is not None:
+            entries = [v for v in visible.split(",") if v.strip() and not v.strip().startswith("-")]
+            return len(entries), f"{var}={visible}"
+    nvidia = glob.glob(NVIDIA_DEVICE_GLOB)
+    if nvidia:
+        return len(nvidia), f"{len(nvidia)} NVIDIA device file(s) {NVIDIA_DEVICE_GLOB}"
+    amd = []
+    for path in glob.glob(AMD_RENDER_VENDOR_GLOB):
+        try:
+            if open(path).read().strip().lower() == AMD_VENDOR_ID:
+                amd.append(path)
+        except OSError:
+            continue
+    if amd:
+        return len(amd), f"{len(amd)} AMD render node(s) of the amdgpu driver"
+    return 0, "no GPU device files and no *_VISIBLE_DEVICES"
 
 
-def check_local_gpu_resource(asked: object) -> None:
-    """``snakemake --resources gpu=N`` of a local run: N above the machine's GPUs is a
-    one-line error (the jobs beyond them would wait for a GPU that never frees)."""
-    if asked is None:
-        return
+def local_gpu_jobs(asked: object) -> tuple[int | None, str]:
+    """How many GPU jobs a local run starts at a time, and the one line that says why.
+    ``asked``: ``--resources gpu=N`` (a profile's or the command line's), None when not
+    given. Not given: one per visible GPU, so a single-GPU machine runs its GPU stages one
+    after another rather than all on cuda:0 at once; with no GPU visible, no limit (the GPU
+    stages then run on the CPU, bounded by --cores). N above the visible GPUs: a one-line
+    error (the jobs beyond them would wait for a GPU that never frees)."""
+    count, why = visible_gpus()
     value = getattr(asked, "value", asked)
-    if not str(value).isdigit():
-        return
-    count = visible_gpu_count()
-    if count is not None and int(value) > count:
-        raise ConfigError(f"--resources gpu={value}: this machine shows {count} GPU(s); give at most gpu={count}")
+    if value is not None and str(value).isdigit():
+        if count and int(value) > count:
+            raise ConfigError(f"--resources gpu={value}: this machine shows {count} GPU(s); "
+                              f"give at most gpu={count} ({why})")
+        return None, f"pathtwt workflow: at most {value} GPU job(s) at a time (--resources gpu={value})"
+    if not count:
+        return None, (f"pathtwt workflow: no GPU visible ({why}); the GPU stages run on the CPU as their "
+                      "`device` allows, as many at a time as --cores allows")
+    return count, (f"pathtwt workflow: at most {count} GPU job(s) at a time, one per visible GPU ({why}); "
+                   "--resources gpu=N to change")
 
 
 # --- a GPU that torch cannot use -------------------------------------------------------
@@ -281,26 +357,129 @@ def torch_build() -> str:
     return f"torch {torch.__version__} (CPU-only build)"
 
 
+def nvidia_driver_version() -> str | None:
+    """The NVIDIA driver's version ("550.54.15"), from the kernel module's own file (no
+    process to start) or nvidia-smi; None where neither says."""
+    import subprocess
+
+    try:
+        m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)",
+                      open("/proc/driver/nvidia/version").read())
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0].strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return None
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text))
+
+
+# The workflow's conda env for each CUDA major (workflow/envs/, the config key conda_env).
+CUDA_ENVS = {"13": "pathtwt", "12": "pathtwt-cu12"}
+
+
+def build_for_driver(driver: str | None) -> str:
+    """Which torch build an NVIDIA driver runs, in words naming the workflow's env."""
+    if driver is None:
+        return "the driver's version is unknown (nvidia-smi shows it)"
+    for major in sorted(CUDA_ENVS, key=int, reverse=True):
+        if _version_tuple(driver) >= _version_tuple(CUDA_MIN_DRIVER[major]):
+            return f"driver {driver} runs CUDA {major} builds (conda_env: {CUDA_ENVS[major]})"
+    return f"driver {driver} is older than any CUDA 12 build needs ({CUDA_MIN_DRIVER['12']}); update the driver"
+
+
+def amd_gpu_evidence() -> str | None:
+    """What says this node's GPUs are AMD ones: ROCm's variables, /dev/kfd, amdgpu render nodes."""
+    import glob
+
+    for var in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
+        value = os.environ.get(var, "").strip()
+        if value and not value.startswith("-"):
+            return f"{var}={value}"
+    if os.path.exists("/dev/kfd"):
+        return "/dev/kfd exists"
+    for path in glob.glob(AMD_RENDER_VENDOR_GLOB):
+        try:
+            if open(path).read().strip().lower() == AMD_VENDOR_ID:
+                return f"{os.path.dirname(os.path.dirname(path))} is an amdgpu device"
+        except OSError:
+            continue
+    return None
+
+
 def check_no_unusable_gpu(option: str) -> None:
     """A one-line error when this node was given a GPU that torch cannot use (a driver
     older than torch's CUDA build, a CPU-only torch wheel, a ROCm/CUDA mix-up), instead of
-    a silent CPU run that lasts until the job's time limit."""
+    a silent CPU run that lasts until the job's time limit. It says which build fits."""
     import torch
 
     evidence = allocated_gpu_evidence()
     if evidence is None:
         return
     cuda, hip = getattr(torch.version, "cuda", None), getattr(torch.version, "hip", None)
+    amd = amd_gpu_evidence()
     if hip:
         need = f"it needs the amdgpu driver of ROCm {hip} or newer"
+    elif amd:
+        # an AMD node (LUMI-G) in the CUDA env: asking for an NVIDIA driver would mislead
+        evidence = amd
+        need = ("the GPU is an AMD one and this is not torch's ROCm build: use conda_env: pathtwt-rocm "
+                "or the container (workflow/envs/README.md)")
     elif cuda:
-        need = (f"its CUDA {cuda} build needs an NVIDIA driver >= {CUDA_MIN_DRIVER.get(cuda.split('.')[0], '?')} "
-                "(nvidia-smi shows the installed one); install a torch build for the driver's CUDA version")
+        need = (f"its CUDA {cuda} build needs an NVIDIA driver >= {CUDA_MIN_DRIVER.get(cuda.split('.')[0], '?')}; "
+                f"{build_for_driver(nvidia_driver_version())}")
     else:
         need = "it is the CPU-only build; install the CUDA (or ROCm) build"
     raise ConfigError(
         f"{option}: this node has a GPU ({evidence}) but {torch_build()} cannot use it: {need} "
         "(docs/gpus.md), or run on the CPU with --device cpu"
+    )
+
+
+def _arch_number(arch: str) -> tuple[int, int] | None:
+    m = re.fullmatch(r"(?:sm|compute)_(\d+)(\d)[a-z]?", arch)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def check_gpu_architecture(device: str) -> None:
+    """A one-line error when torch's CUDA build has no kernels for this GPU (CUDA 13
+    builds leave out sm_70, the V100): torch still reports the GPU as available, and the
+    run would fail at its first kernel. A build runs on a GPU when it carries a cubin of
+    the same major and an equal or lower minor, or PTX of an equal or lower version.
+    ROCm builds are left to ROCm."""
+    import torch
+
+    if not device.startswith("cuda") or getattr(torch.version, "hip", None) or not getattr(torch.version, "cuda", None):
+        return
+    try:
+        index = int(device[5:]) if device.startswith("cuda:") else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        archs = list(torch.cuda.get_arch_list() or [])
+    except (RuntimeError, AssertionError):
+        return  # torch cannot ask the driver: its own error comes at the first kernel, with more detail
+    if not archs:
+        return  # nothing to compare with
+    for arch in archs:
+        number = _arch_number(arch)
+        if number is None:
+            continue
+        if arch.startswith("sm_") and number[0] == major and number[1] <= minor:
+            return
+        if arch.startswith("compute_") and number <= (major, minor):
+            return
+    name = torch.cuda.get_device_name(index)
+    raise ConfigError(
+        f"--device {device}: {name} is sm_{major}{minor} but {torch_build()} has kernels for {', '.join(archs)} only; "
+        f"install a build with sm_{major}{minor} (conda_env: pathtwt-cu12, docs/gpus.md), or run with --device cpu"
     )
 
 

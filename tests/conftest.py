@@ -62,3 +62,12 @@ LONGEST_FIRST = ("test_profiles.py", "test_slurm.py", "test_bach_budget_curve.py
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept otherwise
+
+
+@pytest.fixture(autouse=True)
+def _device_decided_per_test():
+    # pathtwt.devices.use_device decides once per process; a test is a process of its own
+    yield
+    from pathtwt import devices
+
+    devices._DECIDED.clear()

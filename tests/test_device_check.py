@@ -110,16 +110,15 @@ def test_cpu_compiled_row(tmp_path):
 def test_cpu_mode_tiny_budget_travels(tmp_path, capsys, monkeypatch):
     """The run as a GPU machine receives it: no ../shared and no carried slide (the
     extraction rows say so), OpenSlide unusable (the tiles fall back), a budget of a
-    second and a hard limit: it ends in seconds, with the JSON and the versions first."""
-    import time
-
+    second: the JSON and the versions first, the first measurement made and the budget
+    stopping the rest. The run's clock is the test's (a second passes at each row), so a
+    busy machine measures the same rows."""
     dc = _load()
     monkeypatch.setattr(dc, "SLIDE", tmp_path / "absent.svs")
+    monkeypatch.setattr(dc.Run, "elapsed", lambda self: float(len(self.rows)))
     out = tmp_path / "check.json"
-    start = time.perf_counter()
     assert dc.main(["--device", "cpu", "--cpu", "--threads", "1", "--batch-sizes", "8", "--no-compile",
-                    "--budget-s", "1", "--hard-limit-s", "20", "--json", str(out)]) == 0
-    assert time.perf_counter() - start < 40
+                    "--budget-s", "1", "--hard-limit-s", "120", "--json", str(out)]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     for word in ("torch ", "timm ", "CUDA ", "driver ", "/dev/shm ", "slide absent"):
         assert word in first, (word, first)
@@ -127,6 +126,8 @@ def test_cpu_mode_tiny_budget_travels(tmp_path, capsys, monkeypatch):
     assert data["machine"]["dev_shm"] and data["machine"]["timm"]
     notes = [r["note"] for r in data["rows"]]
     assert any(n.startswith("skipped: time budget") for n in notes)  # the budget stopped new measurements
+    measured = [r for r in data["rows"] if not r["note"].startswith("skipped")]
+    assert measured and _positive(measured[0]["tflops"] or measured[0]["tiles_per_s"])  # the first always runs
     assert not any("Traceback" in n for n in notes)
 
 
@@ -156,10 +157,8 @@ def test_hard_limit_stops_a_running_measurement(tmp_path, monkeypatch):
 
     monkeypatch.setattr(dc, "measure_mm", slow)
     out = tmp_path / "check.json"
-    start = time.perf_counter()
     assert dc.main(["--device", "cpu", "--cpu", "--skip", "extract,distill,compile", "--batch-sizes", "8",
                     "--budget-s", "1", "--hard-limit-s", "2", "--json", str(out)]) == 0
-    assert time.perf_counter() - start < 20
     rows = json.loads(out.read_text())["rows"]
     assert rows[0]["note"].startswith("phase error: OutOfTime: hard limit of")
     assert all(r["note"].startswith("skipped: time budget") for r in rows[1:])

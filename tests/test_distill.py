@@ -248,7 +248,8 @@ def _terms(objective, teacher_model, student, tiles, transform, loss_norm):
     objective = normalised_objective(objective, teacher_model, ArrayTiles(tiles), transform, opts)
     x = tiles_to_batch(transform, tiles, "cpu")
     with torch.no_grad():
-        return objective.loss(student, x, objective.targets(teacher_model, x), step=0)
+        loss, terms = objective.loss(student, x, objective.targets(teacher_model, x), step=0)
+    return loss, {k: float(v) for k, v in terms.items()}  # logged terms are tensors, read once a step
 
 
 def test_variance_loss_norm_keeps_a_30x_layer_from_drowning_the_others(teacher, tiles):

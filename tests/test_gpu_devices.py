@@ -38,8 +38,14 @@ def gpus(monkeypatch, tmp_path):
         monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
         monkeypatch.setattr(torch.cuda, "set_device", lambda index: current.__setitem__(0, int(index)))
         monkeypatch.setattr(torch.version, "hip", None)
+        # a GPU the build has kernels for (tests of the opposite set their own)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+        monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_80", "sm_90"])
         monkeypatch.setattr(devices, "NVIDIA_DEVICE_GLOB", str(tmp_path / "no-such-device*"))
+        monkeypatch.setattr(devices, "AMD_RENDER_VENDOR_GLOB", str(tmp_path / "no-such-render*"))
+        monkeypatch.setattr(devices, "nvidia_driver_version", lambda: "550.54.15")
         monkeypatch.setattr(devices, "_PROCESS_CLAIM", [])
+        monkeypatch.setattr(devices, "_DECIDED", {})
         return tmp_path / "claims"
 
     return make
@@ -206,7 +212,6 @@ def test_run_with_gpus_claims_and_names_them(gpus, tmp_path):
     ("CUDA_VISIBLE_DEVICES", "0", "CUDA_VISIBLE_DEVICES=0"),
     ("SLURM_JOB_GPUS", "2,3", "SLURM_JOB_GPUS=2,3"),
     ("SLURM_GPUS_ON_NODE", "1", "SLURM_GPUS_ON_NODE=1"),
-    ("ROCR_VISIBLE_DEVICES", "0", "ROCR_VISIBLE_DEVICES=0"),
 ])
 def test_auto_stops_on_a_gpu_torch_cannot_use(gpus, monkeypatch, variable, value, evidence):
     gpus(0, available=False)
@@ -218,6 +223,59 @@ def test_auto_stops_on_a_gpu_torch_cannot_use(gpus, monkeypatch, variable, value
     assert "\n" not in text
     assert text.startswith(f"--device auto: this node has a GPU ({evidence})")
     assert "CUDA 12.4 build needs an NVIDIA driver >= 525.60.13" in text and "--device cpu" in text
+
+
+def test_the_driver_error_says_which_build_fits(gpus, monkeypatch):
+    """A CUDA 13 torch on a 550 driver (many clusters): the line names the CUDA 12 env."""
+    gpus(0, available=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with pytest.raises(ConfigError) as err:
+        devices.resolve_device("auto")
+    assert ("CUDA 13.0 build needs an NVIDIA driver >= 580.65.06; driver 550.54.15 runs CUDA 12 builds "
+            "(conda_env: pathtwt-cu12)") in str(err.value)
+    assert devices.build_for_driver("590.1") == "driver 590.1 runs CUDA 13 builds (conda_env: pathtwt)"
+    assert "update the driver" in devices.build_for_driver("470.82.01")
+
+
+@pytest.mark.parametrize("variable", ["ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"])
+def test_an_amd_node_in_the_cuda_env_is_told_to_use_rocm(gpus, monkeypatch, variable):
+    gpus(0, available=False)
+    monkeypatch.setenv(variable, "0")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with pytest.raises(ConfigError) as err:
+        devices.resolve_device("auto")
+    text = str(err.value)
+    assert f"({variable}=0)" in text and "AMD" in text and "pathtwt-rocm" in text
+    assert "NVIDIA driver" not in text and "\n" not in text
+
+
+def _arch(monkeypatch, capability, archs):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: archs)
+
+
+def test_a_gpu_the_build_has_no_kernels_for_stops_in_one_line(gpus, monkeypatch):
+    """A V100 (sm_70) under a CUDA 13 build: torch says available, the first kernel fails."""
+    gpus(1)
+    _arch(monkeypatch, (7, 0), ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"])
+    with pytest.raises(ConfigError) as err:
+        devices.use_device("cuda")
+    text = str(err.value)
+    assert text.startswith("--device cuda: Mock GPU 0 is sm_70 but torch ") and "(CUDA 13.0 build)" in text
+    assert "sm_75, sm_80" in text and "pathtwt-cu12" in text and "\n" not in text
+
+
+@pytest.mark.parametrize("capability,archs", [
+    ((9, 0), ["sm_80", "sm_90"]),  # its own cubin
+    ((8, 6), ["sm_80", "sm_90"]),  # a cubin of the same major, lower minor
+    ((12, 1), ["sm_90", "compute_90"]),  # PTX of a lower version, compiled at load
+])
+def test_a_gpu_the_build_runs_on_passes(gpus, monkeypatch, capability, archs):
+    gpus(1)
+    _arch(monkeypatch, capability, archs)
+    assert devices.use_device("cuda") == "cuda"
 
 
 def test_auto_stops_on_nvidia_device_files(gpus, monkeypatch, tmp_path):
@@ -262,3 +320,119 @@ def test_an_unusable_claim_folder_is_one_line(gpus, monkeypatch, tmp_path):
     monkeypatch.setenv(devices.LOCK_DIR_VARIABLE, str(folder))
     with pytest.raises(ConfigError, match=r"gpu0.lock: cannot open the GPU claim .*PATHTWT_GPU_LOCK_DIR"):
         devices.claim_gpus(1, 2, wait_s=0)
+
+
+def test_amd_render_nodes_count_as_visible_gpus(monkeypatch, tmp_path):
+    """An AMD node without *_VISIBLE_DEVICES: its amdgpu render nodes are its GPUs (a
+    display adapter of another vendor is not)."""
+    for name, vendor in (("renderD128", "0x1002"), ("renderD129", "0x1002"), ("renderD130", "0x10de")):
+        (tmp_path / name / "device").mkdir(parents=True)
+        (tmp_path / name / "device" / "vendor").write_text(vendor + "\n")
+    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(devices, "NVIDIA_DEVICE_GLOB", str(tmp_path / "none*"))
+    monkeypatch.setattr(devices, "AMD_RENDER_VENDOR_GLOB", str(tmp_path / "renderD*" / "device" / "vendor"))
+    assert devices.local_gpu_jobs(None) == (2, "pathtwt workflow: at most 2 GPU job(s) at a time, one per visible GPU "
+                                                "(2 AMD render node(s) of the amdgpu driver); --resources gpu=N to change")
+    monkeypatch.setattr(devices, "AMD_RENDER_VENDOR_GLOB", str(tmp_path / "none*"))
+    limit, line = devices.local_gpu_jobs(None)
+    assert limit is None and "no GPU visible" in line
+
+
+def _protected_regular_open(real_open):
+    """os.open with fs.protected_regular's rule: O_CREAT on an existing file of another
+    user in a sticky world-writable folder is EACCES (this machine's setting may be 0)."""
+    import errno
+    import stat
+
+    def guarded(path, flags, mode=0o777, **kw):
+        if flags & os.O_CREAT and os.path.exists(path):
+            folder = os.stat(os.path.dirname(path) or ".")
+            if folder.st_mode & stat.S_ISVTX and folder.st_mode & 0o002 and os.stat(path).st_uid != os.geteuid():
+                raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path, flags, mode, **kw)
+
+    return guarded
+
+
+def test_a_lock_file_of_another_user_still_claims(gpus, monkeypatch, tmp_path):
+    """A shared workstation: gpu0's lock file was made by another user (shared 0666, or
+    0644 where their umask won); under protected_regular this user's claim still works and
+    still excludes theirs."""
+    gpus(2)
+    folder = tmp_path / "claims"
+    folder.mkdir()
+    folder.chmod(0o1777)
+    for index, mode in ((0, 0o666), (1, 0o644)):
+        lock = folder / f"gpu{index}.lock"
+        lock.write_text("")
+        lock.chmod(mode)
+        try:
+            os.chown(lock, 65534, 65534)  # nobody
+        except PermissionError:
+            pytest.skip("needs root to give a file to another user")
+    monkeypatch.setattr(devices.os, "open", _protected_regular_open(os.open))
+    claims = devices.claim_gpus(2, 2, lock_dir=str(folder), wait_s=0)
+    assert [c.index for c in claims] == [0, 1]
+    # held: another claim (as another job would) finds both taken
+    with pytest.raises(ConfigError, match="no 1 free GPU"):
+        devices.claim_gpus(1, 2, lock_dir=str(folder), wait_s=0)
+    for claim in claims:
+        claim.release()
+    assert [c.index for c in devices.claim_gpus(1, 2, lock_dir=str(folder), wait_s=0)] == [0]
+
+
+def test_another_user_claims_through_a_lock_file_made_here(gpus, tmp_path):
+    """The other way round, as a real second user: a process running as nobody claims
+    gpu0 through the file this user made, and a held claim here keeps it off gpu0."""
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as another user")
+    gpus(2)
+    folder = Path(tempfile.mkdtemp(prefix="pathtwt-claims-test-"))
+    try:
+        folder.chmod(0o1777)
+        here = devices.claim_gpus(1, 2, lock_dir=str(folder), wait_s=0)
+        assert here[0].index == 0
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); from pathtwt import devices; "
+                "print([c.index for c in devices.claim_gpus(1, 2, lock_dir=sys.argv[2], wait_s=0)])")
+        # the system interpreter: this one may sit in a folder the other user cannot enter
+        python = "/usr/bin/python3"
+        if not os.access(python, os.X_OK):
+            pytest.skip("no /usr/bin/python3 to run as another user")
+        res = subprocess.run([python, "-c", code, str(REPO), str(folder)], capture_output=True, text=True,
+                             timeout=60, user=65534, group=65534, extra_groups=[], cwd="/")
+        if "No module named" in res.stderr or f"Permission denied: '{REPO}" in res.stderr:
+            pytest.skip("the other user cannot read this checkout or its dependencies")
+        assert res.returncode == 0 and res.stdout.strip() == "[1]", res.stderr[-2000:]
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_device_is_decided_once_per_process(gpus, monkeypatch):
+    """use_device resolves, claims and makes current once; later calls (and create_backbone
+    given the decided device) read that result and never resolve again."""
+    gpus(2)
+    first = devices.use_device("auto")
+    assert first == "cuda:0" and torch.cuda.current_device() == 0
+    calls = []
+    monkeypatch.setattr(devices, "resolve_device", lambda *a, **k: calls.append(a) or "cuda:1")
+    assert devices.use_device("auto") == first and calls == []
+    from pathtwt.models import registry
+
+    backbone = registry.create_backbone("vit-s14-tiny", pretrained=False, device="cpu", precision="fp32")
+    assert backbone.device == "cpu" and calls == []
+
+
+def test_commands_take_the_device_from_the_one_function():
+    """Only pathtwt.devices resolves a device name; commands and models call use_device."""
+    package = REPO / "pathtwt"
+    resolving = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                       if p.name != "devices.py" and "resolve_device(" in p.read_text())
+    assert resolving == []
+    users = sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py") if "use_device(" in p.read_text())
+    assert {"cli/extract.py", "cli/train_mil.py", "cli/predict.py", "cli/probe.py", "cli/options.py",
+            "cli/compress.py", "models/registry.py"} <= set(users)

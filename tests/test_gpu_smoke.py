@@ -40,9 +40,15 @@ def test_prepare_carries_the_real_slides_under_the_limit(tmp_path, shared_slides
 def test_cpu_mode_every_phase_on_its_own(tmp_path, shared_slides):
     data, work = tmp_path / "data", tmp_path / "work"
     assert _smoke(["--prepare"], data).returncode == 0
-    # the demo given one second fails; the real slides and the device check still run
-    res = _smoke(["--device", "cpu", "--work", str(work), "--demo-timeout", "1", "--slides", "2",
-                  "--backbone", "h0-mini-tiny", "--batch-size", "8", "--device-check-budget", "3"], data)
+    # the demo fails (its folder cannot be made: a file stands there), whatever the
+    # machine's speed; the real slides and the device check still run. The limits are
+    # generous: what is checked is what the phases do, not what a time budget yields
+    # (the device check measures its first row whatever its budget).
+    work.mkdir()
+    (work / "demo").write_text("not a folder")
+    res = _smoke(["--device", "cpu", "--work", str(work), "--slides", "2", "--real-timeout", "600",
+                  "--backbone", "h0-mini-tiny", "--batch-size", "8", "--device-check-budget", "3"], data,
+                 timeout=1200)
     printed = res.stdout
     assert res.returncode == 1, printed + res.stderr  # one phase failed
     assert printed.splitlines()[0] == "gpu_smoke: environment ..."
@@ -51,7 +57,7 @@ def test_cpu_mode_every_phase_on_its_own(tmp_path, shared_slides):
     assert list(phases) == ["environment", "demo", "real_slides", "device_check"]
     env = phases["environment"]
     assert env["ok"] and env["device"] == "cpu" and "torch" in env and "timm" in env and "dev_shm_gib" in env
-    assert not phases["demo"]["ok"] and phases["demo"]["returncode"] == "timeout"
+    assert not phases["demo"]["ok"] and "demo" in phases["demo"]["error"]
     real = phases["real_slides"]
     assert real["ok"], real
     assert [s["slide"] for s in real["slides"]] == ["CMU-1-Small-Region.svs", "b005.jpeg"]

@@ -322,3 +322,21 @@ def test_other_runtime_errors_keep_their_traceback(monkeypatch):
     monkeypatch.setattr("pathtwt.cli.extract.run", lambda args: (_ for _ in ()).throw(RuntimeError("a bug")))
     with pytest.raises(RuntimeError, match="a bug"):
         main(["extract", "--backbone", "vit-s14-tiny"])
+
+
+def test_each_gpu_rule_names_its_device_section_once():
+    """GPU_RULE_DEVICES (common.smk) is the one place saying which config section's
+    `device` a GPU rule runs on; the rules read it through get_rule_device, by their name."""
+    import ast
+    import re
+
+    rules = REPO / "workflow" / "rules"
+    common = (rules / "common.smk").read_text()
+    table = ast.literal_eval(re.search(r"GPU_RULE_DEVICES = (\{.*?\n\})", common, re.S).group(1))
+    text = "\n".join(p.read_text() for p in rules.glob("*.smk"))
+    assert not re.search(r'config\["(compress|extract|mil)"\]\["device"\],', text)
+    named = set(re.findall(r'device=get_rule_device\("(\w+)"\)', text))
+    # the two analyses of the loop are named by an f-string
+    named |= {"analyze_intrinsic_dim", "analyze_stability"} if 'get_rule_device(f"analyze_' in text else set()
+    # train_mil_fold is `use rule train_mil`: it inherits the params
+    assert named | {"train_mil_fold"} == set(table)

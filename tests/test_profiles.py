@@ -151,9 +151,14 @@ def test_account_from_the_environment_keeps_every_partition(tmp_path, profile, c
     assert re.findall(r"pathtwt extract .*?--workers (\d+)", output) and set(
         re.findall(r"pathtwt extract .*?--workers (\d+)", output)) == {str(cores - 1)}
     assert f"--threads {2 if profile == 'slurm' else 7}" in output.split("pathtwt train-mil", 1)[1].split("\n", 1)[0]
+    # discovery and (streamed) distillation get the same cores per GPU: readers beside a
+    # teacher and a student, not compress.threads' 2
+    for rule in ("discover", "compress"):
+        block = output.split(f"rule {rule}:", 1)[1].split("\n\n", 1)[0]
+        assert f"threads: {cores}" in block, (rule, block)
 
 
-@pytest.mark.parametrize("profile,cpu,gpu,mem,threads", [("slurm", "cpu", "gpu", 4 * 32000, 4 * 2),
+@pytest.mark.parametrize("profile,cpu,gpu,mem,threads", [("slurm", "cpu", "gpu", 4 * 32000, 4 * 8),
                                                         ("lumi", "small", "small-g", 4 * 60000, 4 * 7)])
 def test_multi_gpu_compress_keeps_every_partition(tmp_path, profile, cpu, gpu, mem, threads):
     """`compress: {gpus: 4}` (the config key that replaces a command-line --set-resources,
@@ -206,3 +211,27 @@ def test_paper_study_is_a_few_hundred_submissions(tmp_path):
     assert per_rule["train_mil"] == 2 * 8 * 2 * 3
     # 120 tile + 64 extract + 96 train_mil + a few dozen one-off jobs: ~310 against ~12,600
     assert sum(per_rule.values()) <= 320, per_rule
+
+
+@pytest.mark.parametrize("route,extra,said", [
+    ("rocm env", [], "jobs run in this environment (with --use-conda: workflow/envs/pathtwt-rocm.yaml)"),
+    ("container", ["--software-deployment-method", "apptainer", "--config", "container=/tmp/pathtwt-lumi.sif",
+                   "conda_env=pathtwt-rocm"], "jobs run in the image /tmp/pathtwt-lumi.sif"),
+])
+def test_lumi_profile_runs_the_rocm_env_or_the_container(tmp_path, route, extra, said):
+    """LUMI never falls into the CUDA env: the profile selects pathtwt-rocm, and the
+    container route plans with its image (a stand-in `apptainer` on PATH: the dry run
+    only asks its version)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "apptainer").write_text('#!/bin/sh\necho "apptainer version 1.3.4"\n')
+    (fake / "apptainer").chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    res = subprocess.run([str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(work), "-n",
+                          "--profile", str(PROFILES / "lumi"), "--configfile", str(REPO / "config" / "config.yaml"),
+                          *extra], capture_output=True, text=True, cwd=REPO, timeout=600,
+                         env={**os.environ, "SBATCH_ACCOUNT": "project_465000042",
+                              "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert said in res.stdout + res.stderr, route

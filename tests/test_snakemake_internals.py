@@ -83,3 +83,72 @@ def test_pyproject_bounds_snakemake_to_the_tested_major():
     project = tomllib.loads((RULES.parents[1] / "pyproject.toml").read_text())["project"]
     pins = [d for extra in ("workflow", "test") for d in project["optional-dependencies"][extra] if d.startswith("snakemake>")]
     assert pins and all(p == f"snakemake>={major},<{major + 1}" for p in pins)
+
+
+def _compress_on_gpus(scope, workflow, gpus=2, cluster=True):
+    """The stand-in as a run with ``compress.gpus: gpus`` and a profile's gpu=1 limit."""
+    from snakemake.resources import Resource
+
+    scope["config"] = {"compress": {"device": "cuda", "gpus": gpus}}
+    scope["WorkflowError"] = RuntimeError
+    workflow.remote_exec = False
+    workflow.local_exec = not cluster
+    workflow.global_resources = {"gpu": Resource("gpu", 1)}
+    settings = workflow.resource_settings
+    settings._parsed_overwrite_resources = {"compress": {"gpu": 1, "mem_mb": Resource("mem_mb", 1000)}}
+    settings._parsed_overwrite_threads = {"compress": Resource("_cores", 8)}
+    if not cluster:
+        settings._parsed_default_resources = {}
+
+
+def test_multi_gpu_compress_scales_on_the_tested_major():
+    scope, workflow, _ = _load(f"{_load('0')[0]['TESTED_SNAKEMAKE_MAJOR']}.1.0")
+    _compress_on_gpus(scope, workflow)
+    scope["give_compress_its_gpus"]()
+    assert workflow.global_resources["gpu"] == 2
+    assert workflow.resource_settings._parsed_overwrite_resources["compress"]["mem_mb"] == 2000
+    assert workflow.resource_settings._parsed_overwrite_threads["compress"].value == 16
+
+
+@pytest.mark.parametrize("version", ["8.30.0", "10.0.0"])
+def test_on_another_major_multi_gpu_compress_changes_nothing(version):
+    scope, workflow, log = _load(version)
+    _compress_on_gpus(scope, workflow)
+    scope["give_compress_its_gpus"]()
+    # the run's own gpu limit is Snakemake's, untouched (it was changed before the guard once)
+    assert workflow.global_resources["gpu"].value == 1
+    assert workflow.resource_settings._parsed_overwrite_threads["compress"].value == 8
+    assert sum(f"Snakemake {version} is not the tested major" in line for line in log.lines) == 1
+
+
+@pytest.mark.parametrize("version", ["8.30.0", "10.0.0"])
+@pytest.mark.parametrize("cluster", [True, False])
+def test_on_another_major_a_cluster_is_told_by_the_public_executor_flag(version, cluster):
+    scope, workflow, log = _load(version)
+    workflow.local_exec = not cluster
+    # the private partition would say "cluster" in both cases: it is not read
+    assert scope["on_cluster"]() is cluster
+    assert scope["on_cluster"]() is cluster
+    assert sum("not the tested major" in line for line in log.lines) == 1  # said once
+
+
+def test_a_local_run_registers_one_gpu_job_per_visible_gpu(monkeypatch):
+    from pathtwt.errors import ConfigError
+
+    scope, workflow, log = _load(f"{_load('0')[0]['TESTED_SNAKEMAKE_MAJOR']}.1.0")
+    registered = {}
+    workflow.remote_exec = False
+    workflow.resource_settings._parsed_default_resources = {}  # no partition: local
+    workflow.resource_settings.resources = {}  # no --resources gpu=N
+    workflow.register_resource = registered.__setitem__
+    scope.update(ConfigError=ConfigError, WorkflowError=RuntimeError)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    scope["check_local_gpus"]()
+    assert registered == {"gpu": 2}
+    assert log.lines[-1].startswith("pathtwt workflow: at most 2 GPU job(s) at a time, one per visible GPU")
+    # --resources gpu=3 on that machine: one line, nothing registered
+    registered.clear()
+    workflow.resource_settings.resources = {"gpu": 3}
+    with pytest.raises(RuntimeError, match=r"^--resources gpu=3: this machine shows 2 GPU\(s\); give at most gpu=2"):
+        scope["check_local_gpus"]()
+    assert registered == {}

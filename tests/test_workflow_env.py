@@ -28,7 +28,7 @@ def _pip(env: dict) -> list[str]:
     return next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
 
 
-@pytest.mark.parametrize("name", ["pathtwt", "pathtwt-rocm"])
+@pytest.mark.parametrize("name", ["pathtwt", "pathtwt-rocm", "pathtwt-cu12"])
 def test_conda_env_pins_every_runtime_dependency(name):
     path = ENVS / f"{name}.yaml"
     env = yaml.safe_load(path.read_text())
@@ -52,17 +52,19 @@ def test_conda_env_pins_every_runtime_dependency(name):
     assert len(editable) == 1 and (path.parent / editable[0][3:] / "pyproject.toml").is_file()
 
 
-def test_envs_differ_only_in_torch():
-    cuda, rocm = (yaml.safe_load((ENVS / f"{n}.yaml").read_text()) for n in ("pathtwt", "pathtwt-rocm"))
+@pytest.mark.parametrize("variant,index", [("pathtwt-rocm", "/whl/rocm"), ("pathtwt-cu12", "/whl/cu12")])
+def test_envs_differ_only_in_torch(variant, index):
+    label = index.rsplit("/", 1)[1]
+    cuda, rocm = (yaml.safe_load((ENVS / f"{n}.yaml").read_text()) for n in ("pathtwt", variant))
     cuda_pins = {_name(p): p for p in _pip(cuda) if not p.startswith("-")}
     rocm_pins = {_name(p): p for p in _pip(rocm) if not p.startswith("-")}
     assert cuda_pins.keys() == rocm_pins.keys()
     differ = {k for k in cuda_pins if cuda_pins[k] != rocm_pins[k]}
     assert differ == {"torch", "torchvision"}
-    assert all(rocm_pins[k].startswith(cuda_pins[k] + "+rocm") for k in differ)
-    index = [o for o in _pip(rocm) if o.startswith("--extra-index-url")]
-    assert len(index) == 1 and "/whl/rocm" in index[0]
-    assert index[0].rsplit("/", 1)[1] == rocm_pins["torch"].rsplit("+", 1)[1]  # one ROCm release throughout
+    assert all(rocm_pins[k].startswith(cuda_pins[k] + "+" + label) for k in differ)
+    urls = [o for o in _pip(rocm) if o.startswith("--extra-index-url")]
+    assert len(urls) == 1 and index in urls[0]
+    assert urls[0].rsplit("/", 1)[1] == rocm_pins["torch"].rsplit("+", 1)[1]  # one release throughout
     # the pins are the ones the tests run with
     constraints = {_name(line): line.strip() for line in (REPO / "constraints.txt").read_text().splitlines()
                    if line.strip() and not line.startswith("#")}
@@ -124,3 +126,20 @@ def test_lumi_profile():
     for word in ("ROCm", "HDF5_USE_FILE_LOCKING", "standard-g", "MIOPEN_USER_DB_PATH", "SBATCH_ACCOUNT"):
         assert word in doc
     assert "HDF5_USE_FILE_LOCKING" in (REPO / "workflow" / "rules" / "common.smk").read_text()
+
+
+def test_cotainr_route_puts_the_package_in_the_image(tmp_path):
+    """The README's cotainr step: the ROCm env file with the package's wheel in place of
+    the editable install, so the image has the `pathtwt` command the rules call."""
+    import subprocess
+
+    doc = (ENVS / "README.md").read_text()
+    line = next(l for l in doc.splitlines() if l.startswith("sed ") and "pathtwt-rocm.yaml" in l)
+    wheel = tmp_path / "pathtwt-0.0.0-py3-none-any.whl"
+    command = line.replace("$(ls /tmp/pathtwt-wheel/pathtwt-*.whl)", str(wheel)).replace("/tmp/pathtwt-rocm-image.yaml",
+                                                                                          str(tmp_path / "env.yaml"))
+    subprocess.run(command, shell=True, check=True, cwd=REPO)
+    pip = _pip(yaml.safe_load((tmp_path / "env.yaml").read_text()))
+    rocm = _pip(yaml.safe_load((ENVS / "pathtwt-rocm.yaml").read_text()))
+    assert str(wheel) in pip and not [p for p in pip if p.startswith("-e ")]
+    assert [p for p in pip if p != str(wheel)] == [p for p in rocm if not p.startswith("-e ")]

@@ -21,7 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", required=True, type=Path, help="calibration HDF5 to write")
     parser.add_argument("--n-tiles", type=int, default=10_000, help="tiles to draw (default 10000)")
-    parser.add_argument("--holdout", type=float, default=0.1, help="fraction kept out of fitting, half select and half report (default 0.1)")
+    from pathtwt.compress.defaults import COMPRESS_DEFAULTS
+
+    holdout = COMPRESS_DEFAULTS.holdout
+    parser.add_argument("--holdout", type=float, default=holdout,
+                        help=f"fraction kept out of fitting, half select and half report (default {holdout:g})")
     parser.add_argument("--holdout-by", choices=("tile", "slide"), default="tile",
                         help="hold out random tiles (default) or whole slides, so that a streamed training set "
                         "(pathtwt compress --train-coords) can leave the held-out slides out")

@@ -67,10 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "drown the early ones (default %(default)s, chosen on BACH validation images: benchmarks/results/bach_recipe.md)")
     parser.add_argument("--init", choices=("audition", "random"), default=D.init,
                         help="surrogate initialisation (random: ablation)")
-    parser.add_argument("--holdout", type=float, default=0.1, help="fraction of drawn calibration tiles kept out of fitting, half select "
-                        "(choices) and half report (reported fidelity) (default 0.1)")
+    parser.add_argument("--holdout", type=float, default=D.holdout, help="fraction of drawn calibration tiles kept out of fitting, half select "
+                        f"(choices) and half report (reported fidelity) (default {D.holdout:g})")
     parser.add_argument("--checkpoint", type=Path, default=None, help="resume file (default OUT/checkpoint.pt)")
-    parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
+    parser.add_argument("--checkpoint-every", type=int, default=D.checkpoint_every,
+                        help=f"steps between checkpoints (default {D.checkpoint_every})")
     parser.add_argument("--keep-checkpoint", action="store_true", help="keep the checkpoint after a successful export")
     parser.add_argument("--stop-after", type=int, default=None,
                         help="stop after this many steps, keeping the checkpoint; rerun to resume "
@@ -137,6 +138,17 @@ def compress_options(args: argparse.Namespace, **resolved) -> "CompressOptions":
     return CompressOptions(distill=distill, **own)
 
 
+def process_device(requested: str) -> str:
+    """This process's device, joining the process group under torchrun / srun. An srun rank
+    learns its rank (LOCAL_RANK from SLURM_LOCALID) before the device is resolved, so it
+    takes the GPU of its rank and claims no other one."""
+    from pathtwt.compress.ranks import init_from_env, launched_world_size
+    from pathtwt.devices import use_device
+
+    launched_world_size()
+    return init_from_env(use_device(requested))
+
+
 def run(args: argparse.Namespace) -> int:
     from pathtwt.compress.ranks import shutdown
 
@@ -150,9 +162,8 @@ def _run(args: argparse.Namespace) -> int:
     from pathtwt.compress.calibration import load_calibration
     from pathtwt.compress.registry import CLOSED_FORM, get_method
     from pathtwt.models.registry import create_backbone
-    from pathtwt.devices import resolve_device
 
-    from pathtwt.compress.ranks import init_from_env, is_writer, world_size
+    from pathtwt.compress.ranks import is_writer, world_size
     from pathtwt.models.precision import resolve_precision
 
     method = get_method(args.method)  # fail on an unknown method before loading anything
@@ -161,7 +172,7 @@ def _run(args: argparse.Namespace) -> int:
         from pathtwt.errors import ConfigError
 
         raise ConfigError(f"--accumulate {args.accumulate}: must be >= 1")
-    device = init_from_env(resolve_device(args.device))  # joins the process group under torchrun / srun
+    device = process_device(args.device)
     if args.batch_size % world_size():
         from pathtwt.errors import ConfigError
 

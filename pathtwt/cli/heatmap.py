@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathtwt.devices import resolve_device
+    from pathtwt.devices import use_device
     from pathtwt.errors import PathtwtError
     from pathtwt.explain.runs import load_head
     from pathtwt.explain.slide import HeatmapOptions, explain_slide
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         raise PathtwtError(f"--alpha must lie in [0, 1], got {args.alpha}")
     if args.smooth < 0:
         raise PathtwtError(f"--smooth must be >= 0, got {args.smooth}")
-    head = load_head(args.run, device=resolve_device(args.device))
+    head = load_head(args.run, device=use_device(args.device))
     options = HeatmapOptions(mpp=args.mpp, top_k=args.top_k, tiff=args.tiff, smooth_um=args.smooth, cmap=args.cmap,
                              scale=args.scale, alpha=args.alpha, max_pixels=args.max_pixels, tissue=not args.no_tissue)
     summary = explain_slide(args.slide, args.coords, args.features, head, args.out, options, slide_id=args.slide_id)

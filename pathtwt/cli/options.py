@@ -1,7 +1,7 @@
 """The command-line convention every subcommand follows, in one place.
 
-- ``--device`` takes auto|cpu|cuda|cuda:N (:func:`add_device_argument`, resolved by
-  :func:`pathtwt.devices.resolve_device`);
+- ``--device`` takes auto|cpu|cuda|cuda:N (:func:`add_device_argument`), decided once
+  per process by :func:`pathtwt.devices.use_device`;
 - ``--no-progress`` is the one switch for progress bars (:func:`add_progress_argument`;
   ``--quiet`` remains as a deprecated alias);
 - ``--workers`` and ``--threads`` size the CPU side (:func:`add_workers_argument`,
@@ -186,9 +186,9 @@ def add_backbone_arguments(parser: argparse.ArgumentParser, n_tiles: int = 10_00
 
 def load_teacher(args: argparse.Namespace) -> Any:
     from pathtwt.models.registry import create_backbone
-    from pathtwt.devices import resolve_device
+    from pathtwt.devices import use_device
 
-    device = resolve_device(args.device)
+    device = use_device(args.device)
     # float32 whatever the backbone's inference precision: a teacher measured or compressed
     # (its layer outputs, shared with the compress jobs through the teacher cache)
     return create_backbone(args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,

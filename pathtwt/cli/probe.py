@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathtwt.devices import resolve_device
+    from pathtwt.devices import use_device
     from pathtwt.models.registry import create_backbone
     from pathtwt.probe.data import load_probe_set
     from pathtwt.probe.run import probe_backbone, summary_line
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
+    device = use_device(args.device)
     # the probe embeds tiles as extraction does, so that it measures the features MIL reads
     backbone = create_backbone(
         args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,

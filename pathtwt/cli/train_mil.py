@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from pathtwt.mil.data import parse_external, prepare_data
     from pathtwt.mil.protocols import OVERRIDABLE, make_config
     from pathtwt.mil.run import run_mil
-    from pathtwt.devices import resolve_device
+    from pathtwt.devices import use_device
 
     _check_positive(args)
     folders = run_folders(args.out, args.seed)
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     sources = {"features": str(args.features), "labels": str(args.labels), "external": args.external}
     # one process for all seeds: the bags are read once (the MIL data cache) and torch is
     # imported once, which for a small cohort costs more than a run itself
-    device = resolve_device(args.device)
+    device = use_device(args.device)
     for config, folder in zip(configs, folders):
         metrics = run_mil(
             data, config, out_dir=folder, device=device, progress=show_progress(args),

@@ -86,17 +86,17 @@ class BatchAugmenter:
             raise ValueError(f"{len(seeds)} seeds for {len(tiles)} tiles")
         draws = self.draw(seeds)
         x = tiles.float() / 255.0
-        factors = draws.factors.to(x.device)
-        order = draws.order.to(x.device)
+        # The draws reach the device in one copy, and each operation runs on the whole batch
+        # and is kept where drawn (torch.where): picking its tiles on the device (nonzero)
+        # would wait for the device at every one of the 16 operation slots and the blur.
+        packed = torch.cat([draws.factors, draws.order.float(), draws.blur.float()[:, None], draws.sigma[:, None]], 1)
+        packed = packed.to(x.device)
+        factors, order, blur, sigma = packed[:, :4], packed[:, 4:8], packed[:, 8] > 0, packed[:, 9]
         for slot in range(4):
             for op, name in enumerate(OPERATIONS):
-                chosen = torch.nonzero(order[:, slot] == op).flatten()
-                if len(chosen):
-                    x[chosen] = getattr(self, f"_{name}")(x[chosen], factors[chosen, op])
-        chosen = torch.nonzero(draws.blur).flatten()
-        if len(chosen):
-            chosen_dev = chosen.to(x.device)
-            x[chosen_dev] = gaussian_blur(x[chosen_dev], draws.sigma[chosen].to(x.device), self.config.blur_kernel)
+                drawn = (order[:, slot] == op).view(-1, 1, 1, 1)
+                x = torch.where(drawn, getattr(self, f"_{name}")(x, factors[:, op]), x)
+        x = torch.where(blur.view(-1, 1, 1, 1), gaussian_blur(x, sigma, self.config.blur_kernel), x)
         return x * 255.0
 
     @staticmethod

@@ -36,6 +36,8 @@ class CompressDefaults:
     layer_scale: bool | None = None  # learnable scalar per surrogate branch; None: as schedule
     init: str = "audition"  # surrogate initialisation: audition | random (ablation)
     tokens: str = "all"  # token mode of the similarity matrix when compress discovers itself
+    holdout: float = 0.1  # share of the drawn calibration tiles kept out of fitting (half select, half report)
+    checkpoint_every: int = 100  # optimiser steps between distillation checkpoints
 
 
 COMPRESS_DEFAULTS = CompressDefaults()

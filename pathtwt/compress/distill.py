@@ -28,11 +28,9 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import signal
-import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -45,6 +43,7 @@ from pathtwt.errors import NumericsError, PathtwtError
 from pathtwt.io.atomic import atomic_output
 from pathtwt.compress.intermediates import tiles_to_batch
 from pathtwt.compress.schedule import cosine_lr_factor, term_weights
+from pathtwt.compress.stopping import stop_at_step_end
 from pathtwt.compress.student import block_outputs
 
 Transform = Callable[[np.ndarray], torch.Tensor]
@@ -67,7 +66,7 @@ class DistillOptions:
     precision: str = "fp32"  # fp32 | bf16 (autocast; master weights and optimiser state stay fp32)
     workers: int = 0  # DataLoader workers reading and resizing tiles (augmentation runs on the device)
     checkpoint: Path | None = None  # file; resumed from when it exists
-    checkpoint_every: int = 100
+    checkpoint_every: int = D.checkpoint_every
     stop_after: int | None = None  # stop after this step as if interrupted (checkpoint kept)
     progress: bool = True
     cache_limit_bytes: int = 4 * 2**30  # largest in-memory teacher-target cache
@@ -105,7 +104,7 @@ class DistillResult:
 class Objective(Protocol):
     def targets(self, teacher: nn.Module, x: torch.Tensor) -> list[torch.Tensor]: ...
 
-    def loss(self, student: nn.Module, x: torch.Tensor, targets: list[torch.Tensor], step: int) -> tuple[torch.Tensor, dict[str, float]]: ...
+    def loss(self, student: nn.Module, x: torch.Tensor, targets: list[torch.Tensor], step: int) -> tuple[torch.Tensor, dict[str, "torch.Tensor | float"]]: ...
 
 
 @dataclass
@@ -147,7 +146,7 @@ class DeepSupervision:
             terms = [t / s for t, s in zip(terms, self.term_scales)]
         loss = sum(w * t for w, t in zip(weights, terms))
         names = [f"b{j + 1}" for j in range(len(preds) - 1)] + ["final"]
-        return loss, {n: float(t.detach()) for n, t in zip(names, terms)}
+        return loss, {n: t.detach() for n, t in zip(names, terms)}  # tensors: the loop reads them once a step
 
 
 LOSS_NORMS = ("none", "variance")
@@ -309,32 +308,12 @@ def _load_checkpoint(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-class _StopRequest:
-    signum: int | None = None
-
-
-@contextlib.contextmanager
-def _stop_at_step_end() -> Iterator[_StopRequest]:
-    """SIGINT (Ctrl-C) and SIGTERM (sent by SLURM before a kill) ask the loop to stop at
-    the end of the current step and checkpoint there, so a saved state is never half an
-    optimiser update. A second signal acts as usual (the handler restores the previous one)."""
-    request = _StopRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield request  # signals are only delivered to the main thread
-        return
-    previous: dict[int, Any] = {}
-
-    def handler(signum: int, frame: Any) -> None:
-        request.signum = signum
-        signal.signal(signum, previous[signum])
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, handler)
-    try:
-        yield request
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+def _float64(value: torch.Tensor | float) -> torch.Tensor:
+    """A loss or a logged term (a tensor, or a number from an objective that logs numbers)
+    as a float64 tensor, on the device it was computed on."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(torch.float64)
+    return torch.tensor(float(value), dtype=torch.float64)
 
 
 def _as_source(tiles: Any) -> Any:
@@ -461,11 +440,13 @@ def distill(
                             sampler={"position": step * accumulate * sharding.batch, "seed": options.seed, "n_tiles": n_tiles})
         saved_at = step
 
-    with _stop_at_step_end() as stop, cv2_pool_stopped(workers > 0), bf16_attention([student, teacher], device, precision):
+    with stop_at_step_end() as stop, cv2_pool_stopped(workers > 0), bf16_attention([student, teacher], device, precision):
         try:
             stream = iter(batches)
             while step < end:
                 optimizer.zero_grad(set_to_none=True)
+                # summed on the device in float64 (as Python floats would be), read once a
+                # step: a float() per term would wait for the device at every micro-batch
                 loss_sum, term_sums = 0.0, {}
                 for micro in range(accumulate):
                     positions, idx, tiles_u8, errors = next(stream)
@@ -478,15 +459,16 @@ def distill(
                     with (contextlib.nullcontext() if sync else model.no_sync()), _autocast(device, precision):
                         loss, terms = model(x, targets, step)
                         (loss / accumulate).backward()
-                    loss_sum += float(loss.detach()) / accumulate
+                    loss_sum = loss_sum + _float64(loss) / accumulate
                     for k, v in terms.items():
-                        term_sums[k] = term_sums.get(k, 0.0) + float(v) / accumulate
+                        term_sums[k] = term_sums.get(k, 0.0) + _float64(v) / accumulate
                 # one small all-reduce per step: the logged numbers are the global means, and a
                 # stop request seen by any rank stops every rank at the same step
                 names = sorted(term_sums)
-                shared = ranks.all_mean(torch.tensor([loss_sum, *(term_sums[k] for k in names),
-                                                      1.0 if stop.signum is not None else 0.0], dtype=torch.float64))
-                loss_value = float(shared[0])
+                stopping = torch.tensor(1.0 if stop.signum is not None else 0.0, dtype=torch.float64)
+                shared = ranks.all_mean(torch.stack([v.to(loss.device) for v in (loss_sum, *(term_sums[k] for k in names),
+                                                                                  stopping)])).tolist()
+                loss_value = shared[0]
                 if not math.isfinite(loss_value):
                     raise NumericsError(f"{description}: loss became {loss_value} at step {step}; lower --lr or check the calibration tiles")
                 if options.grad_clip and options.grad_clip > 0:
@@ -494,12 +476,12 @@ def distill(
                 optimizer.step()
                 scheduler.step()
                 step += 1
-                history.append({"step": step, "loss": loss_value, **{k: float(v) for k, v in zip(names, shared[1:-1])}})
+                history.append({"step": step, "loss": loss_value, **dict(zip(names, shared[1:-1]))})
                 bar.update(1)
                 bar.set_postfix({k: f"{v:.3g}" for k, v in history[-1].items() if k != "step"}, refresh=False)
                 if ckpt is not None and options.checkpoint_every > 0 and step % options.checkpoint_every == 0:
                     checkpoint_now()
-                if float(shared[-1]) > 0:
+                if shared[-1] > 0:
                     checkpoint_now()  # an interrupted run keeps its progress
                     raise KeyboardInterrupt(f"stopped by signal {stop.signum or 'on another rank'} after step {step}")
         finally:

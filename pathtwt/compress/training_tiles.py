@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from pathtwt.compress.augment import BatchAugmenter, step_seed
+from pathtwt.compress.stopping import training_worker_init
 from pathtwt.errors import ConfigError, PathtwtError, SlideError
 from pathtwt.wsi.coords_tiles import cv2_pool_stopped, reader_worker_init  # noqa: F401 - cv2_pool_stopped: used with loader()
 from pathtwt.wsi.slides import Slide
@@ -302,7 +303,7 @@ def loader(items: TrainingItems, sampler: MicroBatches, *, workers: int, pin_mem
     """Batches of this rank's tiles; iterate it inside :func:`cv2_pool_stopped` when
     ``workers`` > 0."""
     return torch.utils.data.DataLoader(
-        items, batch_sampler=sampler, num_workers=workers, worker_init_fn=reader_worker_init if workers else None,
+        items, batch_sampler=sampler, num_workers=workers, worker_init_fn=training_worker_init if workers else None,
         prefetch_factor=4 if workers else None, pin_memory=pin_memory, persistent_workers=False,
     )
 

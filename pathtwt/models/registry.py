@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from pathtwt.devices import resolve_device
+from pathtwt.devices import check_device_name, use_device
 from pathtwt.errors import WeightsError
 from pathtwt.models.encoders import BACKBONES
 from pathtwt.models.spec import BackboneSpec
@@ -234,7 +234,9 @@ def create_backbone(
 
     ``pretrained=False`` builds the exact architecture with random weights drawn with
     ``init_seed`` (for tests and benchmarks; the global RNG is left untouched).
-    ``device="auto"`` picks CUDA when available. Parameters are frozen (eval mode).
+    ``device``: the process's device as :func:`pathtwt.devices.use_device` decided it (the
+    commands pass theirs); ``"auto"`` asks it here, for library callers. Parameters are
+    frozen (eval mode).
     ``mean``/``std`` replace the spec's normalisation (``--mean/--std``, for ``timm:NAME``
     models trained with another one). ``precision``: ``--precision`` as
     :func:`pathtwt.models.precision.resolve_precision` reads it for inference; the weights'
@@ -242,7 +244,8 @@ def create_backbone(
     """
     import torch
 
-    device = resolve_device(device)
+    # taken as decided: resolving again here would claim or check a GPU a second time
+    device = use_device("auto") if str(device) == "auto" else check_device_name(str(device))
 
     from pathtwt.models.transform import TileTransform, data_config
 

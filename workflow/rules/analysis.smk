@@ -18,7 +18,7 @@ rule analyze_norms:
         ),
     params:
         backbone=lambda wc: get_backbone_args(wc.backbone),
-        device=config["compress"]["device"],
+        device=get_rule_device("analyze_norms"),
     log:
         "logs/analysis/{backbone}/norms.log",
     threads: 2
@@ -73,7 +73,7 @@ for _analysis, _summary in (("intrinsic-dim", "intrinsic_dim.json"), ("stability
             f"results/analysis/{{backbone}}/{{variant}}/{_analysis}/{_summary}",
         params:
             backbone=lambda wc: get_backbone_args(wc.backbone),
-            device=config["compress"]["device"],
+            device=get_rule_device(f"analyze_{_analysis.replace('-', '_')}"),
             # Snakemake re-evaluates the shell expression when the job runs, after the loop
             # has moved on: the loop variable must reach the command through params.
             analysis=_analysis,

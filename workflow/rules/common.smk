@@ -36,7 +36,10 @@ try:
 
     check_extra_args(config, source=CONFIG_SOURCE)
 except ConfigError as exc:
-    raise WorkflowError(str(exc)) from None
+    # A bad config is the user's to fix, not a workflow bug: its message alone, without the
+    # traceback frame Snakemake prints for a WorkflowError raised here.
+    print(f"Error: {exc}", file=sys.stderr)
+    sys.exit(1)
 
 # The rules that declare a GPU and the config section whose `device` they run on.
 GPU_RULE_DEVICES = {
@@ -46,12 +49,17 @@ GPU_RULE_DEVICES = {
 }
 
 
+def get_rule_device(name):
+    """The `device` of the GPU rule `name`, from its config section (named once in GPU_RULE_DEVICES)."""
+    return config[GPU_RULE_DEVICES[name]]["device"]
+
+
 include: "snakemake_internals.smk"
 
 
 keep_cpu_stages_off_gpus(GPU_RULE_DEVICES)
+check_local_gpus()  # first: a local run's GPU limit, which give_compress_its_gpus reads
 give_compress_its_gpus()
-check_local_gpus()
 
 
 onstart:
@@ -60,6 +68,20 @@ onstart:
 
 # The jobs' environment under --use-conda (relative to workflow/rules/, where the rules are).
 CONDA_ENV = f"../envs/{config['conda_env']}.yaml"
+
+
+def _jobs_software():
+    """Where the jobs' torch comes from, in words: the image, the conda env, or this environment."""
+    methods = {str(m).rsplit(".", 1)[-1].lower() for m in getattr(workflow.deployment_settings, "deployment_method", ())}
+    if "apptainer" in methods and config.get("container"):
+        return f"the image {config['container']}"
+    if "conda" in methods:
+        return f"workflow/envs/{config['conda_env']}.yaml"
+    return f"this environment (with --use-conda: workflow/envs/{config['conda_env']}.yaml)"
+
+
+if not workflow.remote_exec:
+    logger.info(f"pathtwt workflow: jobs run in {_jobs_software()}")
 
 
 wildcard_constraints:

@@ -67,7 +67,7 @@ rule discover:
         tokens=config["discovery"]["tokens"],
         seed=config["calibration"]["seed"],
         batch_size=config["discovery"]["batch_size"],
-        device=config["compress"]["device"],
+        device=get_rule_device("discover"),
     # the longest chain of the study (calibrate -> discover -> compress -> extract -> MIL):
     # started before the teacher's own extraction jobs, which nothing waits on as long
     priority: 10
@@ -105,7 +105,7 @@ rule compress:
         budget=get_compress_budget_args,
         stream=get_compress_stream_args,
         settings=get_compress_settings_args,
-        device=config["compress"]["device"],
+        device=get_rule_device("compress"),
         cpu_ranks=config["compress"]["cpu_ranks"],
         extra=get_compress_extra_args,
     # the longest chain of the study (calibrate -> discover -> compress -> extract -> MIL):
@@ -123,12 +123,10 @@ rule compress:
     conda:
         CONDA_ENV
     shell:
-        # MIOpen (ROCm, e.g. LUMI) keeps its kernel database in $HOME unless told otherwise,
-        # which 8 ranks on a node (and Lustre) handle badly: node-local /tmp instead
-        "export MIOPEN_USER_DB_PATH=\"${{MIOPEN_USER_DB_PATH:-/tmp/miopen-${{USER:-pathtwt}}-${{SLURM_JOB_ID:-local}}}}\";"
-        " export MIOPEN_CUSTOM_CACHE_DIR=\"$MIOPEN_USER_DB_PATH\";"
+        # MIOpen's caches (ROCm): every rank points them at node-local storage itself,
+        # pathtwt.devices.use_node_local_miopen_cache, the one place
         # ranks: one per GPU the job got; on CPU (device cpu) compress.cpu_ranks gloo ranks
-        " ranks={resources.gpu}; if [ {params.device} = cpu ]; then ranks={params.cpu_ranks}; fi;"
+        "ranks={resources.gpu}; if [ {params.device} = cpu ]; then ranks={params.cpu_ranks}; fi;"
         # on GPUs through pathtwt.devices: it claims that many free GPUs of a shared machine
         # (none where SLURM chose them) and refuses more than the machine has, in one line
         " if [ \"$ranks\" -gt 1 ]; then run=\"torchrun --standalone --nproc-per-node $ranks -m pathtwt\";"

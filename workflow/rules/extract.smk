@@ -28,7 +28,8 @@ if config["extract"]["per_slide_jobs"]:
         params:
             model=get_model_args,
             batch_size=config["extract"]["batch_size"],
-            device=config["extract"]["device"],
+            device=get_rule_device("extract"),
+            decode=config["extract"]["decode"],
             failures=get_failures_arg,
             workers=get_workers,
         log:
@@ -44,7 +45,8 @@ if config["extract"]["per_slide_jobs"]:
             CONDA_ENV
         shell:
             "pathtwt extract {input.slide} --coords {input.coords} --out {output.features} {params.model}"
-            " --batch-size {params.batch_size} --device {params.device} --workers {params.workers}"
+            " --batch-size {params.batch_size} --device {params.device} --decode {params.decode}"
+            " --workers {params.workers}"
             " {params.failures} --no-progress > {log} 2>&1"
 
 else:
@@ -75,7 +77,8 @@ else:
         params:
             model=get_model_args,
             batch_size=config["extract"]["batch_size"],
-            device=config["extract"]["device"],
+            device=get_rule_device("extract"),
+            decode=config["extract"]["decode"],
             failures=get_failures_arg,
             workers=get_workers,
         log:
@@ -89,7 +92,8 @@ else:
             CONDA_ENV
         shell:
             "pathtwt extract --manifest {input.manifest} {params.model}"
-            " --batch-size {params.batch_size} --device {params.device} --workers {params.workers}"
+            " --batch-size {params.batch_size} --device {params.device} --decode {params.decode}"
+            " --workers {params.workers}"
             " {params.failures} --no-progress > {log} 2>&1"
 
 

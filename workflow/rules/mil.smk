@@ -20,7 +20,7 @@ rule train_mil:
         external=get_external_args,
         overrides=get_mil_override_args,
         seeds=" ".join(str(s) for s in config["mil"]["seeds"]),
-        device=config["mil"]["device"],
+        device=get_rule_device("train_mil"),
         failed=config["mil"]["failed_slides"],
         extra=config["mil"]["extra_args"],
         fold=get_fold_arg,

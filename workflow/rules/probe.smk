@@ -14,7 +14,7 @@ rule probe:
         model=get_model_args,
         probe=get_probe_args,
         batch_size=config["extract"]["batch_size"],
-        device=config["extract"]["device"],
+        device=get_rule_device("probe"),
     log:
         "logs/probes/{backbone}/{variant}/{probe}.log",
     threads: config["extract"]["threads"]

@@ -7,6 +7,7 @@ import snakemake as _snakemake
 
 # the Snakemake major these patches were written against and tested with
 TESTED_SNAKEMAKE_MAJOR = 9
+_SAID = set()
 
 
 def _internals_tested(what):
@@ -18,6 +19,9 @@ def _internals_tested(what):
         major = None
     if major == TESTED_SNAKEMAKE_MAJOR:
         return True
+    if what in _SAID:  # one line per patch, however often it is asked
+        return False
+    _SAID.add(what)
     logger.info(
         f"pathtwt workflow: Snakemake {version} is not the tested major {TESTED_SNAKEMAKE_MAJOR}; "
         f"{what} is left to Snakemake's default"
@@ -54,7 +58,11 @@ def keep_cpu_stages_off_gpus(rule_devices):
 
 
 def on_cluster():
-    """A cluster profile gives every job a partition; a local run has none."""
+    """A cluster profile gives every job a partition; a local run has none. That is read
+    from the parsed profile (private), which also holds in a dry run; on an untested major,
+    the executor's public flag (a dry run through a cluster profile then counts as local)."""
+    if not _internals_tested("telling a cluster profile from a local run by its partition"):
+        return not getattr(workflow, "local_exec", True)
     default = getattr(workflow.resource_settings, "_parsed_default_resources", None)
     return default is not None and "slurm_partition" in default
 
@@ -70,6 +78,10 @@ def give_compress_its_gpus():
     gpus = int(config["compress"]["gpus"])
     if gpus <= 1 or str(config["compress"]["device"]).lower() == "cpu" or workflow.remote_exec:
         return
+    # nothing is changed before the guard: on another major the run keeps Snakemake's own
+    # limits (a too-small gpu limit then leaves the compress job unscheduled, not mangled)
+    if not _internals_tested("scaling the profile's compress settings to compress.gpus"):
+        return
     # the profiles' `resources: gpu=1` (one GPU per group job) caps every job's gpu: lift it
     limit = workflow.global_resources
     if "gpu" in limit and int(limit["gpu"].value) < gpus:
@@ -77,8 +89,6 @@ def give_compress_its_gpus():
             raise WorkflowError(f"compress.gpus {gpus}: the run allows gpu={limit['gpu'].value}; "
                                 f"give --resources gpu={gpus} or more (at most the machine's GPUs)")
         limit["gpu"] = gpus
-    if not _internals_tested("scaling the profile's compress settings to compress.gpus"):
-        return
     from snakemake.resources import Resource
 
     settings = workflow.resource_settings
@@ -93,15 +103,23 @@ def give_compress_its_gpus():
 
 
 def check_local_gpus():
-    """A local run asking for more GPUs than the machine shows: one line, before any job."""
-    from pathtwt.devices import check_local_gpu_resource
+    """A local run starts at most one GPU job per visible GPU unless `--resources gpu=N`
+    says otherwise (pathtwt.devices.local_gpu_jobs), and says so in one line at the start;
+    N above the machine's GPUs is one line, before any job. Called before
+    give_compress_its_gpus, which reads the limit."""
+    from pathtwt.devices import local_gpu_jobs
 
-    if on_cluster() or workflow.remote_exec:
+    if workflow.remote_exec or on_cluster():
         return
     try:
-        check_local_gpu_resource(workflow.resource_settings.resources.get("gpu"))
+        limit, line = local_gpu_jobs(workflow.resource_settings.resources.get("gpu"))
     except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
+    if limit is not None:
+        if not _internals_tested("one GPU job per visible GPU"):
+            return
+        workflow.register_resource("gpu", limit)
+    logger.info(line)
 
 
 def wake_local_scheduler_on_job_events_only():

@@ -79,8 +79,9 @@ class BlockwiseRollout:
                 rolled = rolled + mse(z, targets[i])
             rolled = rolled / (e - s + 1)
             total = total + (1 - p) * forced + p * rolled
-            forced_sum += float(forced.detach())
-            rolled_sum += float(rolled.detach())
+            # float64 tensors (the sums Python floats would give), read by the loop once a step
+            forced_sum = forced_sum + forced.detach().double()
+            rolled_sum = rolled_sum + rolled.detach().double()
         return total, {"forced": forced_sum, "rollout": rolled_sum, "rollout_weight": p}
 
 

@@ -67,7 +67,7 @@ class FinalEmbeddingLoss:
 
     def loss(self, student: nn.Module, x: torch.Tensor, targets: list[torch.Tensor], step: int) -> tuple[torch.Tensor, dict[str, float]]:
         loss = nn.functional.mse_loss(self._embedding(student, x), targets[0])
-        return loss, {"final": float(loss.detach())}
+        return loss, {"final": loss.detach()}
 
 
 def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions) -> Path | None:
