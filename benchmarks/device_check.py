@@ -14,7 +14,7 @@ fits a 10-minute slot. The JSON is rewritten after every phase. All weights are 
 depend on them. Printed as one table, one row per measurement:
 
 - ``forward``: tiles/s of the backbone forward alone (in-memory tensors, the tile
-  embedding concat(CLS, mean patch) included) of H0-mini (12 layers) and of TWT-5 and
+  embedding concat(CLS, mean patch) included) of H0-mini (12 layers) and of TWT-6 and
   TWT-4 students, each built as an exported student is: the plain timm ViT of the
   teacher's architecture at that depth. Every precision (fp32, bf16, fp16 on GPU; the
   model's weights cast, no autocast) and batch size, eager and under ``torch.compile``
@@ -22,8 +22,10 @@ depend on them. Printed as one table, one row per measurement:
   the time budget leaves).
 - ``extract``: end-to-end tiles/s of pathtwt's own extraction (``extract_slide``: the
   slide read and decoded by DataLoader workers, bf16 autocast as ``--precision auto``
-  runs it) from the real SVS at 0, 4 and 8 workers; next to it ``loader`` (the same
-  DataLoader, no model) says whether the loader or the model is the bound.
+  runs it) from the real SVS, for the teacher and its TWT-6 student, with a GPU job's
+  default readers (the cores minus one) and CPU and nvJPEG decode (``--decode cpu|gpu``);
+  each row says what share of its model-only bf16 rate it reaches. ``loader`` (the same
+  DataLoader, no model) is the readers' own rate.
 - ``distill``: optimiser steps/s of TWT-5 against the H0-mini teacher in bf16 through
   ``pathtwt.compress.distill.distill`` (teacher forward + student forward and backward
   each step): with augmentation in the loader workers as a compress job runs it, and
@@ -108,6 +110,8 @@ class Settings:
     compile_depths: list[int]
     compile_backend: str
     workers: list[int]
+    extract_depths: list[int]  # the teacher and the student the end-to-end rows compare
+    decodes: list[str]  # pathtwt extract --decode values the extraction rows run
     extract_tiles: int
     extract_batch: int
     distill_batch: int
@@ -124,15 +128,18 @@ def settings_for(device: str, args: argparse.Namespace) -> Settings:
     s = Settings(
         device=device,
         backbone="h0-mini" if gpu else "h0-mini-tiny",
-        depths=[12, 5, 4],
+        depths=[12, 6, 4],
         precisions=["fp32", "bf16", "fp16"] if gpu else ["fp32", "bf16"],
         batches=[64, 128, 256, 512] if gpu else [8, 32],
         compile_batch=256 if gpu else 32,
         compile_precisions=["bf16", "fp16", "fp32"] if gpu else ["fp32"],
         # an inductor compile of the tiny 12-layer model takes over a minute on 2 busy cores
-        compile_depths=[12, 5, 4] if gpu else [4],
+        compile_depths=[12, 6, 4] if gpu else [4],
         compile_backend=args.compile_backend,
-        workers=[0, 4, 8] if gpu else [0, 1],
+        # a GPU job's default readers (the job's cores minus one), and one
+        workers=[max(1, cores - 1)] if gpu else [0, 1],
+        extract_depths=[12, 6],
+        decodes=["cpu", "gpu"] if gpu else ["cpu"],
         extract_tiles=2048 if gpu else 128,
         extract_batch=256 if gpu else 32,
         distill_batch=128 if gpu else 8,
@@ -151,6 +158,8 @@ def settings_for(device: str, args: argparse.Namespace) -> Settings:
         s.precisions = args.precisions.split(",")
     if args.workers:
         s.workers = [int(w) for w in args.workers.split(",")]
+    if args.decodes:
+        s.decodes = args.decodes.split(",")
     if args.no_compile:
         s.compile_batch = None
     elif args.compile_batch is not None:
@@ -410,57 +419,78 @@ def write_slide_coords(path: Path, n_tiles: int, tile: int) -> Path:
 
 
 def measure_extract(run: Run) -> None:
+    """End to end against model-only: the teacher and its TWT-6 student read from the real
+    SVS with the job's readers, CPU and (on a GPU) nvJPEG decode; the loader alone beside."""
+    import dataclasses
+
     from pathtwt.features.extract import AutoPrecision, ExtractJob, JobTiles, extract_slide, prepare_slide
     from pathtwt.models.embedding import DEFAULT_RECIPE
     from pathtwt.wsi.coords_tiles import reader_worker_init
     from pathtwt.models.flops import count_macs
-    from pathtwt.models.registry import create_backbone
+    from pathtwt.models.registry import build_timm_model, create_backbone
 
     s = run.s
     if not SLIDE.is_file():
         run.add(Row(kind="extract", model="teacher-12", precision="bf16-autocast", batch=s.extract_batch,
                     note=f"skipped: {SLIDE} absent"))
         return
-    backbone = create_backbone(s.backbone, pretrained=False, device=s.device, precision="fp32")
-    flops = 2.0 * count_macs(backbone.model)
+    teacher = create_backbone(s.backbone, pretrained=False, device=s.device, precision="fp32")
     bf16 = AutoPrecision(bf16=True, note="device check")
     with tempfile.TemporaryDirectory() as tmp:
-        coords = write_slide_coords(Path(tmp) / "coords.h5", s.extract_tiles, backbone.spec.input_size)
-        warm = write_slide_coords(Path(tmp) / "warm.h5", 2 * s.extract_batch, backbone.spec.input_size)
+        coords = write_slide_coords(Path(tmp) / "coords.h5", s.extract_tiles, teacher.spec.input_size)
+        warm = write_slide_coords(Path(tmp) / "warm.h5", 2 * s.extract_batch, teacher.spec.input_size)
+        for depth in s.extract_depths:
+            label = model_label(depth, teacher.spec.depth)
+            # a student costs what the plain timm ViT of its depth costs: weights do not matter
+            backbone = teacher if depth == teacher.spec.depth else dataclasses.replace(
+                teacher, model=build_timm_model(teacher.spec, depth=depth).to(s.device).eval())
+            flops = 2.0 * count_macs(backbone.model)
+            model_only = _model_only_rate(run, label, s.extract_batch)
+            for decode in s.decodes:
+                for workers in s.workers:
+                    row = Row(kind="extract", model=label, precision="bf16-autocast", batch=s.extract_batch,
+                              workers=workers, extra={"decode": decode})
+                    if run.out_of_time():
+                        row.note = "skipped: time budget"
+                        run.add(row)
+                        continue
+                    try:
+                        with run.memory(row):
+                            out = Path(tmp) / f"features-{label}-{decode}-{workers}.h5"
+                            kw = dict(batch_size=s.extract_batch, workers=workers, progress=False,
+                                      auto_precision=bf16, decode=decode)
+                            extract_slide(SLIDE, warm, out, backbone, **kw)  # warm-up (and kernels chosen)
+                            summary = extract_slide(SLIDE, coords, out, backbone, **kw)
+                        row.tiles_per_s = summary["tiles_per_s"]
+                        run.rate(row, flops)
+                        if model_only:
+                            row.extra["of_model_only"] = round(row.tiles_per_s / model_only, 3)
+                        row.note = f"decode {decode}" + (f", {row.extra['of_model_only']:.2f} of model-only"
+                                                         if model_only else "")
+                    except Exception as exc:  # noqa: BLE001
+                        row.note = _error(exc)
+                    run.add(row)
+        # the loader alone, the same DataLoader: reading, decoding and normalising, no model
         for workers in s.workers:
-            if run.out_of_time():
-                run.add(Row(kind="extract", model="teacher-12", precision="bf16-autocast", batch=s.extract_batch,
-                            workers=workers, note="skipped: time budget"))
-                continue
-            row = Row(kind="extract", model="teacher-12", precision="bf16-autocast", batch=s.extract_batch,
-                      workers=workers)
+            loader_row = Row(kind="loader", model="-", precision="-", batch=s.extract_batch, workers=workers,
+                             extra={"decode": "cpu"})
             try:
-                with run.memory(row):
-                    out = Path(tmp) / f"features{workers}.h5"
-                    extract_slide(SLIDE, warm, out, backbone, batch_size=s.extract_batch, workers=workers,
-                                  progress=False, auto_precision=bf16)  # warm-up (and kernels chosen)
-                    summary = extract_slide(SLIDE, coords, out, backbone, batch_size=s.extract_batch,
-                                            workers=workers, progress=False, auto_precision=bf16)
-                row.tiles_per_s = summary["tiles_per_s"]
-                run.rate(row, flops)
-            except Exception as exc:  # noqa: BLE001
-                row.note = _error(exc)
-            # the loader alone, the same DataLoader: reading, decoding and normalising, no model
-            loader_row = Row(kind="loader", model="-", precision="-", batch=s.extract_batch, workers=workers)
-            try:
-                prepared = prepare_slide(ExtractJob(SLIDE, coords, Path(tmp) / "unused.h5"), backbone,
+                prepared = prepare_slide(ExtractJob(SLIDE, coords, Path(tmp) / "unused.h5"), teacher,
                                          DEFAULT_RECIPE, True, None)
-                loader_row.tiles_per_s = _loader_rate(JobTiles([prepared], backbone.transform),
+                loader_row.tiles_per_s = _loader_rate(JobTiles([prepared], teacher.transform),
                                                       s.extract_batch, workers, run.gpu, reader_worker_init)
-                if row.tiles_per_s:
-                    bound = "loader" if loader_row.tiles_per_s < 1.25 * row.tiles_per_s else "model"
-                    row.note = f"bound: {bound} (loader alone {loader_row.tiles_per_s:.0f} tiles/s)"
             except Exception as exc:  # noqa: BLE001
                 loader_row.note = _error(exc)
             run.add(loader_row)
-            run.add(row)
-    del backbone
+    del teacher, backbone
     _free(run)
+
+
+def _model_only_rate(run: Run, label: str, batch: int) -> float | None:
+    """The forward phase's bf16 rate of ``label`` at the batch size nearest ``batch``."""
+    rows = [r for r in run.rows if r.kind == "forward" and r.model == label and r.precision == "bf16"
+            and not r.compiled and r.tiles_per_s]
+    return min(rows, key=lambda r: abs((r.batch or 0) - batch)).tiles_per_s if rows else None
 
 
 def _loader_rate(dataset, batch: int, workers: int, pin: bool, worker_init) -> float:
@@ -655,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", default=None)
     ap.add_argument("--precisions", default=None, help="comma list of fp32,bf16,fp16 (fp16 on GPU only)")
     ap.add_argument("--workers", default=None, help="extraction loader workers to try, comma list")
+    ap.add_argument("--decodes", default=None, help="extraction decoders to try, comma list of cpu,gpu")
     ap.add_argument("--extract-tiles", type=int, default=None)
     ap.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
     ap.add_argument("--compile-batch", type=int, default=None)

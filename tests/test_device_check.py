@@ -62,7 +62,7 @@ def test_cpu_mode_table(tmp_path, capsys):
 
     forward = [r for r in rows if r["kind"] == "forward"]
     assert {(r["model"], r["precision"]) for r in forward} == {
-        (m, p) for m in ("teacher-12", "twt-5", "twt-4") for p in ("fp32", "bf16")
+        (m, p) for m in ("teacher-12", "twt-6", "twt-4") for p in ("fp32", "bf16")
     }
     for r in forward:
         assert r["batch"] == 8 and not r["compiled"]
@@ -86,11 +86,17 @@ def test_cpu_mode_table(tmp_path, capsys):
         assert len(extract) == 1 and extract[0]["note"].startswith("skipped")
         return
     loaders = [r for r in rows if r["kind"] == "loader"]
-    assert [r["workers"] for r in extract] == [0, 1] == [r["workers"] for r in loaders]
+    # the teacher and its TWT-6 student end to end, CPU decode (no GPU here), at 0 and 1 readers
+    assert [(r["model"], r["extra"]["decode"], r["workers"]) for r in extract] == [
+        ("teacher-12", "cpu", 0), ("teacher-12", "cpu", 1), ("twt-6", "cpu", 0), ("twt-6", "cpu", 1)]
+    assert [r["workers"] for r in loaders] == [0, 1]
     for r in extract + loaders:
         assert _positive(r["tiles_per_s"]), r
     for r in extract:
-        assert r["note"].startswith("bound: ") and _positive(r["tflops"])
+        # each row as a share of its own model-only bf16 rate from the forward phase
+        model_only = next(f["tiles_per_s"] for f in forward if f["model"] == r["model"] and f["precision"] == "bf16")
+        assert r["extra"]["of_model_only"] == pytest.approx(r["tiles_per_s"] / model_only, abs=1e-3)
+        assert r["note"] == f"decode cpu, {r['extra']['of_model_only']:.2f} of model-only" and _positive(r["tflops"])
 
 
 def test_cpu_compiled_row(tmp_path):

@@ -119,8 +119,9 @@ def test_fidelity_table_centred_measures_and_reference_rows(report):
 def test_page_shows_both_tables_after_the_mil_tables(report):
     page = (report / "index.html").read_text()
     assert page.index("Task: grading") < page.index("<h2>Tile probe</h2>") < page.index("<h2>Fidelity</h2>")
-    # teacher, floor and chance; three fidelity references; the MIL chance row of the empty task is not drawn
-    assert page.count("<tr class='reference'>") == 3 + 3
+    # teacher, floor and chance; three fidelity references, in the summary part and again in
+    # its per-layer part; the MIL chance row of the empty task is not drawn
+    assert page.count("<tr class='reference'>") == 3 + 3 + 3
     assert "0.910 [0.860, 0.950]" in page
 
 

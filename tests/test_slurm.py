@@ -296,6 +296,8 @@ def test_compress_job_runs_two_data_parallel_ranks_through_slurm(cluster, tmp_pa
         # this cluster has no GPUs: the GPU rules run on its one partition, on CPU
         "--set-resources", *(f"{rule}:{key}" for rule in ("discover", "compress")
                              for key in (f"slurm_partition={PARTITION}", "gpu=0", "mem_mb=1500")),
+        # the profile asks 8 cores per GPU job; this node has 2, and SLURM would hold the jobs forever
+        "--set-threads", "discover=2", "compress=2",
         "--slurm-init-seconds-before-status-checks", "2", "--latency-wait", "5", "--jobs", "4",
         # the tile group job tiles one slide at a time, so it fits this small node's cores
         "--resources", "cpu_slots=1",

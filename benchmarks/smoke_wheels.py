@@ -1,0 +1,282 @@
+"""The wheels the GPU smoke run carries: what pathtwt and the demo workflow need that the
+GPU machine's image lacks, for its Python 3.12 on manylinux x86_64.
+
+The image cannot reach a registry, so everything it lacks travels in the carried folder
+(``.smoke_data/wheels``) and is installed there with ``pip --no-index --no-deps --target``.
+The list is a lock, ``benchmarks/gpu_smoke_wheels.json``: each wheel's name, version, file,
+sha256 and requirements, so that a test can check without the network that the carried
+wheels plus the image's packages (``benchmarks/gpu_image_packages.txt``) satisfy every
+requirement, and ``gpu_smoke --prepare`` can fetch exactly those files.
+
+    python benchmarks/smoke_wheels.py --relock     # resolve anew (needs PyPI), rewrite the lock
+    python benchmarks/smoke_wheels.py --check      # the lock against the image, offline
+
+Versions are those of the environment running ``--relock`` where they satisfy the
+requirement (the versions the test suite ran with), else the newest that does. A package
+published only as a source distribution is built into a wheel here, and must be pure
+Python (``py3-none-any``) to travel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import subprocess
+import sys
+import tempfile
+import tomllib
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+LOCK = HERE / "gpu_smoke_wheels.json"
+IMAGE = HERE / "gpu_image_packages.txt"
+PYTHON = "3.12"
+# the image's interpreter, for environment markers
+MARKER_ENV = {
+    "python_version": PYTHON, "python_full_version": "3.12.3", "implementation_name": "cpython",
+    "platform_python_implementation": "CPython", "implementation_version": "3.12.3", "os_name": "posix",
+    "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64", "platform_release": "",
+    "platform_version": "", "extra": "",
+}
+# pip matches manylinux_2_N exactly: every N a wheel of these packages is published for
+PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_27_x86_64",
+             "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux_2_35_x86_64",
+             "manylinux1_x86_64"]
+LIMIT_BYTES = 60 * 2**20  # the wheels' share of the 64 MiB that travel with the working tree
+# the smoke run's own needs beyond pathtwt's: the demo workflow (the runner, not the SLURM plugin)
+RUNNER = ("snakemake>=9,<10",)
+# requirements that do not travel, each with why the smoke run does without it
+LEFT_OUT = {
+    # 16 MiB of CBC solver binaries for every platform; the demo's DAG is small and gpu_smoke
+    # runs it with --scheduler greedy, which never imports pulp (Snakemake imports it lazily)
+    "pulp": "snakemake's ILP scheduler: the smoke run schedules greedily",
+}
+
+
+@dataclass(frozen=True)
+class Wheel:
+    name: str  # canonical project name
+    version: str
+    file: str
+    sha256: str
+    requires: tuple[str, ...]  # Requires-Dist, as written
+    size: int = 0  # bytes
+    built: bool = False  # built here from the only published source distribution
+
+
+def image_packages(path: Path = IMAGE) -> dict[str, str | None]:
+    """Canonical name -> version (None where the image's version was not read)."""
+    out: dict[str, str | None] = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            out[canonicalize_name(name)] = version or None
+    return out
+
+
+def needed() -> list[Requirement]:
+    """pathtwt's own requirements and the runner's."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return [Requirement(r) for r in (*project["dependencies"], *RUNNER)]
+
+
+def load_lock(path: Path = LOCK) -> list[Wheel]:
+    return [Wheel(**{**w, "requires": tuple(w["requires"])}) for w in json.loads(path.read_text())["wheels"]]
+
+
+def applies(req: Requirement, extras: frozenset[str] = frozenset()) -> bool:
+    """Whether ``req`` is wanted on the image's Python, for a package asked with ``extras``."""
+    if req.marker is None:
+        return True
+    return any(req.marker.evaluate({**MARKER_ENV, "extra": e}) for e in (extras or {""}))
+
+
+def _wanted(wheels: list[Wheel]) -> list[tuple[str, Requirement]]:
+    """(who asks, requirement) for pathtwt, the runner and every carried wheel, each wheel's
+    requirements read with the extras its requirers ask for."""
+    asks = [("pathtwt", r) for r in needed() if applies(r)]
+    extras: dict[str, set[str]] = {}
+    changed = True
+    while changed:  # extras pull requirements in, which may ask for more extras
+        changed = False
+        for w in wheels:
+            for text in w.requires:
+                r = Requirement(text)
+                if applies(r, frozenset(extras.get(w.name, ()))) and (w.name, r) not in asks:
+                    asks.append((w.name, r))
+        for _owner, r in asks:
+            name = canonicalize_name(r.name)
+            if not set(r.extras) <= extras.setdefault(name, set()):
+                extras[name] |= set(r.extras)
+                changed = True
+    return asks
+
+
+def unmet(wheels: list[Wheel], image: dict[str, str | None]) -> list[str]:
+    """Every requirement of pathtwt, the runner and each carried wheel that neither the
+    carried wheels nor the image satisfy, one line each; empty when all are met."""
+    have = {w.name: w.version for w in wheels}
+    problems = [f"{n}: carried and in the image (two versions stop the install)"
+                for n in sorted(set(have) & set(image))]
+    for owner, req in _wanted(wheels):
+        name = canonicalize_name(req.name)
+        if name in LEFT_OUT:
+            continue
+        if name not in have and name not in image:
+            problems.append(f"{owner} needs {req}: neither carried nor in the image")
+            continue
+        version = have.get(name) or image.get(name)
+        if version is not None and not req.specifier.contains(Version(version), prereleases=True):
+            problems.append(f"{owner} needs {req}: {name} {version} is what travels or is there")
+    return problems
+
+
+def _pip(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def _platform_args() -> list[str]:
+    out = ["--python-version", PYTHON, "--implementation", "cp", "--only-binary=:all:"]
+    for p in PLATFORMS:
+        out += ["--platform", p]
+    return out
+
+
+def download(spec: str, dest: Path) -> Path | None:
+    """The wheel pip picks for ``spec`` on the image's Python, into ``dest``; None if none."""
+    before = set(dest.glob("*.whl"))
+    res = _pip("download", "-q", "--no-deps", *_platform_args(), "-d", str(dest), spec)
+    new = sorted(set(dest.glob("*.whl")) - before)
+    return new[0] if res.returncode == 0 and new else None
+
+
+def build(spec: str, dest: Path) -> Path | None:
+    """A pure-Python wheel built here from ``spec``'s source distribution."""
+    before = set(dest.glob("*.whl"))
+    res = _pip("wheel", "-q", "--no-deps", "--no-binary=:all:", "-w", str(dest), spec)
+    new = sorted(set(dest.glob("*.whl")) - before)
+    if res.returncode != 0 or not new:
+        return None
+    if not new[0].name.endswith("-py3-none-any.whl"):
+        raise SystemExit(f"smoke_wheels: {spec} has no wheel for Python {PYTHON} and builds only {new[0].name}, "
+                         "which does not run on the image")
+    return new[0]
+
+
+def metadata(wheel: Path) -> tuple[str, str, tuple[str, ...]]:
+    with zipfile.ZipFile(wheel) as z:
+        text = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    field = lambda key: [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(key + ":")]  # noqa: E731
+    return canonicalize_name(field("Name")[0]), field("Version")[0], tuple(field("Requires-Dist"))
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _pinned(req: Requirement) -> str:
+    """``req`` pinned to this environment's version where it satisfies it (tested here)."""
+    try:
+        version = importlib.metadata.version(req.name)
+    except importlib.metadata.PackageNotFoundError:
+        return str(Requirement(f"{req.name}{req.specifier}"))
+    if req.specifier.contains(Version(version), prereleases=True):
+        return f"{req.name}=={version}"
+    return str(Requirement(f"{req.name}{req.specifier}"))
+
+
+def relock(dest: Path) -> list[Wheel]:
+    """Resolve what the image lacks, breadth first, downloading (or building) each wheel."""
+    image = image_packages()
+    wheels: dict[str, Wheel] = {}
+    queue: list[tuple[Requirement, frozenset[str]]] = [(r, frozenset()) for r in needed()]
+    done: set[tuple[str, frozenset[str]]] = set()
+    while queue:
+        req, extras = queue.pop(0)
+        name = canonicalize_name(req.name)
+        if not applies(req, extras) or name in image or name in LEFT_OUT or (name, frozenset(req.extras)) in done:
+            continue
+        done.add((name, frozenset(req.extras)))
+        if name in wheels:
+            if not req.specifier.contains(Version(wheels[name].version), prereleases=True):
+                raise SystemExit(f"smoke_wheels: {req} conflicts with {name} {wheels[name].version} already chosen")
+        else:
+            spec = _pinned(req)
+            path = download(spec, dest)
+            built = path is None
+            path = path or build(spec, dest)
+            if path is None:
+                raise SystemExit(f"smoke_wheels: no wheel or source distribution of {spec} for Python {PYTHON}")
+            got, version, requires = metadata(path)
+            wheels[name] = Wheel(got, version, path.name, sha256(path), requires, path.stat().st_size, built)
+            print(f"  {path.name}{' (built)' if built else ''}", flush=True)
+        for r in wheels[name].requires:
+            queue.append((Requirement(r), frozenset(req.extras)))
+    return sorted(wheels.values(), key=lambda w: w.name)
+
+
+def fetch(wheels: list[Wheel], dest: Path) -> list[str]:
+    """Download (or build) each locked wheel into ``dest``; the problems, one line each."""
+    dest.mkdir(parents=True, exist_ok=True)
+    problems = []
+    for w in wheels:
+        target = dest / w.file
+        if not (target.is_file() and sha256(target) == w.sha256):
+            with tempfile.TemporaryDirectory() as tmp:
+                spec = f"{w.name}=={w.version}"
+                path = build(spec, Path(tmp)) if w.built else download(spec, Path(tmp))
+                if path is None or path.name != w.file:
+                    problems.append(f"{w.file}: not found for Python {PYTHON} ({spec}); the lock names a wheel "
+                                    "the registry does not serve: run benchmarks/smoke_wheels.py --relock")
+                    continue
+                path.replace(target)
+        if not w.built and sha256(target) != w.sha256:
+            problems.append(f"{w.file}: sha256 differs from the lock's; run benchmarks/smoke_wheels.py --relock")
+    stray = sorted({p.name for p in dest.glob("*.whl")} - {w.file for w in wheels})
+    for name in stray:
+        (dest / name).unlink()  # two versions of a package stop the install
+    return problems
+
+
+def install_command(wheels: Path, target: Path, python: str = "python3") -> list[str]:
+    """How the smoke run installs the carried wheels on the image: nothing from a registry,
+    no dependency resolution (the lock did it), the image's own torch left as it is."""
+    return [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+            "--upgrade", "--target", str(target), *sorted(str(p) for p in wheels.glob("*.whl"))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--relock", action="store_true", help="resolve anew from PyPI and rewrite the lock")
+    ap.add_argument("--check", action="store_true", help="check the lock against the image's packages")
+    args = ap.parse_args(argv)
+    if args.relock:
+        with tempfile.TemporaryDirectory() as tmp:
+            wheels = relock(Path(tmp))
+        size = sum(w.size for w in wheels)
+        LOCK.write_text(json.dumps({"python": PYTHON, "platforms": PLATFORMS, "bytes": size,
+                                    "wheels": [asdict(w) for w in wheels]}, indent=1) + "\n")
+        print(f"smoke_wheels: {len(wheels)} wheels, {size / 2**20:.1f} MiB -> {LOCK}")
+        if size > LIMIT_BYTES:
+            print(f"smoke_wheels: over the {LIMIT_BYTES // 2**20} MiB the wheels may take", file=sys.stderr)
+            return 1
+    problems = unmet(load_lock(), image_packages())
+    for line in problems:
+        print(f"smoke_wheels: {line}", file=sys.stderr)
+    if not problems:
+        print(f"smoke_wheels: every requirement met by the {len(load_lock())} carried wheels and the image")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
