@@ -48,9 +48,7 @@ def test_tiny_variants_keep_the_structure():
     for name in ("h0-mini-tiny", "hibou-b-tiny", "vit-s14-tiny"):
         spec, big = get_spec(name), get_spec(name.replace("-tiny", "") if "vit" not in name else "vit-s14-imgfocus")
         assert (spec.embed_dim, spec.depth, spec.input_size, spec.num_patch_tokens) == (64, 12, 56, 16)
-        assert (spec.num_prefix_tokens, spec.timm_name, spec.weights_layout) == (
-            big.num_prefix_tokens, big.timm_name, big.weights_layout
-        )
+        assert (spec.num_prefix_tokens, spec.timm_name, spec.hub_file) == (big.num_prefix_tokens, big.timm_name, big.hub_file)
 
 
 def test_unknown_backbone_lists_close_matches_or_all(tmp_path):

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from pathtwt.mil.models import ABMIL, NystromAttention, TransMIL, build_head, iterative_pinv
+from pathtwt.mil.heads import build_head
+from pathtwt.mil.models import ABMIL, NystromAttention, TransMIL, iterative_pinv
 from pathtwt.mil.train import torch_threads
 
 

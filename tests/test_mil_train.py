@@ -16,7 +16,7 @@ from pathtwt.cli import main
 from pathtwt.errors import NumericsError
 from pathtwt.io.h5 import read_features, write_features
 from pathtwt.mil.data import prepare_data
-from pathtwt.mil.models import build_head
+from pathtwt.mil.heads import build_head
 from pathtwt.mil.protocols import make_config
 from pathtwt.mil.run import run_mil
 from pathtwt.mil.train import torch_threads

@@ -34,6 +34,9 @@ ARCH = {
     "hibou-l": (14, 1024, 24, 16, 5472, "swiglu-packed", True, 4, False, False, "hibou", 1024),
     "kaiko-vitb8": (8, 768, 12, 12, 3072, "gelu", False, 0, True, True, "kaiko", 768),
 }
+# published in Hugging Face's Dinov2 layout (converted on load, chosen by its keys); the
+# others publish timm's
+HF_PUBLISHED = {"phikon-v2", "hibou-l"}
 NORMS = {
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
     "h-optimus": ((0.707223, 0.578729, 0.703617), (0.211883, 0.230117, 0.177517)),
@@ -150,7 +153,7 @@ def test_tiny_double_keeps_the_structure(name):
     big, tiny = get_spec(name), get_spec(f"{name}-tiny")
     patch = int(big.timm_kwargs["patch_size"])
     assert (tiny.embed_dim, tiny.depth, tiny.num_patch_tokens, tiny.input_size) == (64, 12, 16, 4 * patch)
-    same = ("timm_name", "num_prefix_tokens", "num_register_tokens", "weights_layout", "mlp", "mean", "std",
+    same = ("timm_name", "num_prefix_tokens", "num_register_tokens", "mlp", "mean", "std",
             "embedding_recipe", "hub_file")
     assert all(getattr(tiny, k) == getattr(big, k) for k in same)
     for key in ("patch_size", "init_values", "reg_tokens", "no_embed_class", "dynamic_img_size"):
@@ -208,8 +211,8 @@ def _write(name: str, spec, state: dict, folder) -> object:
     """``state`` (timm names) written the way ``name``'s publisher ships its checkpoint."""
     from safetensors.torch import save_file
 
-    if spec.weights_layout.startswith("hf-dinov2"):
-        state = timm_to_hf_dinov2(state, registers=spec.weights_layout == "hf-dinov2-registers")
+    if name in HF_PUBLISHED:
+        state = timm_to_hf_dinov2(state, registers=bool(spec.num_register_tokens))
     path = folder / spec.hub_file
     if path.suffix == ".bin":
         torch.save(state, path)

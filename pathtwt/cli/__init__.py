@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from pathtwt.mil.heads import display_list as _head_names
+
 # subcommand -> module under pathtwt.cli, in workflow order
 COMMANDS: dict[str, str] = {
     "demo": "demo",
@@ -41,7 +43,7 @@ SUMMARIES: dict[str, str] = {
     "discover": "layer-similarity matrix and the exact min-max partition into blocks",
     "compress": "compress a backbone (TWT or a comparison method) and export a timm ViT",
     "labels": "build a cohort's slide_id,label,split table from its published metadata",
-    "train-mil": "train and evaluate an ABMIL, TransMIL or meanpool slide head on frozen features",
+    "train-mil": f"train and evaluate an {_head_names()} slide head on frozen features",
     "summarize-mil": "mean +- std of MIL metrics over seeds",
     "analyze": "norm growth, eps sensitivity, intrinsic dimension and stability analyses",
     "probe": "logistic-regression and kNN probes of a backbone's tile embeddings on labelled tiles",

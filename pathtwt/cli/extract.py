@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from pathtwt.models.recipes import DEFAULT_RECIPE, RECIPES
+
 from pathtwt.cli.options import (
     add_device_argument, add_normalisation_arguments, add_progress_argument, add_threads_argument, add_workers_argument,
     backbone_help, normalisation, show_progress,
@@ -32,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--random-init", action="store_true", help="the architecture with random weights (tests and offline demos)"
     )
     parser.add_argument(
-        "--embedding", default="cls+mean", choices=["cls+mean", "cls"],
+        "--embedding", default=DEFAULT_RECIPE, choices=RECIPES,
         help="tile embedding: concat(CLS, mean of patch tokens) (2 x width, the paper's) or the CLS token alone "
         "(1 x width, as TRIDENT)",
     )

@@ -14,12 +14,13 @@ HELP = ("draw a trained MIL head's attention over a slide at a chosen resolution
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pathtwt.explain.heatmap import DEFAULT_ALPHA, DEFAULT_CMAP, DEFAULT_MPP, MAX_PIXELS
+    from pathtwt.mil.heads import attention_names
 
     parser.add_argument("slide", metavar="SLIDE", help="the slide the coords file was made from")
     parser.add_argument("--coords", required=True, metavar="COORDS.h5", help="its coords file (pathtwt tile)")
     parser.add_argument("--features", required=True, metavar="FEATURES.h5", help="its features file (pathtwt extract)")
     parser.add_argument("--run", required=True, metavar="RUN_DIR",
-                        help="a run folder of pathtwt train-mil (checkpoint.pt); an abmil or transmil head")
+                        help=f"a run folder of pathtwt train-mil (checkpoint.pt); an {' or '.join(attention_names())} head")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder")
     parser.add_argument("--slide-id", default=None, help="name of the outputs (default: the features file's name)")
     parser.add_argument("--mpp", type=float, default=DEFAULT_MPP, help="resolution of the heatmap in um/px")

@@ -17,6 +17,7 @@ from pathtwt.cli.options import (
     show_progress,
 )
 # a folder given as SLIDE: its files (and OME-Zarr stores) of every slide format
+from pathtwt.models.recipes import DEFAULT_RECIPE, RECIPES
 from pathtwt.wsi.formats import SLIDE_SUFFIXES, is_folder_slide
 
 HELP = ("tile, embed and classify new slides with a backbone variant and one or more trained MIL runs; "
@@ -41,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: a temporary folder, removed at the end)")
     parser.add_argument("--coords-dir", default=None, metavar="DIR",
                         help="where the coords files of newly tiled slides go (default: next to the features, in coords/)")
-    parser.add_argument("--embedding", default=None, choices=("cls+mean", "cls"),
+    parser.add_argument("--embedding", default=None, choices=RECIPES,
                         help="tile embedding (default: the one the runs were trained on, else cls+mean)")
     parser.add_argument("--mpp", type=float, default=None,
                         help="tile resolution in um/px (default: the runs' training features', else 0.5)")
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     n_classes = classes.pop()
     args.mpp = args.mpp or _common(heads, "target_mpp") or TILING_DEFAULTS.target_mpp
     args.tile_size = args.tile_size or _common(heads, "patch_size") or TILING_DEFAULTS.tile_size
-    embedding = args.embedding or _common(heads, "embedding_recipe") or "cls+mean"
+    embedding = args.embedding or _common(heads, "embedding_recipe") or DEFAULT_RECIPE
     roi_dir = Path(args.roi) if args.roi and Path(args.roi).is_dir() else None
     if args.roi and roi_dir is None and len(slides) > 1:
         raise PathtwtError(f"--roi {args.roi}: one file for {len(slides)} slides; give a folder of <slide_id>.geojson files")
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         todo = {s: p for s, p in slides.items() if not (features_dir / f"{s}.h5").is_file()}
         if todo:
             from pathtwt.cli.extract import load_backbone
-            from pathtwt.models.embedding import embedding_dim
+            from pathtwt.models.recipes import embedding_dim
 
             backbone, autocast = load_backbone(args, device)
             # refuse a mismatched head before any slide is tiled or embedded

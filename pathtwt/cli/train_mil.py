@@ -1,4 +1,4 @@
-"""pathtwt train-mil: train and evaluate an ABMIL or TransMIL slide head on frozen features."""
+"""pathtwt train-mil: train and evaluate a slide head (pathtwt.mil.heads) on frozen features."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 from pathtwt.cli.options import add_device_argument, add_progress_argument, add_threads_argument, show_progress
+from pathtwt.mil import heads
 
-HELP = "train and evaluate an ABMIL or TransMIL slide head on frozen tile features (grading or metastasis protocol)"
+HELP = f"train and evaluate an {heads.display_list()} slide head on frozen tile features (grading or metastasis protocol)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,8 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labels", required=True, type=Path, help="label table CSV: slide_id,label,split (train/val/test)")
     parser.add_argument("--protocol", required=True, choices=("grading", "metastasis"), help="preset of the paper's training protocol")
     parser.add_argument(
-        "--aggregator", default="abmil", choices=("abmil", "transmil", "meanpool"),
-        help="slide head; meanpool: logistic regression on the standardised mean tile embedding, C chosen on val",
+        "--aggregator", default=heads.DEFAULT_HEAD, choices=heads.names(),
+        help=f"slide head; {heads.summaries()}",
     )
     parser.add_argument(
         "--fold", type=int, default=None, metavar="F",
@@ -85,7 +86,7 @@ def preset_defaults(flag: str) -> str:
 
 def _help_value(name: str, value) -> str:
     if value is None:  # fields whose None means "the head decides"
-        return {"dropout": "the head's (ABMIL 0.25, TransMIL 0.1)", "landmarks": "hidden-dim / 2",
+        return {"dropout": f"the head's ({heads.default_dropouts()})", "landmarks": "hidden-dim / 2",
                 "max_instances": "all tiles"}.get(name, "none")
     if isinstance(value, bool):
         return "on" if value else "off"

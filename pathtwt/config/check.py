@@ -48,7 +48,38 @@ def load_schema() -> dict:
     from importlib.resources import files
 
     package, name = SCHEMA_RESOURCE
-    return with_stage_defaults(yaml.safe_load(files(package).joinpath(name).read_text(encoding="utf-8")))
+    schema = yaml.safe_load(files(package).joinpath(name).read_text(encoding="utf-8"))
+    return with_compression_methods(with_mil_heads(with_stage_defaults(schema)))
+
+
+def with_compression_methods(schema: dict) -> dict:
+    """``schema`` with ``variants.NAME.method`` naming the methods of the registry
+    (:data:`pathtwt.compress.registry.METHODS`) after the two reference rows, ``none`` (the
+    uncompressed teacher) and ``random-init``, so a new method is accepted from its entry."""
+    from pathtwt.compress.registry import METHODS
+
+    node = schema["properties"]["variants"]["additionalProperties"]["properties"]["method"]
+    if "enum" in node:
+        raise ValueError("schema.yaml: variants.NAME.method has an enum of its own; it comes from "
+                         "pathtwt/compress/registry.py")
+    node["enum"] = ["none", RANDOM_INIT_VARIANT, *METHODS]
+    return schema
+
+
+def with_mil_heads(schema: dict) -> dict:
+    """``schema`` with ``mil.heads`` naming the heads of the registry
+    (:mod:`pathtwt.mil.heads`): the enum, the default and one line per head in the
+    description, so a new head is accepted, defaulted and documented from its entry alone."""
+    from pathtwt.mil import heads
+
+    node = schema["properties"]["mil"]["properties"]["heads"]
+    for key in ("enum", "default"):
+        if key in node or key in node["items"]:
+            raise ValueError(f"schema.yaml: mil.heads has an {key} of its own; it comes from pathtwt/mil/heads.py")
+    node["items"]["enum"] = list(heads.names())
+    node["default"] = heads.workflow_default()
+    node["description"] = f"{node['description']}; {heads.summaries()}."
+    return schema
 
 
 def stage_defaults() -> dict[tuple[str, ...], dict[str, Any]]:

@@ -21,7 +21,7 @@ import torch
 from pathtwt.errors import PathtwtError
 from pathtwt.io.torch_files import load_torch_file
 from pathtwt.mil.data import features_provenance
-from pathtwt.mil.models import AGGREGATORS, build_head
+from pathtwt.mil.heads import build_head, has_attention, is_buildable
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -29,7 +29,7 @@ CHECKPOINT = "checkpoint.pt"
 @dataclass
 class TrainedHead:
     run_dir: Path
-    model: torch.nn.Module | None  # None: an aggregator this module cannot rebuild
+    model: torch.nn.Module | None  # None: a head that is not a torch module (pathtwt.mil.heads)
     aggregator: str
     in_dim: int
     n_classes: int
@@ -41,7 +41,7 @@ class TrainedHead:
 
     @property
     def has_attention(self) -> bool:
-        return self.aggregator in AGGREGATORS
+        return has_attention(self.aggregator)
 
 
 def _nested_runs(run_dir: Path) -> list[str]:
@@ -69,7 +69,7 @@ def load_head(run_dir: str | os.PathLike, device: str | torch.device = "cpu") ->
     config = state.get("config") or {}
     provenance = dict(state.get("features") or {}) or _provenance_from_metrics(run_dir)
     model = None
-    if aggregator in AGGREGATORS:
+    if is_buildable(aggregator):
         model = build_head(
             aggregator, in_dim=int(state["in_dim"]), n_classes=int(state["n_classes"]),
             hidden_dim=int(config.get("hidden_dim", 512)), dropout=0.0,

@@ -1,7 +1,8 @@
 """A slide head applied to one bag of tile features: the class probabilities and the
 per-tile score a heatmap shows.
 
-The per-tile score is the head's own attention (:mod:`pathtwt.mil.models`):
+The per-tile score is the head's own attention (:mod:`pathtwt.mil.models`), captioned by
+its registry entry's ``attention`` line (:mod:`pathtwt.mil.heads`):
 
 - ABMIL: the gated attention weights, a softmax over the slide's tiles (they sum to 1);
 - TransMIL: the class token's attention row over the tiles in the *first* Nystrom layer,
@@ -23,11 +24,10 @@ import torch
 
 from pathtwt.errors import PathtwtError
 from pathtwt.explain.runs import TrainedHead
+from pathtwt.mil import heads as mil_heads
 
-ATTRIBUTION = {
-    "abmil": "ABMIL gated attention weights (softmax over the slide's tiles)",
-    "transmil": "TransMIL class-token attention row of the first Nystrom layer, mean over heads",
-}
+# head name -> what its per-tile score is, for the heatmap and montage captions
+ATTRIBUTION = {h.name: h.attention for h in mil_heads.HEADS if h.attention is not None}
 
 
 @dataclass
@@ -66,6 +66,6 @@ def attention_for_heatmap(head: TrainedHead, features: np.ndarray) -> SlideScore
     if not head.has_attention:
         raise PathtwtError(
             f"--run {head.run_dir}: a {head.aggregator} head has no per-tile attention, so no heatmap; "
-            "give an abmil or transmil run"
+            f"give a run of a head with attention ({' or '.join(mil_heads.attention_names())})"
         )
     return score_bag(head, features)

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from pathtwt.io import layout
+from pathtwt.mil import heads
 
-HEADS = ("abmil", "transmil", "meanpool")
+# a run folder's {head} component is a head's registry name
+HEADS = heads.names()
 _SEED = re.compile(r"^seed(\d+)$")
 _FOLD = re.compile(r"^fold(\d+)$")
 

@@ -12,14 +12,26 @@ it loads with ``torch.load(weights_only=True)``; :func:`predict` applies it.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from pathtwt.mil.data import Cohort, MILData, load_bag
 from pathtwt.mil.metrics import slide_metrics
-from pathtwt.mil.protocols import MILConfig
 
 C_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 MAX_ITER = 5000
+
+
+class FitOptions(Protocol):
+    """What the fit reads of a :class:`~pathtwt.mil.protocols.MILConfig`. Not the class
+    itself: the head registry names this module and the config's default names the
+    registry's head, so importing protocols here would close an import cycle."""
+
+    aggregator: str
+    seed: int
+    class_weighted: bool
+    selection_metric: str
 
 
 def bag_means(cohort: Cohort) -> np.ndarray:
@@ -63,7 +75,7 @@ def fit_head(x_train: np.ndarray, y_train: np.ndarray, c: float, *, class_weight
             "classes": torch.from_numpy(model.classes_.astype(np.int64))}
 
 
-def fit_meanpool(data: MILData, config: MILConfig) -> tuple[dict, dict, dict[str, np.ndarray]]:
+def fit_meanpool(data: MILData, config: FitOptions) -> tuple[dict, dict, dict[str, np.ndarray]]:
     """(checkpoint state, summary with the per-C validation history, probabilities of
     every evaluated cohort under the selected C)."""
     x_train = bag_means(data.train)
@@ -73,7 +85,7 @@ def fit_meanpool(data: MILData, config: MILConfig) -> tuple[dict, dict, dict[str
     history, fitted = [], []
     for i, c in enumerate(C_GRID):
         head = fit_head(x_train, y_train, c, class_weighted=config.class_weighted, seed=config.seed)
-        state = {"model": head, "aggregator": "meanpool", "n_classes": data.n_classes, "in_dim": data.dim, "C": c}
+        state = {"model": head, "aggregator": config.aggregator, "n_classes": data.n_classes, "in_dim": data.dim, "C": c}
         metrics = slide_metrics(val.labels, predict(head, data.n_classes, means[val.name]), data.n_classes)
         history.append({"epoch": i + 1, "C": c, "val": metrics})
         fitted.append(state)

@@ -1,6 +1,6 @@
-"""Slide heads in plain torch. Both take one bag of tile features (N, D) (or (1, N, D))
-and return ``(logits (1, C), attention (N,))``: the per-tile attention scores used for
-heatmaps. Neither fixes a device: they run wherever their parameters are moved.
+"""Slide heads in plain torch, each registered by name in :mod:`pathtwt.mil.heads`. Both
+take one bag of tile features (N, D) (or (1, N, D)) and return ``(logits (1, C), attention
+(N,))``: the per-tile attention scores used for heatmaps. Neither fixes a device: they run wherever their parameters are moved.
 
 - :class:`ABMIL`: gated attention pooling (Ilse et al., 2018).
 - :class:`TransMIL`: projection, class token, square-grid padding, two Nystrom-attention
@@ -15,9 +15,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-AGGREGATORS = ("abmil", "transmil")
-
 
 def _as_bag(features: torch.Tensor) -> torch.Tensor:
     if features.dim() == 2:
@@ -205,9 +202,14 @@ class TransMIL(nn.Module):
         return logits, attention
 
 
-def build_head(aggregator: str, *, in_dim: int, n_classes: int, hidden_dim: int, dropout: float, heads: int = 8, landmarks: int | None = None) -> nn.Module:
-    if aggregator == "abmil":
-        return ABMIL(in_dim=in_dim, n_classes=n_classes, hidden_dim=hidden_dim, attention_dim=max(1, hidden_dim // 2), dropout=dropout)
-    if aggregator == "transmil":
-        return TransMIL(in_dim=in_dim, n_classes=n_classes, hidden_dim=hidden_dim, heads=heads, landmarks=landmarks, dropout=dropout)
-    raise ValueError(f"unknown aggregator {aggregator!r}; choose one of {AGGREGATORS}")
+# The registry's builders (pathtwt.mil.heads): every head is called with the same keywords
+# and takes the ones it has.
+
+
+def build_abmil(*, in_dim: int, n_classes: int, hidden_dim: int, dropout: float, **_: object) -> ABMIL:
+    return ABMIL(in_dim=in_dim, n_classes=n_classes, hidden_dim=hidden_dim, attention_dim=max(1, hidden_dim // 2), dropout=dropout)
+
+
+def build_transmil(*, in_dim: int, n_classes: int, hidden_dim: int, dropout: float, heads: int = 8,
+                   landmarks: int | None = None, **_: object) -> TransMIL:
+    return TransMIL(in_dim=in_dim, n_classes=n_classes, hidden_dim=hidden_dim, heads=heads, landmarks=landmarks, dropout=dropout)

@@ -7,11 +7,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from pathtwt.mil.heads import DEFAULT_HEAD
+
 
 @dataclass(frozen=True)
 class MILConfig:
     protocol: str = "grading"
-    aggregator: str = "abmil"
+    aggregator: str = DEFAULT_HEAD
     seed: int = 0
     epochs: int = 20
     lr: float = 1e-4
@@ -26,7 +28,7 @@ class MILConfig:
     eval_each_epoch: str = "val"  # cohorts evaluated after every epoch: "val" or "all"
     max_instances: int | None = None  # random tiles per training bag per epoch (None: all)
     hidden_dim: int = 512
-    dropout: float | None = None  # None: the head's default (ABMIL 0.25, TransMIL 0.1)
+    dropout: float | None = None  # None: the head's default (its registry entry's dropout)
     heads: int = 8  # TransMIL attention heads
     landmarks: int | None = None  # TransMIL Nystrom landmarks (None: hidden_dim // 2)
     n_classes: int | None = None  # None: from the label table (max label + 1)

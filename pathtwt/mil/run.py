@@ -28,6 +28,7 @@ from pathtwt import __version__
 from pathtwt.devices import device_provenance
 from pathtwt.io.atomic import atomic_output, write_json_atomic
 from pathtwt.mil.data import MILData, features_provenance
+from pathtwt.mil.heads import get_head
 from pathtwt.mil.protocols import MILConfig
 from pathtwt.mil.train import RESUME_FILE, Evaluation, evaluate, fit
 
@@ -49,11 +50,12 @@ def run_mil(
     out_dir.mkdir(parents=True, exist_ok=True)
     # what the head was trained on, so `pathtwt predict` can refuse another backbone or embedding
     provenance = features_provenance(data.train.bags[0].path) if data.train.bags else {}
-    if config.aggregator == "meanpool":
-        from pathtwt.mil.meanpool import fit_meanpool
+    head = get_head(config.aggregator)
+    fit_at_once = head.fitter
+    if fit_at_once is not None:  # fitted in one go, not by the epoch loop
         from pathtwt.mil.metrics import slide_metrics
 
-        checkpoint, summary, probs = fit_meanpool(data, config)
+        checkpoint, summary, probs = fit_at_once(data, config)
         checkpoint = {**checkpoint, "config": config.to_dict(), "selected_epoch": summary["selected_epoch"]}
         evaluations = [Evaluation(cohort=c, probs=probs[c.name], metrics=slide_metrics(c.labels, probs[c.name], data.n_classes))
                        for c in data.evaluated]
@@ -88,7 +90,7 @@ def run_mil(
         "features": provenance,
         "selected_epoch": summary["selected_epoch"],
         "selection": {
-            "rule": config.selection if config.aggregator != "meanpool" else "best C",
+            "rule": head.selection or config.selection,
             "metric": f"val {config.selection_metric}",
             "window": config.selection_window if config.selection == "moving-average" else 1,
             "fallback_to_last": summary["selection_fallback_to_last"],

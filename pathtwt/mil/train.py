@@ -22,13 +22,12 @@ from pathtwt.errors import ConfigError, NumericsError
 from pathtwt.io.atomic import atomic_output
 from pathtwt.io.torch_files import load_torch_file
 from pathtwt.mil.data import Cohort, MILData, load_bag
+from pathtwt.mil.heads import build_head, get_head
 from pathtwt.mil.metrics import slide_metrics
-from pathtwt.mil.models import build_head
 from pathtwt.mil.protocols import MILConfig
 from pathtwt.mil.selection import select_epoch
 
 RESUME_FILE = "resume.pt"
-DEFAULT_DROPOUT = {"abmil": 0.25, "transmil": 0.1}
 
 
 @dataclass
@@ -56,7 +55,7 @@ def torch_threads(threads: int | None) -> Iterator[None]:
 
 def make_model(config: MILConfig, data: MILData) -> torch.nn.Module:
     torch.manual_seed(config.seed)
-    dropout = DEFAULT_DROPOUT[config.aggregator] if config.dropout is None else config.dropout
+    dropout = get_head(config.aggregator).dropout if config.dropout is None else config.dropout
     model = build_head(
         config.aggregator,
         in_dim=data.dim,

@@ -14,21 +14,7 @@ from __future__ import annotations
 import torch
 
 from pathtwt.errors import PathtwtError
-
-RECIPES = ("cls+mean", "cls")
-DEFAULT_RECIPE = "cls+mean"
-
-
-def check_recipe(recipe: str) -> str:
-    if recipe not in RECIPES:
-        raise PathtwtError(f"embedding recipe {recipe!r} is unknown; use one of {', '.join(RECIPES)}")
-    return recipe
-
-
-def embedding_dim(width: int, recipe: str = DEFAULT_RECIPE) -> int:
-    """Width of the tile embedding of a ``width``-wide ViT under ``recipe``."""
-    return (2 if check_recipe(recipe) == "cls+mean" else 1) * int(width)
-
+from pathtwt.models.recipes import DEFAULT_RECIPE, RECIPES, check_recipe, embedding_dim  # noqa: F401 - the recipes' names
 
 def pool_tokens(tokens: torch.Tensor, num_prefix_tokens: int, recipe: str = DEFAULT_RECIPE) -> torch.Tensor:
     """(B, T, D) tokens laid out [CLS, registers..., patches...] -> (B, 2 * D) float32 for

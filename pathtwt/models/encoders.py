@@ -49,10 +49,6 @@ H0_MINI = BackboneSpec(
     input_size=224,
     mean=H_OPTIMUS_MEAN,
     std=H_OPTIMUS_STD,
-    num_prefix_tokens=5,
-    num_register_tokens=4,
-    embed_dim=768,
-    depth=12,
     hub_id="hf-hub:bioptimus/H0-mini",
     default_weights="h0-mini.safetensors",
     mlp="swiglu-packed",
@@ -67,7 +63,6 @@ HIBOU_B = dataclasses.replace(
     mean=HIBOU_MEAN,
     std=HIBOU_STD,
     hub_id="hf-hub:histai/hibou-b",
-    weights_layout="hf-dinov2-registers",
     default_weights="hibou-b.safetensors",
     embedding_recipe="cls",  # the card's pooler_output: the normed CLS token
     licence="apache-2.0",
@@ -80,10 +75,9 @@ VIT_S14_IMGFOCUS = BackboneSpec(
     input_size=224,
     mean=IMAGENET_MEAN,
     std=IMAGENET_STD,
-    num_prefix_tokens=1,
-    num_register_tokens=0,
-    embed_dim=384,
-    depth=12,
+    # timm's vit_small_patch14_dinov2 defaults, left out of the kwargs as they always were
+    # (a variant's model.json and the teacher cache's key are read from them)
+    timm_defaults={"embed_dim": 384, "depth": 12},
     pathology=False,
     default_weights="vit_s14_imgfocus.safetensors",
 )
@@ -117,7 +111,6 @@ UNI = BackboneSpec(
     timm_kwargs=dict(img_size=224, patch_size=16, embed_dim=1024, depth=24, num_heads=16, init_values=1e-5,
                      num_classes=0, dynamic_img_size=True),
     input_size=224, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-    num_prefix_tokens=1, num_register_tokens=0, embed_dim=1024, depth=24,
     hub_id="hf-hub:MahmoodLab/UNI", hub_file="pytorch_model.bin", default_weights="uni/pytorch_model.bin",
     embedding_recipe="cls", licence="cc-by-nc-nd-4.0",
     card="https://huggingface.co/MahmoodLab/UNI",
@@ -134,7 +127,6 @@ UNI2_H = BackboneSpec(
                      mlp_ratio=2.66667 * 2, num_classes=0, no_embed_class=True, reg_tokens=8,
                      dynamic_img_size=True),
     input_size=224, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-    num_prefix_tokens=9, num_register_tokens=8, embed_dim=1536, depth=24,
     hub_id="hf-hub:MahmoodLab/UNI2-h", hub_file="pytorch_model.bin", default_weights="uni2-h/pytorch_model.bin",
     mlp="swiglu-packed", embedding_recipe="cls", licence="cc-by-nc-nd-4.0",
     card="https://huggingface.co/MahmoodLab/UNI2-h",
@@ -153,7 +145,6 @@ VIRCHOW2 = BackboneSpec(
     timm_kwargs=dict(img_size=224, patch_size=14, embed_dim=1280, depth=32, num_heads=16, init_values=1e-5,
                      mlp_ratio=5.3375, num_classes=0, no_embed_class=False, reg_tokens=4, dynamic_img_size=True),
     input_size=224, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-    num_prefix_tokens=5, num_register_tokens=4, embed_dim=1280, depth=32,
     hub_id="hf-hub:paige-ai/Virchow2", hub_file="pytorch_model.bin", default_weights="virchow2/pytorch_model.bin",
     mlp="swiglu-packed", embedding_recipe="cls+mean", licence="cc-by-nc-nd-4.0",
     card="https://huggingface.co/paige-ai/Virchow2",
@@ -170,7 +161,6 @@ H_OPTIMUS_0 = BackboneSpec(
                      mlp_ratio=2.66667 * 2, num_classes=0, global_pool="token", reg_tokens=4,
                      no_embed_class=True, dynamic_img_size=False),
     input_size=224, mean=H_OPTIMUS_MEAN, std=H_OPTIMUS_STD,
-    num_prefix_tokens=5, num_register_tokens=4, embed_dim=1536, depth=40,
     hub_id="hf-hub:bioptimus/H-optimus-0", hub_file="pytorch_model.bin",
     default_weights="h-optimus-0/pytorch_model.bin", mlp="swiglu-packed",
     embedding_recipe="cls", licence="apache-2.0", card="https://huggingface.co/bioptimus/H-optimus-0",
@@ -194,7 +184,6 @@ PROV_GIGAPATH = BackboneSpec(
     timm_kwargs=dict(img_size=224, patch_size=16, embed_dim=1536, depth=40, num_heads=24, init_values=1e-5,
                      mlp_ratio=5.33334, num_classes=0),
     input_size=224, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-    num_prefix_tokens=1, num_register_tokens=0, embed_dim=1536, depth=40,
     hub_id="hf-hub:prov-gigapath/prov-gigapath", hub_file="pytorch_model.bin",
     default_weights="prov-gigapath/pytorch_model.bin", mlp="swiglu-packed", embedding_recipe="cls",
     licence="apache-2.0", card="https://huggingface.co/prov-gigapath/prov-gigapath",
@@ -210,8 +199,7 @@ PHIKON_V2 = BackboneSpec(
     timm_kwargs=dict(img_size=224, patch_size=16, embed_dim=1024, depth=24, num_heads=16, init_values=1e-5,
                      mlp_ratio=4.0, num_classes=0),
     input_size=224, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-    num_prefix_tokens=1, num_register_tokens=0, embed_dim=1024, depth=24,
-    hub_id="hf-hub:owkin/phikon-v2", weights_layout="hf-dinov2", default_weights="phikon-v2/model.safetensors",
+    hub_id="hf-hub:owkin/phikon-v2", default_weights="phikon-v2/model.safetensors",
     embedding_recipe="cls", licence="other (see the model card)", card="https://huggingface.co/owkin/phikon-v2",
 )
 # Hibou-L: Hibou-B's design at ViT-L/14 (1024 wide, 24 deep, 16 heads), 4 registers, packed
@@ -223,7 +211,7 @@ HIBOU_L = dataclasses.replace(
     HIBOU_B,
     name="hibou-l",
     timm_kwargs={**_VIT_B14_REG4_SWIGLU, "embed_dim": 1024, "depth": 24, "num_heads": 16, "mlp_ratio": 5472 / 1024},
-    embed_dim=1024, depth=24, hub_id="hf-hub:histai/hibou-L", default_weights="hibou-l/model.safetensors",
+    hub_id="hf-hub:histai/hibou-L", default_weights="hibou-l/model.safetensors",
     card="https://huggingface.co/histai/hibou-L",
 )
 # kaiko ViT-B/8 ("Towards large-scale training of pathology foundation models"): timm's
@@ -237,7 +225,6 @@ KAIKO_VITB8 = BackboneSpec(
     timm_kwargs=dict(img_size=224, patch_size=8, embed_dim=768, depth=12, num_heads=12, num_classes=0,
                      dynamic_img_size=True),
     input_size=224, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
-    num_prefix_tokens=1, num_register_tokens=0, embed_dim=768, depth=12,
     hub_id="hf-hub:1aurent/vit_base_patch8_224.kaiko_ai_towards_large_pathology_fms",
     default_weights="kaiko-vitb8/model.safetensors", embedding_recipe="cls", licence="other (see the model card)",
     card="https://huggingface.co/1aurent/vit_base_patch8_224.kaiko_ai_towards_large_pathology_fms",
@@ -247,16 +234,13 @@ PATHOLOGY_ENCODERS = (UNI, UNI2_H, VIRCHOW2, H_OPTIMUS_0, H_OPTIMUS_1, PROV_GIGA
 
 def _tiny(spec: BackboneSpec, name: str) -> BackboneSpec:
     """The same structure (tokens, patch size, MLP type, LayerScale, registers, position
-    embedding layout, weights layout) at width 64, 4 heads, 12 blocks and a 4 x 4 patch grid
+    embedding layout, hub file) at width 64, 4 heads, 12 blocks and a 4 x 4 patch grid
     (56 px at patch 14, 64 px at 16, 32 px at 8), for fast tests. The MLP keeps its shape:
     GELU ratio 4; packed SwiGLU fc1 352 = 2 x 176, Hibou's rounding rule applied to width 64."""
-    patch = int(spec.timm_kwargs.get("patch_size", 14))
-    size = 4 * patch
+    size = 4 * spec.patch_size
     kwargs = {**spec.timm_kwargs, "embed_dim": 64, "num_heads": 4, "depth": 12, "img_size": size,
               "mlp_ratio": 352 / 64 if spec.mlp == "swiglu-packed" else 4.0}
-    return dataclasses.replace(
-        spec, name=name, timm_kwargs=kwargs, input_size=size, embed_dim=64, depth=12, hub_id=None, default_weights=None
-    )
+    return dataclasses.replace(spec, name=name, timm_kwargs=kwargs, input_size=size, hub_id=None, default_weights=None)
 
 
 BACKBONES: dict[str, BackboneSpec] = {

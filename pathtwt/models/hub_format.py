@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pathtwt.io.atomic import write_json_atomic, write_text_atomic
+from pathtwt.models.recipes import DEFAULT_RECIPE
 
 
 def hub_config(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -122,7 +123,7 @@ def model_card(meta: Mapping[str, Any]) -> str:
     lines += ["", "## Calibration cohort", "",
               "The tiles the student was fitted and measured on (sha256 of each file):", ""]
     lines += [f"- `{os.path.basename(src)}`: {sha}" for src, sha in sorted(calib.items())] or ["- (not recorded)"]
-    recipe = base.embedding_recipe if base else "cls+mean"
+    recipe = base.embedding_recipe if base else DEFAULT_RECIPE
     lines += ["", "## How to load", ""]
     if plain:
         lines += ["```python", "import timm", "from timm.data import create_transform, resolve_model_data_config", "",

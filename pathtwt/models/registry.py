@@ -32,6 +32,7 @@ from typing import Any, Mapping
 from pathtwt.devices import check_device_name, use_device
 from pathtwt.errors import WeightsError
 from pathtwt.models.encoders import BACKBONES
+from pathtwt.models.recipes import DEFAULT_RECIPE
 from pathtwt.models.spec import BackboneSpec
 from pathtwt.models.weights import load_state_dict_file, resolve_weights_path, state_dict_to_timm
 
@@ -94,6 +95,8 @@ def spec_from_variant(folder: str | os.PathLike) -> BackboneSpec:
     base = BACKBONES.get(meta.get("base_backbone", ""))
     kwargs = dict(meta["timm_kwargs"])
     depth = variant_depth(meta)
+    # model.json's top-level copies stand in for what the kwargs leave to the timm name's defaults
+    registers = int(meta.get("num_register_tokens", int(meta["num_prefix_tokens"]) - 1))
     return BackboneSpec(
         name=str(meta["name"]),
         timm_name=str(meta["timm_name"]),
@@ -101,10 +104,8 @@ def spec_from_variant(folder: str | os.PathLike) -> BackboneSpec:
         input_size=int(meta["input_size"]),
         mean=tuple(float(v) for v in meta["mean"]),
         std=tuple(float(v) for v in meta["std"]),
-        num_prefix_tokens=int(meta["num_prefix_tokens"]),
-        num_register_tokens=int(meta.get("num_register_tokens", int(meta["num_prefix_tokens"]) - 1)),
-        embed_dim=int(meta["embed_dim"]),
-        depth=12 if depth is None else depth,
+        timm_defaults={"embed_dim": int(meta["embed_dim"]), "depth": 12 if depth is None else depth,
+                       "reg_tokens": registers},
         default_precision=meta.get("default_precision", base.default_precision if base else "fp32"),
         pathology=bool(meta.get("pathology", base.pathology if base else True)),
         default_weights=str(folder / "model.safetensors"),
@@ -112,7 +113,7 @@ def spec_from_variant(folder: str | os.PathLike) -> BackboneSpec:
         layer_patches=dict(meta.get("layer_patches") or {}),
         variant_dir=str(folder),
         mlp=base.mlp if base else "gelu",
-        embedding_recipe=base.embedding_recipe if base else "cls+mean",
+        embedding_recipe=base.embedding_recipe if base else DEFAULT_RECIPE,
         licence=meta.get("licence", base.licence if base else None),
         card=base.card if base else None,
     )
@@ -212,7 +213,7 @@ class Backbone:
     def embedding_dim(self) -> int:
         return self.spec.embedding_dim
 
-    def embed_tiles(self, x, recipe: str = "cls+mean"):
+    def embed_tiles(self, x, recipe: str = DEFAULT_RECIPE):
         """(B, 3, H, W) normalised input -> float32 tile embeddings, (B, 2 * D) for the
         ``cls+mean`` recipe, (B, D) for ``cls`` (pathtwt.models.embedding)."""
         from pathtwt.models.embedding import embed_tiles
@@ -322,8 +323,7 @@ def fitting_backbones(state: Mapping[str, Any]) -> list[str]:
     registers = shapes.get("reg_token", (0, 0))[1]
     names = []
     for name, spec in BACKBONES.items():
-        key = (spec.embed_dim, int(spec.timm_kwargs.get("depth", spec.depth)), int(spec.timm_kwargs.get("patch_size", 14)),
-               spec.num_register_tokens)
+        key = (spec.embed_dim, spec.depth, spec.patch_size, spec.num_register_tokens)
         if key != (width, depth, patch, registers):
             continue  # only the few of the same width, depth, patch and registers are built
         try:

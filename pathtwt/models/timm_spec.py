@@ -58,10 +58,8 @@ def timm_spec(name: str) -> BackboneSpec:
         input_size=input_size,
         mean=tuple(float(v) for v in cfg.get("mean", (0.485, 0.456, 0.406))),
         std=tuple(float(v) for v in cfg.get("std", (0.229, 0.224, 0.225))),
-        num_prefix_tokens=prefix,
-        num_register_tokens=prefix - 1,
-        embed_dim=int(model.embed_dim),
-        depth=len(model.blocks),
+        # read from the model: the name's defaults, which the kwargs leave to timm
+        timm_defaults={"embed_dim": int(model.embed_dim), "depth": len(model.blocks), "reg_tokens": prefix - 1},
         mlp="swiglu-packed" if type(model.blocks[0].mlp).__name__ in ("GluMlp", "SwiGLUPacked") else "gelu",
         embedding_recipe="cls",
         card=f"timm model {model_name}",

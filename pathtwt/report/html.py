@@ -16,6 +16,7 @@ import numpy as np
 from pathtwt.explain.grid import attention_grid, grid_pitch, scale_scores
 from pathtwt.io.atomic import atomic_output
 from pathtwt.io.layout import UNCOMPRESSED
+from pathtwt.mil import heads as mil_heads
 
 THUMBNAILS_PER_COHORT = 3
 
@@ -113,8 +114,9 @@ def attention_figures(results: Path, out: Path, task: str, rows: list, n_slides:
     """Per evaluated cohort of the task, ``n_slides`` fixed slides (most tiles in the
     teacher's run), each one figure with the per-tile attention of every variant (columns)
     and head (rows), lowest seed, over the slide's thumbnail, with one colour bar."""
-    # meanpool has no attention
-    rows = [r for r in rows if getattr(r, "role", "variant") != "chance" and r.seeds and r.head != "meanpool"]
+    # a registered head without per-tile attention has nothing to draw
+    no_attention = set(mil_heads.names()) - set(mil_heads.attention_names())
+    rows = [r for r in rows if getattr(r, "role", "variant") != "chance" and r.seeds and r.head not in no_attention]
     if n_slides <= 0 or not rows:
         return []
     import h5py

@@ -8,6 +8,7 @@ from pathtwt.config import check as config_check
 from pathtwt.errors import ConfigError
 from pathtwt.io import layout
 from pathtwt.io.layout import RANDOM_INIT, UNCOMPRESSED
+from pathtwt.mil import heads as mil_heads
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
@@ -90,7 +91,7 @@ wildcard_constraints:
     backbone=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     variant=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     task=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
-    head=r"abmil|transmil|meanpool",
+    head=mil_heads.wildcard_pattern(),
     seed=r"\d+",
     fold=r"\d+",
     probe=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
@@ -680,8 +681,8 @@ def get_roi(wildcards):
     return [str(path)] if path is not None and path.is_file() else []
 
 
-# heads with per-tile attention (a mean-pooling head has no heatmap)
-HEATMAP_HEADS = ("abmil", "transmil")
+# heads with per-tile attention (a head without it has no heatmap)
+HEATMAP_HEADS = mil_heads.attention_names()
 
 
 def get_heatmap_slides(task):

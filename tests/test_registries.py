@@ -1,0 +1,222 @@
+"""The registries are the one place their entries are named: a MIL head's name is written
+as a string only in ``pathtwt/mil/heads.py`` (everything else reads the registry), the
+readers of the head registry agree with it, and the "where each extension goes" table of
+docs/development.md names files that exist and entries its registries hold."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import io
+import re
+import tokenize
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pathtwt.mil import heads
+
+ROOT = Path(__file__).resolve().parents[1]
+REGISTRY = ROOT / "pathtwt" / "mil" / "heads.py"
+# Lower case only: the registry names are lower-case identifiers; display names in prose
+# ("ABMIL", "TransMIL") are not a head's key. Word boundaries keep config keys such as
+# `transmil_heads` (a TransMIL option, not a head name) out.
+NAMES = re.compile(r"(?<![\w])(" + "|".join(re.escape(n) for n in heads.names()) + r")(?![\w])")
+# path relative to the repository -> why a head name may be written there. The shipped
+# configs (config/), the docs and the tests are outside the scan: they are the user's
+# choices and examples, not code that could disagree with the registry.
+ALLOWED: dict[str, str] = {}
+
+
+def package_files() -> list[Path]:
+    """The package's and the workflow's code and data files."""
+    files = [*ROOT.joinpath("pathtwt").rglob("*.py"), *ROOT.joinpath("pathtwt").rglob("*.yaml"),
+             *ROOT.joinpath("workflow").rglob("*.smk"), *ROOT.joinpath("workflow").rglob("*.py"),
+             *ROOT.joinpath("workflow").rglob("*.yaml"), ROOT / "Snakefile"]
+    return sorted(p for p in files if p != REGISTRY and "__pycache__" not in p.parts)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring nodes of a module and its classes and functions (prose, not a
+    value the code uses)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                found.add(id(first.value))
+    return found
+
+
+def string_literals(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string the file's code or data holds: Python string constants
+    (f-string parts included, docstrings left out), the string tokens of Snakemake files
+    (comments are not tokens of that kind) and every key and value of a YAML file."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".py":
+        tree = ast.parse(text, filename=str(path))
+        skip = _docstrings(tree)
+        return [(node.lineno, node.value) for node in ast.walk(tree)
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip]
+    if path.suffix in (".yaml", ".yml"):
+        out: list[tuple[int, str]] = []
+
+        def walk(node) -> None:
+            if isinstance(node, yaml.ScalarNode):
+                out.append((node.start_mark.line + 1, str(node.value)))
+            elif isinstance(node, yaml.SequenceNode):
+                for item in node.value:
+                    walk(item)
+            elif isinstance(node, yaml.MappingNode):
+                for key, value in node.value:
+                    walk(key)
+                    walk(value)
+
+        for document in yaml.compose_all(text, Loader=yaml.SafeLoader):
+            if document is not None:
+                walk(document)
+        return out
+    # Snakefile and .smk: Python's tokenizer reads their strings (the rule syntax is tokens too)
+    return [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+            if tok.type == tokenize.STRING]
+
+
+def head_names_written(path: Path) -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{line}: {literal.strip()[:80]!r}"
+            for line, literal in string_literals(path) if NAMES.search(literal)]
+
+
+def test_no_mil_head_name_is_written_outside_its_registry():
+    files = package_files()
+    # the readers that once held their own copy of the names are among the scanned files
+    scanned = {str(p.relative_to(ROOT)) for p in files}
+    assert {"workflow/rules/common.smk", "pathtwt/config/schema.yaml", "pathtwt/cli/train_mil.py",
+            "pathtwt/explain/scores.py", "pathtwt/mil/layout.py", "pathtwt/mil/train.py"} <= scanned
+    found = [hit for path in files if str(path.relative_to(ROOT)) not in ALLOWED for hit in head_names_written(path)]
+    assert not found, ("MIL head names written outside pathtwt/mil/heads.py (read them from the registry):\n"
+                       + "\n".join(found))
+
+
+def test_every_allowed_exception_still_exists_and_says_why():
+    for rel, reason in ALLOWED.items():
+        assert (ROOT / rel).is_file() and reason.strip(), rel
+        assert head_names_written(ROOT / rel), f"{rel} no longer writes a head name: drop its exception"
+
+
+def test_the_scan_sees_strings_and_ignores_prose_and_other_words(tmp_path):
+    """A test of the test: names in plain strings, f-strings, dict keys, Snakemake strings
+    and YAML values are found; docstrings, comments, identifiers and longer words are not."""
+    name = heads.names()[0]
+    code = tmp_path / "a.py"
+    code.write_text(f'"""The {name} head."""\n# {name}\nbuild_{name} = 1\nX = {{"{name}": 1}}\nY = f"a {{X}} {name}"\n'
+                    f'Z = "{name}_heads"\n')
+    assert [line for line, text in string_literals(code) if NAMES.search(text)] == [4, 5]
+    rules = tmp_path / "r.smk"
+    rules.write_text(f'# {name}\nrule a:\n    output: "x/{name}/y"\n    shell: "echo"\n')
+    assert [line for line, text in string_literals(rules) if NAMES.search(text)] == [3]
+    data = tmp_path / "s.yaml"
+    data.write_text(f"# {name}\nheads:\n  enum: [{name}]\n  {name}_heads: 1\n")
+    assert [line for line, text in string_literals(data) if NAMES.search(text)] == [3]
+
+
+# ---------------------------------------------------------------- readers of the head registry
+
+
+def test_the_command_line_and_the_config_offer_exactly_the_registered_heads():
+    import argparse
+
+    from pathtwt.cli import train_mil
+    from pathtwt.config.check import load_schema, validate_schema
+    from pathtwt.mil.protocols import MILConfig
+
+    parser = argparse.ArgumentParser()
+    train_mil.add_arguments(parser)
+    action = next(a for a in parser._actions if a.dest == "aggregator")
+    assert tuple(action.choices) == heads.names() and action.default == heads.DEFAULT_HEAD == MILConfig().aggregator
+    node = load_schema()["properties"]["mil"]["properties"]["heads"]
+    assert node["items"]["enum"] == list(heads.names())
+    assert node["default"] == heads.workflow_default() and node["default"]
+    assert all(h.summary in node["description"] for h in heads.HEADS)  # the config reference lists every head
+    with pytest.raises(Exception, match="is not one of"):
+        validate_schema({"mil": {"heads": ["no-such-head"]}}, source="test")
+
+
+def test_the_workflow_wildcard_matches_every_head_and_nothing_else():
+    pattern = re.compile(f"^(?:{heads.wildcard_pattern()})$")
+    assert all(pattern.match(n) for n in heads.names())
+    assert not any(pattern.match(n) for n in ("", "seed0", heads.names()[0] + "x", "x" + heads.names()[-1]))
+
+
+def test_every_head_resolves_and_the_explainers_read_the_registry():
+    from pathtwt.explain.scores import ATTRIBUTION
+
+    assert set(ATTRIBUTION) == set(heads.attention_names())
+    for head in heads.HEADS:
+        if head.build is not None:
+            model = heads.build_head(head.name, in_dim=8, n_classes=3, hidden_dim=16, dropout=0.0, heads=2, landmarks=4)
+            assert hasattr(model, "standardize")  # the epoch loop fits the input statistics
+            assert head.dropout is not None
+        else:
+            assert callable(head.fitter) and not heads.is_buildable(head.name)
+    with pytest.raises(ValueError, match="unknown aggregator"):
+        heads.get_head("no-such-head")
+
+
+def test_a_head_is_either_built_or_fitted():
+    with pytest.raises(ValueError, match="exactly one"):
+        heads.MILHead(name="x", display="X", summary="x")
+    with pytest.raises(ValueError, match="exactly one"):
+        heads.MILHead(name="x", display="X", summary="x", build="a:b", fit="a:c")
+
+
+# ---------------------------------------------------------------- where each extension goes
+
+DEVELOPMENT = ROOT / "docs" / "development.md"
+_CODE = re.compile(r"`([^`]+)`")
+_FILE = re.compile(r"^[\w.-]+(/[\w.-]+)+/?$")
+# "`SYMBOL` of `path/to/module.py`": the registry the row's entries are in
+_REGISTRY = re.compile(r"`(\w+)` of `([\w/.-]+\.py)`")
+
+
+def extension_table() -> list[dict[str, str]]:
+    """The rows of the table under "## Where each extension goes", by column name."""
+    text = DEVELOPMENT.read_text(encoding="utf-8")
+    section = text.split("## Where each extension goes", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+
+
+def _entries_of(registry) -> set[str]:
+    return set(registry) if isinstance(registry, Mapping) else {entry.name for entry in registry}
+
+
+def test_the_extension_table_covers_the_four_kinds():
+    assert [row["extension"] for row in extension_table()] == ["MIL head", "encoder", "compression method", "slide format"]
+
+
+@pytest.mark.parametrize("row", extension_table(), ids=lambda r: r["extension"])
+def test_the_extension_table_names_files_that_exist(row):
+    paths = [c for column in ("its code", "its registry") for c in _CODE.findall(row[column]) if _FILE.match(c)]
+    assert paths, row
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"{row['extension']}: {missing} do not exist"
+
+
+@pytest.mark.parametrize("row", extension_table(), ids=lambda r: r["extension"])
+def test_each_registry_of_the_table_holds_the_entries_it_lists(row):
+    registries = _REGISTRY.findall(row["its registry"])
+    assert registries, f"{row['extension']}: no `SYMBOL` of `module.py` in its registry column"
+    listed = set(_CODE.findall(row["registered now"]))
+    assert listed
+    for symbol, path in registries:
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        registry = getattr(module, symbol)
+        assert listed <= _entries_of(registry), f"{symbol} of {path} lacks {sorted(listed - _entries_of(registry))}"
+    if "variants.NAME.method" in row["its registry"]:  # the schema's enum a config names a method by
+        from pathtwt.config.check import load_schema
+
+        enum = load_schema()["properties"]["variants"]["additionalProperties"]["properties"]["method"]["enum"]
+        assert listed <= set(enum)
