@@ -51,11 +51,12 @@ PHASES = [
     ("pathtwt.compress.pipeline", "report_fidelity", "student fidelity on report"),
     ("pathtwt.compress.fidelity", "references", "reference rows"),
     ("pathtwt.compress.distill", "normalised_objective", "loss normalisation"),
-    ("pathtwt.compress.distill", "_check_bf16", "bf16 first-step check"),
+    ("pathtwt.compress.distill", "_check_bf16", "bf16 first-step check"),  # before compress/bf16_step.py
+    ("pathtwt.compress.bf16_step", "first_step_precision", "bf16 first-step check"),
     ("pathtwt.compress.distill", "distill", "training steps"),
     ("pathtwt.compress.export", "export_backbone", "export"),
 ]
-OPTIONAL = {"tile_embeddings", "_check_bf16", "fit_layer_outputs", "held_out_outputs"}  # absent in some versions: skipped
+OPTIONAL = {"tile_embeddings", "_check_bf16", "first_step_precision", "fit_layer_outputs", "held_out_outputs"}  # absent in some versions: skipped
 
 
 class PhaseClock:
@@ -105,7 +106,8 @@ def install(clock: PhaseClock) -> None:
         for loaded in list(sys.modules.values()):
             if getattr(loaded, "__name__", "").startswith("pathtwt") and getattr(loaded, name, None) is original:
                 setattr(loaded, name, timed)
-    # TargetCache's constructors are classmethods: wrap them on the class
+    # TargetCache's constructors are classmethods: wrap them on the class (in
+    # compress/targets.py, or in distill.py before it)
     distill = importlib.import_module("pathtwt.compress.distill")
     cls = getattr(distill, "TargetCache", None)
     for name, phase in (("build", "teacher targets"), ("from_outputs", "teacher targets from the shared outputs")):

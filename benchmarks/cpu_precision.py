@@ -131,7 +131,8 @@ def forward_calls(name: str, batch: int) -> tuple[dict[str, Callable[[], Any]], 
 
 
 def train_calls(name: str, depth: int, batch: int) -> tuple[dict[str, Callable[[], Any]], int, int]:
-    from pathtwt.compress.distill import DeepSupervision, teacher_targets
+    from pathtwt.compress.distill import DeepSupervision
+    from pathtwt.compress.targets import teacher_targets
     from pathtwt.compress.student import clone_layers, stitch_student
     from pathtwt.models.flops import count_macs
     from pathtwt.models.registry import build_timm_model, get_spec

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pathtwt.models.bf16_guard import check_bf16_first_step
+from pathtwt.compress.bf16_step import check_bf16_first_step
 from pathtwt.compress.distill import DeepSupervision
 from pathtwt.compress.student import clone_layers, stitch_student
 from pathtwt.models.registry import create_backbone
@@ -34,7 +34,7 @@ def _setup():
 def test_bf16_kept_when_the_losses_agree(caplog):
     teacher, student, objective, x = _setup()
     before = {k: v.clone() for k, v in student.state_dict().items()}
-    with caplog.at_level(logging.INFO, logger="pathtwt.models.bf16_guard"):
+    with caplog.at_level(logging.INFO, logger="pathtwt.compress.bf16_step"):
         result = check_bf16_first_step(student, teacher.model, x, objective)
     assert result.precision == "bf16" and result.loss_fp32 > 0
     assert 0 < result.relative_difference <= 0.02  # computed in bf16, yet close
@@ -45,7 +45,7 @@ def test_bf16_kept_when_the_losses_agree(caplog):
 
 def test_falls_back_to_fp32_with_a_log_line(caplog):
     teacher, student, objective, x = _setup()
-    with caplog.at_level(logging.WARNING, logger="pathtwt.models.bf16_guard"):
+    with caplog.at_level(logging.WARNING, logger="pathtwt.compress.bf16_step"):
         result = check_bf16_first_step(student, teacher.model, x, objective, tolerance=0.0)
     assert result.precision == "fp32" and result.note.startswith("fell back to fp32")
     assert "falls back to fp32" in caplog.text and "relative difference" in caplog.text
@@ -62,7 +62,7 @@ def test_distill_asked_for_bf16_runs_the_check_and_trains_in_its_answer(toleranc
     teacher, student, objective, _ = _setup()
     options = DistillOptions(steps=2, batch_size=2, precision="bf16", augment=False, bf16_tolerance=tolerance,
                              checkpoint=None, progress=False)
-    with caplog.at_level(logging.INFO, logger="pathtwt.models.bf16_guard"):
+    with caplog.at_level(logging.INFO, logger="pathtwt.compress.bf16_step"):
         run = distill(student, teacher.model, _tiles(), transform=teacher.transform, objective=objective, options=options)
     assert run.completed and run.precision == expected
     check = run.bf16_check
@@ -84,7 +84,7 @@ def test_given_fp32_targets_only_the_students_side_differs():
     """With the loop's cached fp32 targets given, both losses use them: the fp32 loss is the
     one computed from the teacher's own fp32 pass, and the bf16 loss differs by the
     student's bf16 forward alone (a different value from the one with bf16 targets)."""
-    from pathtwt.models.bf16_guard import teacher_targets
+    from pathtwt.compress.targets import teacher_targets
 
     teacher, student, objective, x = _setup()
     own = check_bf16_first_step(student, teacher.model, x, objective)

@@ -268,6 +268,18 @@ def test_wdpruning_probe_is_part_of_the_exported_model(teacher, calib, tmp_path)
         assert torch.allclose(plain.eval().forward_features(x), back.model.forward_features(x), atol=1e-6)
 
 
+@pytest.mark.parametrize("method", ["raptor", "wdpruning"])
+def test_layers_a_method_adds_come_from_its_seed(method, teacher, calib, tmp_path):
+    # Raptor's time scales and WDPruning's probe are new layers: drawn from --seed, not from
+    # whatever the global RNG holds, so the same seed exports the same file
+    shas = []
+    for i, (seed, global_seed) in enumerate([(0, 1), (0, 2), (1, 1)]):
+        torch.manual_seed(global_seed)
+        _, meta = _compress(method, teacher, calib, tmp_path / f"{method}{i}", depth=2, seed=seed)
+        shas.append(meta["weights_sha256"])
+    assert shas[0] == shas[1] != shas[2]
+
+
 def test_wdpruning_trains_on_the_final_embedding(teacher):
     from pathtwt.compress.methods.wdpruning import FinalEmbeddingLoss, build_wdpruning_student
     from pathtwt.models.embedding import embed_tiles

@@ -196,11 +196,14 @@ def test_one_precision_resolver_and_one_bf16_guard_module():
             assert "is_bf16_supported" not in calls and "native_bf16" not in calls, rel
             assert not {"native_bf16", "resolve_training_precision", "resolve_precision"} & defs, rel
             assert 'precision == "auto"' not in text, rel  # what auto means is decided in one place
-        if rel not in ("models/bf16_guard.py",):
-            assert not {"check_bf16_on", "check_bf16_first_step", "explicit_attention", "AutoPrecision"} & defs, rel
+        if rel != "models/bf16_guard.py":  # inference's guard and the CPU attention switch
+            assert not {"check_bf16_on", "explicit_attention", "AutoPrecision"} & defs, rel
+        if rel != "compress/bf16_step.py":  # distillation's guard
+            assert not {"check_bf16_first_step", "first_step_precision"} & defs, rel
         if "resolve_precision(" in text and rel != "models/precision.py":
             users.add(rel)
-    assert {"models/registry.py", "cli/compress.py", "compress/distill.py"} <= users
+    assert {"models/registry.py", "cli/compress.py"} <= users
+    assert "compress/distill.py" not in users  # a run's precision is resolved once, where it starts
     for gone in ("models/cpu_attention.py", "compress/bf16_check.py", "compress/autocast.py"):
         assert not (PACKAGE / gone).exists()
     for cli in ("cli/extract.py", "cli/probe.py"):
@@ -227,11 +230,12 @@ def tiny():
 ])
 def test_distill_estimates_the_targets_once_before_the_bf16_check(tiny, monkeypatch, case, expected):
     from pathtwt.compress import distill as D
+    from pathtwt.compress import targets as T
     from pathtwt.compress.student import clone_layers, stitch_student
 
     teacher, tiles, outputs = tiny
     order, sources = [], []
-    real_estimate, real_source, real_check = D._estimate_target_bytes, D._target_source, D._check_bf16
+    real_estimate, real_source, real_check = T.estimate_target_bytes, D.target_source, D.first_step_precision
 
     def estimate(*a, **k):
         order.append("estimate")
@@ -245,9 +249,9 @@ def test_distill_estimates_the_targets_once_before_the_bf16_check(tiny, monkeypa
         order.append("bf16 check")
         return real_check(*a, **k)
 
-    monkeypatch.setattr(D, "_estimate_target_bytes", estimate)
-    monkeypatch.setattr(D, "_target_source", source)
-    monkeypatch.setattr(D, "_check_bf16", check)
+    monkeypatch.setattr(T, "estimate_target_bytes", estimate)
+    monkeypatch.setattr(D, "target_source", source)
+    monkeypatch.setattr(D, "first_step_precision", check)
     student = stitch_student(teacher.model, clone_layers(teacher.model, [5, 11]), spec=teacher.spec)
     options = D.DistillOptions(steps=1, batch_size=2, precision="bf16", augment=case == "augment", progress=False,
                                cache_limit_bytes=1 if case == "over the limit" else 4 * 2**30)
@@ -255,3 +259,17 @@ def test_distill_estimates_the_targets_once_before_the_bf16_check(tiny, monkeypa
                     options=options, teacher_outputs=None if case == "no outputs" else outputs)
     assert run.completed and sources == [expected]
     assert order == (["bf16 check"] if case == "augment" else ["estimate", "bf16 check"])
+
+
+def test_distill_takes_the_resolved_precision_only(tiny):
+    # "auto" is decided once where a run starts; the loop refuses a request it would have
+    # to resolve a second time
+    from pathtwt.compress import distill as D
+    from pathtwt.compress.student import clone_layers, stitch_student
+    from pathtwt.errors import PathtwtError
+
+    teacher, tiles, _ = tiny
+    student = stitch_student(teacher.model, clone_layers(teacher.model, [5, 11]), spec=teacher.spec)
+    with pytest.raises(PathtwtError, match="resolved precision, one of fp32, bf16"):
+        D.distill(student, teacher.model, tiles, transform=teacher.transform, objective=D.DeepSupervision([6, 12]),
+                  options=D.DistillOptions(steps=1, batch_size=2, precision="auto", progress=False))

@@ -7,6 +7,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pathtwt.compress.method_options import METHOD_OPTIONS, describe
+
 if TYPE_CHECKING:
     from pathtwt.compress.pipeline import CompressOptions
 
@@ -78,26 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: run to the end)")
     parser.add_argument(
         "--option", action="append", default=[], metavar="KEY=VALUE",
-        help="a method-specific setting, repeatable: " + ", ".join(f"{k} ({v})" for k, v in METHOD_OPTIONS.items()),
+        help="a method-specific setting, repeatable: " + ", ".join(f"{k} ({describe(k)})" for k in METHOD_OPTIONS),
     )
 
 
-# Method-specific settings (CompressOptions.extra) and the methods that read them.
-METHOD_OPTIONS = {
-    "audition_lr": "twt; default 1e-4",
-    "ridge": "linear; default 1e-6",
-    "linear_single_layers": "linear; true/false, default false",
-    "fold": "linear; true/false, default false: merge each map into the preceding MLP (ReplaceMe)",
-    "stage1_fraction": "raptor; default 0.3",
-    "rollout_ramp": "raptor; default 0.25",
-    "time_scale": "raptor; true/false, default true: per-block layer-number conditioning",
-    "probe_hidden": "wdpruning; default 2048",
-    "keep_attention": "nose; default 0 (attention removed from every layer)",
-    "dilute_fraction": "nose; default 0.3",
-    "search_budget": "subset; default 2L+12",
-    "search_steps": "subset; default steps/10",
-    "random_control": "subset; true/false, default false",
-}
 
 
 def parse_method_options(pairs: list[str]) -> dict:

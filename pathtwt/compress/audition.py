@@ -37,7 +37,7 @@ from pathtwt.compress.teacher_cache import FIT_OUTPUTS_TILES
 class AuditionOptions:
     steps: int = 50  # fitting steps per candidate (0: rank the candidates as they are)
     lr: float = 1e-4
-    batch_size: int = 16
+    batch_size: int = 16  # candidates' fitting batch (TWT passes the smaller of this and --batch-size)
     max_fit_tiles: int = FIT_OUTPUTS_TILES  # teacher states are held in memory: keep these modest
     max_select_tiles: int = 64
     seed: int = 0

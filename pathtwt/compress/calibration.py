@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 import h5py
 import numpy as np
 
+from pathtwt.compress.defaults import COMPRESS_DEFAULTS
 from pathtwt.errors import ConfigError, PathtwtError
 from pathtwt.io.atomic import atomic_output
 
@@ -507,7 +508,7 @@ def load_calibration(
     *,
     n_tiles: int | None = 10_000,
     seed: int = 0,
-    holdout: float = 0.1,
+    holdout: float = COMPRESS_DEFAULTS.holdout,
     resize_to: int | None = None,
     part: str | None = None,
 ) -> CalibrationSet:

@@ -30,15 +30,17 @@ import math
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from pathtwt.compress.bf16_step import first_step_precision
+from pathtwt.compress.distill_options import BF16_LOSS_TOLERANCE, DistillOptions, Objective, Transform  # noqa: F401 - the loop's names
+from pathtwt.compress.targets import TargetCache, target_source, teacher_targets
 from pathtwt.models.bf16_guard import autocast as _autocast
-from pathtwt.models.bf16_guard import BF16_LOSS_TOLERANCE, bf16_attention, teacher_targets
-from pathtwt.compress.defaults import COMPRESS_DEFAULTS as D
+from pathtwt.models.bf16_guard import bf16_attention
 from pathtwt.errors import NumericsError, PathtwtError
 from pathtwt.io.atomic import atomic_output
 from pathtwt.compress.intermediates import tiles_to_batch
@@ -46,47 +48,8 @@ from pathtwt.compress.schedule import cosine_lr_factor, term_weights
 from pathtwt.compress.stopping import stop_at_step_end
 from pathtwt.compress.student import block_outputs
 
-Transform = Callable[[np.ndarray], torch.Tensor]
 CHECKPOINT_FORMAT = "pathtwt-distill-checkpoint/1"
-
-
-@dataclass
-class DistillOptions:
-    steps: int | None = D.steps  # optimiser steps; None: derived from epochs
-    epochs: float | None = D.epochs  # passes over the training tiles (used when steps is None)
-    batch_size: int = D.batch_size  # global micro-batch, split over the ranks
-    accumulate: int = D.accumulate  # micro-batches per optimiser step (effective batch = batch_size x accumulate)
-    lr: float = D.lr  # peak learning rate (the paper's)
-    weight_decay: float = 0.05
-    warmup_steps: int = D.warmup_steps
-    grad_clip: float = 1.0
-    augment: bool = D.augment  # colour jitter + Gaussian blur; off allows caching teacher targets
-    seed: int = D.seed
-    device: str = "cpu"
-    precision: str = "fp32"  # fp32 | bf16 (autocast; master weights and optimiser state stay fp32)
-    workers: int = 0  # DataLoader workers reading and resizing tiles (augmentation runs on the device)
-    checkpoint: Path | None = None  # file; resumed from when it exists
-    checkpoint_every: int = D.checkpoint_every
-    stop_after: int | None = None  # stop after this step as if interrupted (checkpoint kept)
-    progress: bool = True
-    cache_limit_bytes: int = 4 * 2**30  # largest in-memory teacher-target cache
-    # "variance": each loss term divided by its teacher target's variance on the first
-    # training tiles (term ~ 1 - R^2, so layers whose norms grow ~30x do not drown the
-    # early ones); "none": plain MSE sums (the paper's loss)
-    loss_norm: str = D.loss_norm
-    # bf16 is kept only when the first step's loss under bf16 autocast is within this
-    # relative difference of the fp32 loss (pathtwt.models.bf16_guard.check_bf16_first_step), else fp32
-    bf16_tolerance: float = BF16_LOSS_TOLERANCE
-
-    def resolved_steps(self, n_tiles: int) -> int:
-        if self.steps is not None:
-            return int(self.steps)
-        epochs = 1.0 if self.epochs is None else float(self.epochs)
-        return max(1, math.ceil(epochs * n_tiles / self.effective_batch))
-
-    @property
-    def effective_batch(self) -> int:
-        return max(1, int(self.batch_size)) * max(1, int(self.accumulate))
+TRAINING_PRECISIONS = ("fp32", "bf16")  # what the loop trains in: bf16 as autocast over fp32 weights
 
 
 @dataclass
@@ -99,12 +62,6 @@ class DistillResult:
     precision: str = "fp32"  # what the run trained in (bf16 asked for may have fallen back)
     bf16_check: dict[str, Any] | None = None  # the first-step comparison, when bf16 was asked for
     fp32_matmul: str = "ieee"  # "tf32" where the GPU computes fp32 matrix multiplies in TF32
-
-
-class Objective(Protocol):
-    def targets(self, teacher: nn.Module, x: torch.Tensor) -> list[torch.Tensor]: ...
-
-    def loss(self, student: nn.Module, x: torch.Tensor, targets: list[torch.Tensor], step: int) -> tuple[torch.Tensor, dict[str, "torch.Tensor | float"]]: ...
 
 
 @dataclass
@@ -202,43 +159,6 @@ def normalised_objective(objective: Objective, teacher: nn.Module, source: Any, 
     batches = (tiles_to_batch(transform, np.stack([source.read(j) for j in range(i, min(n, i + chunk))]), options.device)
                for i in range(0, n, chunk))
     return objective.with_term_scales(term_variances(objective, teacher, batches))
-
-
-class TargetCache:
-    """Teacher targets of every in-memory tile, computed once in a fixed order (so the
-    values do not depend on when a run was resumed), kept in memory."""
-
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
-        self.tensors = tensors
-
-    @classmethod
-    def build(cls, teacher: nn.Module, tiles: np.ndarray, *, transform: Transform, objective: Objective, device: str,
-              chunk: int, precision: str) -> "TargetCache":
-        parts: list[list[torch.Tensor]] = []
-        for i in range(0, len(tiles), chunk):
-            x = tiles_to_batch(transform, tiles[i : i + chunk], device)
-            parts.append([t.cpu() for t in teacher_targets(objective, teacher, x, precision)])
-        return cls([torch.cat(list(col)) for col in zip(*parts)])
-
-    @classmethod
-    def from_outputs(cls, teacher: nn.Module, outputs: Sequence[torch.Tensor], *, objective: Objective,
-                     n_tiles: int, device: str, chunk: int) -> "TargetCache":
-        """The targets of the first ``n_tiles`` tiles from the teacher's layer outputs of
-        them, already computed (in fp32) for auditioning: no forward pass."""
-        parts: list[list[torch.Tensor]] = []
-        with torch.inference_mode():
-            for i in range(0, n_tiles, chunk):
-                outs = [o[i : min(n_tiles, i + chunk)].to(device) for o in outputs]
-                parts.append([t.to("cpu", torch.float32, copy=True) for t in objective.targets_from_outputs(teacher, outs)])
-        return cls([torch.cat(list(col)) for col in zip(*parts)])
-
-    def get(self, idx: torch.Tensor, device: str) -> list[torch.Tensor]:
-        return [t.index_select(0, idx.cpu()).to(device) for t in self.tensors]
-
-
-def _estimate_target_bytes(teacher: nn.Module, tiles: np.ndarray, transform: Transform, objective: Objective, device: str) -> int:
-    probe = teacher_targets(objective, teacher, tiles_to_batch(transform, tiles[:1], device), "fp32")
-    return sum(t.numel() * 4 for t in probe) * len(tiles)
 
 
 # Checkpoints hold only tensors and plain values (dicts, lists, numbers, strings) and are
@@ -359,171 +279,222 @@ def distill(
     pass too (fp32 targets then, whatever the training precision)."""
     from tqdm.auto import tqdm
 
+    from pathtwt.compress.training_tiles import cv2_pool_stopped
+
+    # setup, in this order (each step may draw from the RNGs the checkpoint restores)
+    run = _set_up(student, teacher, tiles, transform, objective, options, teacher_outputs)
+    train = _optimisation(student, options, run)
+    cache = _loop_targets(teacher, tiles, transform, options, run, train.start)
+    end = run.total if options.stop_after is None else min(run.total, max(train.start, int(options.stop_after)))
+    model, items, batches = _feed(student, run, options, train.start, end)
+    bar = tqdm(total=run.total, initial=train.start, desc=description, disable=not (options.progress and run.writer),
+               leave=False)
+    step = train.start
+    with stop_at_step_end() as stop, cv2_pool_stopped(run.workers > 0), \
+            bf16_attention([student, teacher], run.device, run.precision):
+        try:
+            stream = iter(batches)
+            while step < end:
+                train.optimizer.zero_grad(set_to_none=True)
+                loss_sum, term_sums = _accumulated_loss(model, stream, items, cache, teacher, run, step)
+                names = sorted(term_sums)
+                shared = _global_means(loss_sum, [term_sums[k] for k in names], stop.signum is not None)
+                loss_value = shared[0]
+                if not math.isfinite(loss_value):
+                    raise NumericsError(f"{description}: loss became {loss_value} at step {step}; lower --lr or check the calibration tiles")
+                if options.grad_clip and options.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(train.params, options.grad_clip)
+                train.optimizer.step()
+                train.scheduler.step()
+                step += 1
+                train.history.append({"step": step, "loss": loss_value, **dict(zip(names, shared[1:-1]))})
+                bar.update(1)
+                bar.set_postfix({k: f"{v:.3g}" for k, v in train.history[-1].items() if k != "step"}, refresh=False)
+                if train.ckpt is not None and options.checkpoint_every > 0 and step % options.checkpoint_every == 0:
+                    train.checkpoint(student, step, run, options)
+                if shared[-1] > 0:
+                    train.checkpoint(student, step, run, options)  # an interrupted run keeps its progress
+                    raise KeyboardInterrupt(f"stopped by signal {stop.signum or 'on another rank'} after step {step}")
+        finally:
+            bar.close()
+    train.checkpoint(student, step, run, options)
+    student.eval()
+    return DistillResult(steps_done=step, total_steps=run.total, completed=step >= run.total, resumed_from=train.start,
+                         history=train.history, precision=run.precision, bf16_check=run.bf16_check,
+                         fp32_matmul=run.fp32_matmul)
+
+
+@dataclass
+class _Run:
+    """What distillation settles before its first step: where, in what precision, over
+    which tiles and ranks, and where the teacher's targets come from."""
+
+    source: Any
+    transform: Transform
+    n_tiles: int
+    device: str
+    precision: str  # after the bf16 check
+    fp32_matmul: str
+    world: int
+    writer: bool
+    sharding: Any
+    accumulate: int
+    total: int  # optimiser steps of the whole run
+    objective: Objective  # with its loss normalisation
+    target_source: str  # one of TARGET_SOURCES
+    shared_targets: "TargetCache | None"
+    bf16_check: dict[str, Any] | None
+    workers: int
+
+
+def _set_up(student: nn.Module, teacher: nn.Module, tiles: Any, transform: Transform, objective: Objective,
+            options: DistillOptions, teacher_outputs: Sequence[torch.Tensor] | None) -> _Run:
     from pathtwt.compress import ranks
-    from pathtwt.compress.training_tiles import EpochOrder, MicroBatches, Sharding, TrainingItems, cv2_pool_stopped, loader
-    from pathtwt.models.precision import choose_fp32_matmul, resolve_precision
+    from pathtwt.compress.training_tiles import Sharding
+    from pathtwt.models.precision import choose_fp32_matmul
 
     source = _as_source(tiles)
     n_tiles = len(source)
     if n_tiles == 0:
         raise PathtwtError("no calibration tiles to distill on; check --calibration")
     device = options.device
-    precision = resolve_precision(options.precision, device, training=True).compute
+    precision = options.precision  # resolved where the run starts (cli/compress.py), never here again
+    if precision not in TRAINING_PRECISIONS:
+        raise PathtwtError(f"DistillOptions.precision {precision!r}: give the resolved precision, one of "
+                           f"{', '.join(TRAINING_PRECISIONS)} (pathtwt.models.precision.resolve_precision decides auto)")
     fp32_matmul = choose_fp32_matmul(device)
-    world, rank, writer = ranks.world_size(), ranks.rank(), ranks.is_writer()
-    sharding = Sharding(batch=int(options.batch_size), world=world, rank=rank)
-    accumulate = max(1, int(options.accumulate))
-    total = options.resolved_steps(n_tiles)
+    world = ranks.world_size()
+    sharding = Sharding(batch=int(options.batch_size), world=world, rank=ranks.rank())
     teacher.eval().requires_grad_(False).to(device)
     objective = normalised_objective(objective, teacher, source, transform, options,
                                      teacher_outputs if isinstance(tiles, np.ndarray) else None)
     student.to(device).train()
-    target_source = _target_source(teacher, tiles, transform, objective, options, teacher_outputs)
+    source_of_targets = target_source(teacher, tiles, transform, objective, options, teacher_outputs)
     # the teacher's shared fp32 outputs give the targets (no forward pass, the same whatever
     # the precision), so the bf16 check compares only the student's side, as the loop will
     shared_targets = None
-    if target_source == "shared outputs":
+    if source_of_targets == "shared outputs":
         shared_targets = TargetCache.from_outputs(teacher, teacher_outputs, objective=objective, n_tiles=n_tiles,
                                                   device=device, chunk=options.batch_size)
     bf16_check = None
     if precision == "bf16":
         with bf16_attention([student, teacher], device, precision):
-            bf16_check = _check_bf16(student, teacher, source, transform, objective, options, shared_targets)
+            bf16_check = first_step_precision(student, teacher, source, transform, objective, options, shared_targets)
         precision = bf16_check["precision"]
+    return _Run(source=source, transform=transform, n_tiles=n_tiles, device=device, precision=precision, fp32_matmul=fp32_matmul,
+                world=world, writer=ranks.is_writer(), sharding=sharding, accumulate=max(1, int(options.accumulate)),
+                total=options.resolved_steps(n_tiles), objective=objective, target_source=source_of_targets,
+                shared_targets=shared_targets, bf16_check=bf16_check, workers=max(0, int(options.workers)))
+
+
+@dataclass
+class _Optimisation:
+    """The optimiser, its schedule and the run's history, resumed from the checkpoint
+    where one of this very run exists."""
+
+    params: list[nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    fingerprint: dict[str, Any]
+    ckpt: Path | None
+    start: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    saved_at: int = 0
+
+    def checkpoint(self, student: nn.Module, step: int, run: _Run, options: DistillOptions) -> None:
+        """Save the state after ``step`` (rank 0 writes), unless that step is saved already."""
+        if self.ckpt is not None and self.saved_at != step and run.writer:
+            save_checkpoint(self.ckpt, student=student, optimizer=self.optimizer, scheduler=self.scheduler, step=step,
+                            fingerprint=self.fingerprint, history=self.history,
+                            sampler={"position": step * run.accumulate * run.sharding.batch, "seed": options.seed,
+                                     "n_tiles": run.n_tiles})
+        self.saved_at = step
+
+
+def _optimisation(student: nn.Module, options: DistillOptions, run: _Run) -> _Optimisation:
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=options.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr_factor(s, total, options.warmup_steps))
-    fingerprint = _fingerprint(options, n_tiles, total)
-    history: list[dict[str, float]] = []
-    start = 0
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                  lambda s: cosine_lr_factor(s, run.total, options.warmup_steps))
     ckpt = Path(options.checkpoint) if options.checkpoint is not None else None
+    train = _Optimisation(params, optimizer, scheduler, _fingerprint(options, run.n_tiles, run.total), ckpt)
     if ckpt is not None and ckpt.exists():
-        state = _load_checkpoint(ckpt, fingerprint)
+        state = _load_checkpoint(ckpt, train.fingerprint)
         student.load_state_dict(state["student"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         _set_rng_state(state["rng"])
-        start, history = int(state["step"]), list(state["history"])
-        expected = start * accumulate * sharding.batch
+        train.start, train.history = int(state["step"]), list(state["history"])
+        expected = train.start * run.accumulate * run.sharding.batch
         if int(state.get("sampler", {}).get("position", expected)) != expected:
-            raise PathtwtError(f"{ckpt}: sampler position {state['sampler']} does not match step {start}; delete it to start over")
+            raise PathtwtError(f"{ckpt}: sampler position {state['sampler']} does not match step {train.start}; delete it to start over")
+    train.saved_at = train.start
+    return train
 
-    cache = shared_targets
-    if target_source == "target cache" and start < total:
-        # in the precision the run trains in, which the bf16 check has just settled
-        with bf16_attention([teacher], device, precision):
-            cache = TargetCache.build(teacher, tiles, transform=transform, objective=objective, device=device,
-                                      chunk=options.batch_size, precision=precision)
 
-    end = total if options.stop_after is None else min(total, max(start, int(options.stop_after)))
-    step, saved_at = start, start
-    model: nn.Module = _StudentLoss(student, objective)
-    if world > 1:
+def _loop_targets(teacher: nn.Module, tiles: Any, transform: Transform, options: DistillOptions, run: _Run,
+                  start: int) -> "TargetCache | None":
+    """The targets the loop reads: the shared outputs', the target cache built now (in the
+    precision the bf16 check has just settled), or None (a teacher pass per step)."""
+    if run.target_source == "target cache" and start < run.total:
+        with bf16_attention([teacher], run.device, run.precision):
+            return TargetCache.build(teacher, tiles, transform=transform, objective=run.objective, device=run.device,
+                                     chunk=options.batch_size, precision=run.precision)
+    return run.shared_targets
+
+
+def _feed(student: nn.Module, run: _Run, options: DistillOptions, start: int, end: int):
+    """The model the loop calls (the student and its loss; under DDP with several ranks),
+    the training items and this rank's micro-batches from ``start`` to ``end``."""
+    from pathtwt.compress.training_tiles import EpochOrder, MicroBatches, TrainingItems, loader
+
+    model: nn.Module = _StudentLoss(student, run.objective)
+    if run.world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
         # unused parameters (e.g. the patch embedding in a block-wise stage) keep no
         # gradient, as in a single process, so AdamW treats them identically
-        model = DistributedDataParallel(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None,
-                                        find_unused_parameters=True)
-    items = TrainingItems(source, transform, augment=options.augment, seed=options.seed)
-    order = EpochOrder(n_tiles, options.seed)
-    workers = max(0, int(options.workers))
-    batches = loader(items, MicroBatches(order, sharding, start * accumulate, end * accumulate), workers=workers,
-                     pin_memory=device.startswith("cuda"))
-    bar = tqdm(total=total, initial=start, desc=description, disable=not (options.progress and writer), leave=False)
-
-    def checkpoint_now() -> None:
-        nonlocal saved_at
-        if ckpt is not None and saved_at != step and writer:
-            save_checkpoint(ckpt, student=student, optimizer=optimizer, scheduler=scheduler, step=step,
-                            fingerprint=fingerprint, history=history,
-                            sampler={"position": step * accumulate * sharding.batch, "seed": options.seed, "n_tiles": n_tiles})
-        saved_at = step
-
-    with stop_at_step_end() as stop, cv2_pool_stopped(workers > 0), bf16_attention([student, teacher], device, precision):
-        try:
-            stream = iter(batches)
-            while step < end:
-                optimizer.zero_grad(set_to_none=True)
-                # summed on the device in float64 (as Python floats would be), read once a
-                # step: a float() per term would wait for the device at every micro-batch
-                loss_sum, term_sums = 0.0, {}
-                for micro in range(accumulate):
-                    positions, idx, tiles_u8, errors = next(stream)
-                    bad = next((i for i, e in enumerate(errors) if e), None)
-                    if bad is not None:
-                        raise items.failure(int(idx[bad]), errors[bad])
-                    x = items.to_model_input(positions, tiles_u8, device)
-                    targets = cache.get(idx, device) if cache is not None else teacher_targets(objective, teacher, x, precision)
-                    sync = world == 1 or micro == accumulate - 1
-                    with (contextlib.nullcontext() if sync else model.no_sync()), _autocast(device, precision):
-                        loss, terms = model(x, targets, step)
-                        (loss / accumulate).backward()
-                    loss_sum = loss_sum + _float64(loss) / accumulate
-                    for k, v in terms.items():
-                        term_sums[k] = term_sums.get(k, 0.0) + _float64(v) / accumulate
-                # one small all-reduce per step: the logged numbers are the global means, and a
-                # stop request seen by any rank stops every rank at the same step
-                names = sorted(term_sums)
-                stopping = torch.tensor(1.0 if stop.signum is not None else 0.0, dtype=torch.float64)
-                shared = ranks.all_mean(torch.stack([v.to(loss.device) for v in (loss_sum, *(term_sums[k] for k in names),
-                                                                                  stopping)])).tolist()
-                loss_value = shared[0]
-                if not math.isfinite(loss_value):
-                    raise NumericsError(f"{description}: loss became {loss_value} at step {step}; lower --lr or check the calibration tiles")
-                if options.grad_clip and options.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(params, options.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                history.append({"step": step, "loss": loss_value, **dict(zip(names, shared[1:-1]))})
-                bar.update(1)
-                bar.set_postfix({k: f"{v:.3g}" for k, v in history[-1].items() if k != "step"}, refresh=False)
-                if ckpt is not None and options.checkpoint_every > 0 and step % options.checkpoint_every == 0:
-                    checkpoint_now()
-                if shared[-1] > 0:
-                    checkpoint_now()  # an interrupted run keeps its progress
-                    raise KeyboardInterrupt(f"stopped by signal {stop.signum or 'on another rank'} after step {step}")
-        finally:
-            bar.close()
-    checkpoint_now()
-    student.eval()
-    return DistillResult(steps_done=step, total_steps=total, completed=step >= total, resumed_from=start, history=history,
-                         precision=precision, bf16_check=bf16_check, fp32_matmul=fp32_matmul)
+        device_ids = [torch.device(run.device).index] if run.device.startswith("cuda") else None
+        model = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=True)
+    items = TrainingItems(run.source, run.transform, augment=options.augment, seed=options.seed)
+    order = EpochOrder(run.n_tiles, options.seed)
+    batches = loader(items, MicroBatches(order, run.sharding, start * run.accumulate, end * run.accumulate),
+                     workers=run.workers, pin_memory=run.device.startswith("cuda"))
+    return model, items, batches
 
 
-TARGET_SOURCES = ("shared outputs", "target cache", "teacher pass per step")
+def _accumulated_loss(model: nn.Module, stream: Any, items: Any, cache: "TargetCache | None", teacher: nn.Module,
+                      run: _Run, step: int) -> tuple[torch.Tensor | float, dict[str, torch.Tensor | float]]:
+    """One optimiser step's ``accumulate`` micro-batches, forward and backward; the loss and
+    its terms averaged over them, summed on the device in float64 (as Python floats would
+    be) and read once a step: a float() per term would wait for the device at every
+    micro-batch."""
+    loss_sum, term_sums = 0.0, {}
+    for micro in range(run.accumulate):
+        positions, idx, tiles_u8, errors = next(stream)
+        bad = next((i for i, e in enumerate(errors) if e), None)
+        if bad is not None:
+            raise items.failure(int(idx[bad]), errors[bad])
+        x = items.to_model_input(positions, tiles_u8, run.device)
+        targets = cache.get(idx, run.device) if cache is not None else \
+            teacher_targets(run.objective, teacher, x, run.precision)
+        sync = run.world == 1 or micro == run.accumulate - 1
+        with (contextlib.nullcontext() if sync else model.no_sync()), _autocast(run.device, run.precision):
+            loss, terms = model(x, targets, step)
+            (loss / run.accumulate).backward()
+        loss_sum = loss_sum + _float64(loss) / run.accumulate
+        for k, v in terms.items():
+            term_sums[k] = term_sums.get(k, 0.0) + _float64(v) / run.accumulate
+    return loss_sum, term_sums
 
 
-def _target_source(teacher: nn.Module, tiles: Any, transform: Transform, objective: Objective, options: DistillOptions,
-                   teacher_outputs: Sequence[torch.Tensor] | None) -> str:
-    """Where the loop's teacher targets come from, decided once before the bf16 check: the
-    teacher's shared fp32 outputs (in-memory tiles without augmentation that they cover), a
-    cache of every in-memory tile's targets computed once (without augmentation), or a
-    teacher pass per step (augmentation, streamed tiles, or targets above the cache limit)."""
-    if not isinstance(tiles, np.ndarray) or options.augment:
-        return TARGET_SOURCES[2]
-    if _estimate_target_bytes(teacher, tiles, transform, objective, options.device) > options.cache_limit_bytes:
-        return TARGET_SOURCES[2]
-    if teacher_outputs is not None and len(teacher_outputs[0]) >= len(tiles) and hasattr(objective, "targets_from_outputs"):
-        return TARGET_SOURCES[0]
-    return TARGET_SOURCES[1]
-
-
-def _check_bf16(student: nn.Module, teacher: nn.Module, source: Any, transform: Transform, objective: Objective,
-                options: DistillOptions, shared: "TargetCache | None" = None) -> dict[str, Any]:
-    """bf16 or fp32 for this run, from the first step's loss on the first training tiles in
-    index order (the same tiles on every rank and on a resumed run, so the choice is the
-    same everywhere); every rank falls back when one does."""
+def _global_means(loss_sum: torch.Tensor, terms: list[torch.Tensor], stopping: bool) -> list[float]:
+    """One small all-reduce per step: the logged numbers are the global means, and a stop
+    request seen by any rank (the last value) stops every rank at the same step."""
     from pathtwt.compress import ranks
-    from pathtwt.models.bf16_guard import check_bf16_first_step
 
-    n = min(len(source), max(1, int(options.batch_size)))
-    x = tiles_to_batch(transform, np.stack([source.read(j) for j in range(n)]), options.device)
-    targets = None if shared is None else shared.get(torch.arange(n), options.device)
-    check = check_bf16_first_step(student, teacher, x, objective, tolerance=options.bf16_tolerance, targets=targets)
-    kept = float(ranks.all_mean(torch.tensor([1.0 if check.precision == "bf16" else 0.0], dtype=torch.float64))[0]) == 1.0
-    return {**asdict(check), "precision": "bf16" if kept else "fp32", "tolerance": options.bf16_tolerance, "tiles": n}
+    flag = torch.tensor(1.0 if stopping else 0.0, dtype=torch.float64)
+    return ranks.all_mean(torch.stack([v.to(loss_sum.device) for v in (loss_sum, *terms, flag)])).tolist()
 
 
 def plan_summary(options: DistillOptions, n_tiles: int, *, world: int = 1) -> str:

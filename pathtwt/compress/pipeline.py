@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 @dataclass
 class CompressOptions:
     """What a compression method is asked for: the merge goal, the method's own settings and
-    the distillation it runs (``distill``, read through the same names: ``options.steps`` is
-    ``options.distill.steps``). Defaults: :data:`pathtwt.compress.defaults.COMPRESS_DEFAULTS`."""
+    the distillation it runs (``distill``: its own object, read as ``options.distill.steps``;
+    nothing merges the two back). Built once where the run starts, from the defaults table
+    :data:`pathtwt.compress.defaults.COMPRESS_DEFAULTS` and the command line, with the
+    device and the precision already resolved; ``model.json`` records it (:meth:`to_dict`)."""
 
     out: Path
     distill: "DistillOptions" = field(default_factory=lambda: _distill_options_class()())
@@ -51,19 +53,23 @@ class CompressOptions:
         distill = _distill_options_class()(**{k: v for k, v in settings.items() if k in names})
         return cls(distill=distill, **{k: v for k, v in settings.items() if k not in names})
 
-    def __getattr__(self, name: str) -> Any:
-        # the distillation settings (steps, batch_size, device, seed, ...) read through the
-        # options, as every method reads them; only called for names not found above
-        if name != "distill" and name in _distill_options_class().__dataclass_fields__:
-            return getattr(self.distill, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    @property
+    def forward_batch(self) -> int:
+        """Tiles per forward pass of the measurements around the distillation (discovery,
+        fidelity, the methods' scoring): ``--batch-size``, the distillation's micro-batch,
+        whose memory the same device already holds."""
+        return int(self.distill.batch_size)
 
     def checkpoint_path(self) -> Path:
         return Path(self.distill.checkpoint) if self.distill.checkpoint is not None else Path(self.out) / "checkpoint.pt"
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat, as model.json records the options: the method's settings and the distillation's."""
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in ((k, getattr(self, k)) for k in _RECORDED)}
+        """Flat, as model.json records the options: the method's settings and the distillation's
+        (the ``_RECORDED`` keys, each read from the object that holds it)."""
+        def value(key: str) -> Any:
+            return getattr(self, key) if key in type(self).__dataclass_fields__ else getattr(self.distill, key)
+
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in ((k, value(k)) for k in _RECORDED)}
 
 
 # the keys of model.json's "options", in their order (its "distill" entry lists every distillation setting)
@@ -93,10 +99,10 @@ def budget_record(method: str, options: CompressOptions, calib: "CalibrationSet"
     paper = PAPER_BUDGETS.get(method)
     if paper is not None and isinstance(paper.get("epochs"), dict):  # per backbone
         paper = {"epochs": paper["epochs"].get(spec.base_backbone or spec.name)}
-    run: dict[str, Any] = {"steps": options.steps, "epochs": options.epochs}
+    run: dict[str, Any] = {"steps": options.distill.steps, "epochs": options.distill.epochs}
     if trains:
         run["resolved_steps"] = total_steps(options, calib)
-        run["unit"] = "steps" if options.steps is not None else "epochs"
+        run["unit"] = "steps" if options.distill.steps is not None else "epochs"
     else:
         run["resolved_steps"] = 0
         run["unit"] = None  # closed form or no training
@@ -146,7 +152,7 @@ def resolve_plan(teacher: "Backbone", calib: "CalibrationSet", options: Compress
     from pathtwt.compress.discovery import discover
 
     return discover(teacher, calib, depth=options.depth, eps=options.eps, tokens=options.tokens,
-                    batch_size=options.batch_size, device=options.device).plan()
+                    batch_size=options.forward_batch, device=options.distill.device).plan()
 
 
 # the keys every model.json holds, whatever the method: the architecture (models.registry.
@@ -161,8 +167,8 @@ def report_fidelity(student: "nn.Module", teacher: "Backbone", calib: "Calibrati
     """The fidelity record on the report tiles (fit tiles if the set holds none out)."""
     from pathtwt.compress.fidelity import measure
 
-    return measure(student, teacher, calib, on="report", boundaries=boundaries, device=options.device,
-                   batch_size=options.batch_size)
+    return measure(student, teacher, calib, on="report", boundaries=boundaries, device=options.distill.device,
+                   batch_size=options.forward_batch)
 
 
 def distill_student(student: "nn.Module", teacher: "Backbone", calib: "CalibrationSet", options: CompressOptions, *,
@@ -245,7 +251,7 @@ def export_variant(
         "budget": budget_record(method, options, calib, teacher.spec, trains=run is not None),
         "selection_split": selection_split,
         "fidelity": fidelity_record(teacher, calib, initial=final if initial is None else initial, final=final,
-                                    device=options.device, seed=options.seed),
+                                    device=options.distill.device, seed=options.distill.seed),
         "distillation": distillation_record(run, calib, earlier_steps),
     }
     out = export_backbone(

@@ -14,7 +14,7 @@ if the block has one, else the last linear layer of the branch), so no wrapper s
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import torch
 from torch import nn

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 import numpy as np
 
 if TYPE_CHECKING:
+    import torch
+
     from pathtwt.compress.calibration import CalibrationSet
     from pathtwt.models.registry import Backbone
 

@@ -16,17 +16,14 @@ decision. Here:
   :data:`BF16_CHECK_TILES` tiles embedded in fp32 and in bf16; bf16 is kept when every
   tile's cosine is at least :data:`BF16_MIN_COSINE`, else the run falls back to fp32 and
   says so.
-* :func:`check_bf16_first_step` (distillation): the first step's loss computed twice,
-  teacher targets and student forward both in fp32 and both under bf16 autocast; bf16 is
-  kept when the two differ by at most ``tolerance`` relative to fp32. No gradient is
-  computed and no parameter changes, so the check does not alter the run it guards.
+* distillation's own guard, the first step's loss in fp32 and in bf16, is
+  :mod:`pathtwt.compress.bf16_step`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -42,10 +39,6 @@ BF16_MIN_COSINE = 0.999
 # kernel whose bf16 numerics break, few enough that a job does not pay a full fp32 batch
 # (ViT-S on 2 CPU cores: about 0.2 s a tile in fp32)
 BF16_CHECK_TILES = 8
-# the largest relative difference between the first step's bf16 and fp32 losses that
-# keeps bf16 (bf16 keeps 8 bits of mantissa: a few 1e-3 per value, averaged in the MSE)
-BF16_LOSS_TOLERANCE = 0.02
-
 log = logging.getLogger(__name__)
 
 
@@ -79,15 +72,6 @@ def bf16_attention(modules: list[nn.Module], device: str, precision: str) -> con
         for module in modules:
             stack.enter_context(explicit_attention(module))
     return stack
-
-
-def teacher_targets(objective: Any, teacher: nn.Module, x: torch.Tensor, precision: str) -> list[torch.Tensor]:
-    """The teacher's targets (``objective.targets``) in ``precision`` under inference mode
-    (no autograd bookkeeping at all), returned as ordinary float32 tensors so the loss may
-    save them for its backward pass."""
-    with torch.inference_mode(), autocast(str(x.device), precision):
-        targets = objective.targets(teacher, x)
-    return [t.to(torch.float32, copy=True) for t in targets]
 
 
 @dataclass
@@ -133,44 +117,3 @@ def check_bf16_on(model: torch.nn.Module, x: torch.Tensor, num_prefix_tokens: in
     log.warning("fell back to fp32: bf16 autocast %s < %s", measured, BF16_MIN_COSINE)
     print(f"{tool}: fell back to fp32: bf16 autocast {measured} < {BF16_MIN_COSINE}", flush=True)
     return AutoPrecision(bf16=False, note=f"fell back to fp32: first-tiles bf16 cosine to fp32 < {BF16_MIN_COSINE}")
-
-
-@dataclass(frozen=True)
-class Bf16Check:
-    precision: str  # "bf16" (kept) or "fp32" (fell back)
-    loss_fp32: float
-    loss_bf16: float
-    relative_difference: float
-    note: str
-
-
-def check_bf16_first_step(student: nn.Module, teacher: nn.Module, x: torch.Tensor, objective,
-                          tolerance: float = BF16_LOSS_TOLERANCE, step: int = 0,
-                          targets: list[torch.Tensor] | None = None) -> Bf16Check:
-    """Compare the first-step loss of ``objective`` (``targets(teacher, x)`` and
-    ``loss(student, x, targets, step)``, as the distillation loop computes them)
-    in fp32 and under bf16 autocast on the batch ``x``; see the module doc.
-    ``targets``: the fp32 targets of ``x`` the loop will train on whatever its precision
-    (its target cache from the teacher's shared outputs); then only the student's side
-    differs between the two losses, as it does in the loop."""
-    device_type = x.device.type
-    was_training = student.training
-    losses = {}
-    try:
-        with torch.no_grad():
-            for precision in ("fp32", "bf16"):
-                used = targets if targets is not None else teacher_targets(objective, teacher, x, precision)
-                amp = torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=precision == "bf16")
-                with amp:
-                    loss, _terms = objective.loss(student, x, used, step)
-                losses[precision] = float(loss.float())
-    finally:
-        student.train(was_training)
-    ref, low = losses["fp32"], losses["bf16"]
-    rel = abs(low - ref) / max(abs(ref), 1e-12)
-    measured = f"first-step loss bf16 {low:.6g} vs fp32 {ref:.6g} (relative difference {rel:.3g})"
-    if math.isfinite(low) and math.isfinite(rel) and rel <= tolerance:
-        log.info("bf16 autocast kept: %s <= %s", measured, tolerance)
-        return Bf16Check("bf16", ref, low, rel, f"bf16 autocast kept: first-step loss within {tolerance} of fp32")
-    log.warning("distillation falls back to fp32: %s > %s", measured, tolerance)
-    return Bf16Check("fp32", ref, low, rel, f"fell back to fp32: first-step bf16 loss differs from fp32 by more than {tolerance}")

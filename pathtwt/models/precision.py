@@ -10,7 +10,7 @@ default precision (the registry's ``default_precision``, fp32 for every shipped 
   ``fp32``, ``bf16``, ``fp16``: the weights are cast (fp16 only on a GPU).
 * training (``compress``): ``auto`` is bf16 autocast where native, fp32 elsewhere; weights
   and optimiser state stay fp32, and the first step's loss decides whether bf16 is kept
-  (:func:`pathtwt.models.bf16_guard.check_bf16_first_step`).
+  (:func:`pathtwt.compress.bf16_step.check_bf16_first_step`).
 * a teacher (``discover``, the ``compress`` teacher, fidelity) is loaded with ``fp32``: its
   outputs are the reference everything else is measured against.
 

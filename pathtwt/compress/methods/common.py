@@ -9,9 +9,10 @@ method makes are scored on the select tiles only (:func:`select_r2`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import torch
@@ -22,6 +23,16 @@ if TYPE_CHECKING:
     from pathtwt.compress.distill import DistillOptions
     from pathtwt.compress.pipeline import CompressOptions
     from pathtwt.models.registry import Backbone
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Layers a method adds drawn from ``seed``, the global RNG left as it was: Raptor's
+    time scales, WDPruning's probe and TWT's random surrogates are the same for the same
+    ``--seed``, so the exported file is too."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        yield
 
 
 def selection_tiles(calib: CalibrationSet) -> tuple[str, np.ndarray]:
@@ -69,4 +80,4 @@ def select_r2(student: nn.Module, teacher: Backbone, calib: CalibrationSet, opti
     """The score every choice is made by: embedding R^2 on the select tiles (never report)."""
     from pathtwt.compress.fidelity import measure
 
-    return float(measure(student, teacher, calib, on="select", device=options.device, batch_size=options.batch_size)["r2"])
+    return float(measure(student, teacher, calib, on="select", device=options.distill.device, batch_size=options.forward_batch)["r2"])

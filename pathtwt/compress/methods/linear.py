@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
+from pathtwt.compress.method_options import method_option
 from pathtwt.errors import NumericsError
 from pathtwt.compress.intermediates import iter_layer_outputs
 from pathtwt.compress.student import non_block_state
@@ -204,13 +205,13 @@ def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions)
     the preceding MLP with ``fold``), export."""
     plan = resolve_plan(teacher, calib, options)
     blocks = [(int(s), int(e)) for s, e in plan["blocks"]]
-    ridge = float(options.extra.get("ridge", 1e-6))
-    replace_single = bool(options.extra.get("linear_single_layers", False))
-    fold = bool(options.extra.get("fold", False))
+    ridge = float(method_option(options.extra, "ridge"))
+    replace_single = bool(method_option(options.extra, "linear_single_layers"))
+    fold = bool(method_option(options.extra, "fold"))
     replaced = [e > s or replace_single for s, e in blocks]
     folds = foldable(blocks, replaced) if fold else [False] * len(blocks)
     plain = [r and not f for r, f in zip(replaced, folds)]
-    kwargs = dict(ridge=ridge, batch_size=options.batch_size, device=options.device)
+    kwargs = dict(ridge=ridge, batch_size=options.forward_batch, device=options.distill.device)
     fitted = iter(fit_linear_maps(teacher.model, teacher.transform, calib.fit, [b for b, r in zip(blocks, plain) if r], **kwargs))
     maps = [next(fitted) if r else None for r in plain]
     fitted_folds = iter(fit_mlp_output_maps(teacher.model, teacher.transform, calib.fit, [b for b, f in zip(blocks, folds) if f], **kwargs))

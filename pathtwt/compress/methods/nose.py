@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from pathtwt.compress.method_options import method_option
 from pathtwt.errors import ConfigError
 from pathtwt.compress.methods.common import embedding_r2, selection_tiles
 from pathtwt.compress.fidelity import tile_embeddings
@@ -67,7 +68,7 @@ def greedy_attention_removal(teacher: Backbone, calib: CalibrationSet, options: 
     split they were chosen on, and one trace entry per step."""
     split, tiles = selection_tiles(calib)
     kwargs = dict(transform=teacher.transform, num_prefix_tokens=teacher.spec.num_prefix_tokens,
-                  device=options.device, batch_size=options.batch_size)
+                  device=options.distill.device, batch_size=options.forward_batch)
     target = tile_embeddings(teacher.model, tiles, **kwargs)
     probe = copy.deepcopy(teacher.model)
     originals = list(probe.blocks)
@@ -140,7 +141,7 @@ def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions)
         raise ConfigError("--method nose keeps every layer and takes no --depth/--eps/--plan; "
                           "use --option keep_attention=K to keep attention in K layers (default 0: removed everywhere)")
     try:
-        keep = int(options.extra.get("keep_attention", 0))
+        keep = int(method_option(options.extra, "keep_attention"))
     except (TypeError, ValueError):
         keep = -1
     if not 0 <= keep < num_layers:
@@ -159,7 +160,7 @@ def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions)
     initial = report_fidelity(student, teacher, calib, options, every_layer)
     for b in diluted:
         b.alpha.fill_(0.0)
-    dilute_steps = int(float(options.extra.get("dilute_fraction", 0.3)) * total_steps(options, calib))
+    dilute_steps = int(float(method_option(options.extra, "dilute_fraction")) * total_steps(options, calib))
     run = distill_student(student, teacher, calib, options, description="nose",
                           objective=DilutedDeepSupervision(diluted, dilute_steps, num_layers))
     if not run.completed:

@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 from torch import nn
 
-from pathtwt.compress.methods.common import side_run_options, untied_copy, variant_name
+from pathtwt.compress.method_options import method_option
+from pathtwt.compress.methods.common import seeded, side_run_options, untied_copy, variant_name
 from pathtwt.compress.pipeline import CompressOptions, distill_student, export_variant, report_fidelity, total_steps
 from pathtwt.models.variant_layers import add_layer_time_scale, tie_blocks
 
@@ -107,13 +108,14 @@ def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions)
     plan = resolve_plan(teacher, calib, options)
     blocks = [[int(s), int(e)] for s, e in plan["blocks"]]
     num_layers = len(teacher.model.blocks)
-    time_scale = str(options.extra.get("time_scale", True)).lower() not in ("false", "0", "no")
-    student = build_recurrent_student(teacher, blocks, time_scale)
+    time_scale = bool(method_option(options.extra, "time_scale"))
+    with seeded(options.distill.seed):  # the time scales' hidden layer
+        student = build_recurrent_student(teacher, blocks, time_scale)
     every_layer = list(range(1, num_layers + 1))
     initial = report_fidelity(student, teacher, calib, options, every_layer)  # each block's first layer, recurrent
     total = total_steps(options, calib)
-    stage1 = int(round(float(options.extra.get("stage1_fraction", 0.3)) * total))
-    ramp = int(float(options.extra.get("rollout_ramp", 0.25)) * stage1)
+    stage1 = int(round(float(method_option(options.extra, "stage1_fraction")) * total))
+    ramp = int(float(method_option(options.extra, "rollout_ramp")) * stage1)
     # a stage-2 checkpoint already holds what stage 1 produced, so a resumed run skips it
     if stage1 > 0 and not options.checkpoint_path().exists():
         distill(student, teacher.model, calib.training_tiles(), transform=teacher.transform, objective=BlockwiseRollout(blocks, ramp),

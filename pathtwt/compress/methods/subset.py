@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from pathtwt.compress.method_options import method_option
 from pathtwt.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -212,7 +213,7 @@ def distillation_scorer(teacher: Backbone, calib: CalibrationSet, options: Compr
     from pathtwt.compress.distill import distill
     from pathtwt.compress.methods.common import select_r2, side_run_options
 
-    tiles = calib.fit[: max(1, steps * options.batch_size)]
+    tiles = calib.fit[: max(1, steps * options.distill.batch_size)]
 
     def score(subset: Subset) -> float:
         student = candidate_student(teacher, subset)
@@ -228,10 +229,10 @@ def distillation_scorer(teacher: Backbone, calib: CalibrationSet, options: Compr
 def search_settings(teacher: Backbone, calib: CalibrationSet, options: CompressOptions, total_steps: int) -> dict[str, Any]:
     """Everything a search record depends on (a stored record is reused only if all match)."""
     extra, num_layers = options.extra, len(teacher.model.blocks)
-    return {"depth": int(options.depth), "budget": int(extra.get("search_budget", 2 * num_layers + 12)),
-            "search_steps": int(extra.get("search_steps", max(1, total_steps // 10))),
-            "random_control": bool(extra.get("random_control", False)), "seed": int(options.seed),
-            "batch_size": int(options.batch_size), "lr": float(options.lr), "teacher_weights_sha256": teacher.weights_sha256,
+    return {"depth": int(options.depth), "budget": int(method_option(extra, "search_budget", 2 * num_layers + 12)),
+            "search_steps": int(method_option(extra, "search_steps", max(1, total_steps // 10))),
+            "random_control": bool(method_option(extra, "random_control")), "seed": int(options.distill.seed),
+            "batch_size": int(options.distill.batch_size), "lr": float(options.distill.lr), "teacher_weights_sha256": teacher.weights_sha256,
             "score": "embedding R^2 on the select split", "splits": calib.splits_record()}
 
 

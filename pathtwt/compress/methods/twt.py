@@ -21,23 +21,24 @@ if TYPE_CHECKING:
 def build_twt_student(teacher: Backbone, calib: CalibrationSet, plan: dict[str, Any],
                       options: CompressOptions) -> tuple[nn.Module, list[dict]]:
     """The stitched K-layer student and the audition report (empty for ``init="random"``)."""
-    import torch
-
     from pathtwt.models.registry import build_timm_model
     from pathtwt.compress.audition import AuditionOptions, audition
+    from pathtwt.compress.method_options import method_option
+    from pathtwt.compress.methods.common import seeded
     from pathtwt.compress.student import stitch_student
     from pathtwt.compress.teacher_cache import fit_layer_outputs, held_out_outputs
 
     spec, blocks = teacher.spec, plan["blocks"]
     if options.init == "random":
         # ablation: timm's own initialisation for the surrogates, everything else copied
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(options.seed)
+        with seeded(options.distill.seed):
             layers, report = list(build_timm_model(spec, depth=len(blocks)).blocks), []
     elif options.init == "audition":
-        aopts = AuditionOptions(steps=options.audition_steps, lr=options.extra.get("audition_lr", 1e-4),
-                                batch_size=min(options.batch_size, 16), seed=options.seed, device=options.device,
-                                precision=options.precision)
+        aopts = AuditionOptions(steps=options.audition_steps, lr=method_option(options.extra, "audition_lr"),
+                                # the audition's own fitting batch, at most its default
+                                batch_size=min(options.distill.batch_size, AuditionOptions.batch_size),
+                                seed=options.distill.seed, device=options.distill.device,
+                                precision=options.distill.precision)
         # the teacher's outputs of the fit tiles it fits on and the select tiles it ranks on:
         # computed once per teacher and calibration set (teacher cache), shared with the fit
         # means and the other variants

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from pathtwt.compress.method_options import METHOD_OPTIONS, method_option
+from pathtwt.compress.methods.common import seeded
 from pathtwt.errors import ConfigError
 from pathtwt.models.variant_layers import EmbeddingProbe
 
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from pathtwt.compress.pipeline import CompressOptions
     from pathtwt.models.registry import Backbone
 
-DEFAULT_PROBE_HIDDEN = 2048  # gives the paper's 6.29 M-parameter probe on ViT-B
+DEFAULT_PROBE_HIDDEN = METHOD_OPTIONS["probe_hidden"].default  # 2048: the paper's 6.29 M-parameter probe on ViT-B
 
 
 def add_embedding_probe(student: nn.Module, hidden: int) -> nn.Module:
@@ -78,11 +80,12 @@ def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions)
     num_layers = len(teacher.model.blocks)
     if options.depth is None or not 1 <= options.depth < num_layers:
         raise ConfigError(f"--method wdpruning needs --depth K with 1 <= K < {num_layers} (the layers kept)")
-    hidden = int(options.extra.get("probe_hidden", DEFAULT_PROBE_HIDDEN))
+    hidden = int(method_option(options.extra, "probe_hidden"))
     if hidden < 1:
         raise ConfigError(f"--option probe_hidden={hidden}: must be a positive integer")
     depth = int(options.depth)
-    student = build_wdpruning_student(teacher, depth, hidden)
+    with seeded(options.distill.seed):  # the probe's layers
+        student = build_wdpruning_student(teacher, depth, hidden)
     probe_params = sum(p.numel() for p in student.embedding_probe.parameters())
     return distill_and_export(
         teacher, calib, options, method="wdpruning", student=student,
