@@ -43,7 +43,7 @@ def main() -> None:
     for r in runs:
         pooled.setdefault((r.variant, r.head), []).append(r)
     out = {"metric": METRIC, "rows": [], "targets": {}}
-    print(f"| Variant | Head | BAcc out-of-fold [95% CI] | per fold | ΔBAcc vs teacher [95% CI] | half-width |")
+    print("| Variant | Head | BAcc out-of-fold [95% CI] | per fold | ΔBAcc vs teacher [95% CI] | half-width |")
     print("|---|---|---|---|---|---|")
     for (variant, head), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         mean = r.values["test", METRIC][0]

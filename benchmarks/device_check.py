@@ -210,6 +210,14 @@ class Run:
             return False
         return self.elapsed() + reserve_s > self.s.budget_s
 
+    def skipped(self, row: Row, reserve_s: float = 0.0) -> bool:
+        """Add ``row`` as skipped when the budget stops it; whether it did."""
+        if not self.out_of_time(reserve_s):
+            return False
+        row.note = f"{row.note}; skipped: time budget" if row.note else "skipped: time budget"
+        self.add(row)
+        return True
+
     def sync(self) -> None:
         if self.gpu:
             torch.cuda.synchronize(self.s.device)
@@ -308,9 +316,7 @@ def measure_forward(run: Run) -> None:
             model = _copy_to(base, s.device, DTYPES[precision])
             for batch in s.batches:
                 row = Row(kind="forward", model=label, precision=precision, batch=batch)
-                if run.out_of_time():
-                    row.note = "skipped: time budget"
-                    run.add(row)
+                if run.skipped(row):
                     continue
                 try:
                     with run.memory(row):
@@ -450,9 +456,7 @@ def measure_extract(run: Run) -> None:
                 for workers in s.workers:
                     row = Row(kind="extract", model=label, precision="bf16-autocast", batch=s.extract_batch,
                               workers=workers, extra={"decode": decode})
-                    if run.out_of_time():
-                        row.note = "skipped: time budget"
-                        run.add(row)
+                    if run.skipped(row):
                         continue
                     try:
                         with run.memory(row):
@@ -525,9 +529,7 @@ def measure_distill(run: Run) -> None:
     for augment, workers, label in ((True, s.distill_workers, "augment in loader"), (False, 0, "no augment, compute")):
         row = Row(kind="distill", model="twt-5 vs teacher-12", precision="bf16-autocast", batch=s.distill_batch,
                   workers=workers, note=label)
-        if run.out_of_time(reserve_s=30.0 if run.gpu else 5.0):
-            row.note = f"{label}; skipped: time budget"
-            run.add(row)
+        if run.skipped(row, reserve_s=30.0 if run.gpu else 5.0):
             continue
         try:
             seconds = []

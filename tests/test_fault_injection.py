@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import cv2
-import numpy as np
 import pytest
 from fault_injection import (
     Kill,

@@ -15,7 +15,6 @@ import copy
 
 import numpy as np
 import pytest
-import torch
 
 from pathtwt.compress.calibration import CalibrationSet
 from pathtwt.compress.fidelity import (constant_fidelity, linear_cka, measure, random_init_model,

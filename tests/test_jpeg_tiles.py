@@ -14,7 +14,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 tifffile = pytest.importorskip("tifffile")
 
-from pathtwt.errors import ConfigError  # noqa: E402
 from pathtwt.wsi import jpeg_tiles  # noqa: E402
 from pathtwt.wsi.jpeg_tiles import (  # noqa: E402
     DeviceLevel,

@@ -17,7 +17,6 @@ from pathtwt.cli import main
 from pathtwt.errors import SlideError
 from pathtwt.io.h5 import read_coords
 from pathtwt.wsi.slides import open_slide
-from pathtwt.wsi.tiling import tile_slide
 
 PINK = (200, 110, 170)
 

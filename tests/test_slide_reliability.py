@@ -311,7 +311,7 @@ def test_rerun_removes_temporaries_of_killed_runs(two_slides, tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     tmp_file = proc.stdout.readline().strip()
-    assert f".coords.h5.tmp-" in tmp_file and f"-{proc.pid}-" in tmp_file
+    assert ".coords.h5.tmp-" in tmp_file and f"-{proc.pid}-" in tmp_file
     assert remove_stale_temporaries(out) == []  # its writer is alive: left alone
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

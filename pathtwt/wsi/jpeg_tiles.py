@@ -169,7 +169,8 @@ class TorchJpegDecoder:
         decoded = self._decode(page, [int(i) for i in indices])
         if decoded is not None:
             return decoded
-        return [torch.from_numpy(np.ascontiguousarray(t)).to(self.device) for t in decode_native_tiles(page, indices)]
+        # np.require copies a read-only decoder buffer: torch refuses to wrap one without a warning
+        return [torch.from_numpy(np.require(t, requirements=["C", "W"])).to(self.device) for t in decode_native_tiles(page, indices)]
 
     def _decode(self, page: Any, indices: list[int]) -> list[Any] | None:
         """The tiles decoded by torchvision, or None where the CPU must decode them."""
