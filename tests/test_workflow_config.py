@@ -107,6 +107,20 @@ def test_config_errors_name_the_key(tmp_path, edit, message):
         load_and_check([_edited(tmp_path, edit)])
 
 
+def test_what_a_variant_gives_comes_from_the_method_registry(tmp_path, monkeypatch):
+    # a method registered as keeping every layer (as nose is) refuses a depth; one that
+    # takes an eps (as twt does) accepts it, and the message names the methods that do
+    from pathtwt.compress import registry
+
+    monkeypatch.setitem(registry.METHODS, "keep-all", registry.CompressionMethod("m:f", goal="none"))
+    monkeypatch.setitem(registry.METHODS, "fewest", registry.CompressionMethod("m:f", goal="depth or eps"))
+    with pytest.raises(ConfigError, match=r"variants.k: the keep-all method keeps every layer; give no depth"):
+        load_and_check([_edited(tmp_path, lambda cfg: cfg.update(variants={"k": {"method": "keep-all", "depth": 5}}))])
+    load_and_check([_edited(tmp_path, lambda cfg: cfg.update(variants={"f": {"method": "fewest", "eps": 0.1}}))])
+    with pytest.raises(ConfigError, match=r"variants.r.eps: only twt, fewest takes eps"):
+        load_and_check([_edited(tmp_path, lambda cfg: cfg.update(variants={"r": {"method": "raptor", "eps": 0.1}}))])
+
+
 def test_duplicate_slide_ids_are_listed_by_row(tmp_path):
     rows = GOOD + [("s2", "0", "test")]
     with pytest.raises(ConfigError) as exc:

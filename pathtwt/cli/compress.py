@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pathtwt.compress.method_options import METHOD_OPTIONS, describe
+from pathtwt.compress.registry import METHODS
 
 if TYPE_CHECKING:
     from pathtwt.compress.pipeline import CompressOptions
@@ -27,10 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     # here --batch-size is distillation's micro-batch, whose default is the distillation one
     add_backbone_arguments(parser, batch_size=D.batch_size)
-    parser.add_argument("--method", default="twt", help="twt, truncation, or a comparison method "
-                        "(raptor, wdpruning, nose, linear, subset)")
+    parser.add_argument("--method", default="twt", help=f"one of {', '.join(METHODS)} (default %(default)s)")
     parser.add_argument("--out", required=True, type=Path, help="variant folder to write")
-    # every method but nose (which keeps every layer) needs one of these; each method says so
+    # every method whose goal is not "none" (pathtwt.compress.registry) needs one of these; each says so
     goal = parser.add_mutually_exclusive_group()
     goal.add_argument("--depth", type=int, help="exactly K blocks (discovery runs here unless --plan); default: none, one of --depth, --eps, --plan is needed by every method but nose")
     goal.add_argument("--eps", type=float, help="fewest blocks with discrepancy <= EPS (discovery runs here); default: none")

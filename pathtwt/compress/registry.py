@@ -11,23 +11,42 @@ has not been installed fails with a clear message instead of breaking the others
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from pathtwt.errors import ConfigError
 
-METHODS: dict[str, str] = {
-    "twt": "pathtwt.compress.methods.twt:compress",
-    "truncation": "pathtwt.compress.methods.truncation:compress",
-    "raptor": "pathtwt.compress.methods.raptor:compress",
-    "wdpruning": "pathtwt.compress.methods.wdpruning:compress",
-    "nose": "pathtwt.compress.methods.nose:compress",
-    "linear": "pathtwt.compress.methods.linear:compress",
-    "subset": "pathtwt.compress.methods.subset:compress",
+# what a variant of the method gives: a depth (exactly K layers or blocks), a depth or an
+# eps (TWT partitions to the fewest blocks within eps), or neither (every layer is kept)
+GOALS = ("depth", "depth or eps", "none")
+
+
+@dataclass(frozen=True)
+class CompressionMethod:
+    target: str  # "module:function", imported only when the method is chosen
+    goal: str = "depth"  # one of GOALS: what pathtwt compress and the config's variants.NAME take
+    closed_form: bool = False  # fitted in closed form, never distilled: no training budget to announce
+
+
+METHODS: dict[str, CompressionMethod] = {
+    "twt": CompressionMethod("pathtwt.compress.methods.twt:compress", goal="depth or eps"),
+    "truncation": CompressionMethod("pathtwt.compress.methods.truncation:compress"),
+    "raptor": CompressionMethod("pathtwt.compress.methods.raptor:compress"),
+    "wdpruning": CompressionMethod("pathtwt.compress.methods.wdpruning:compress"),
+    # every layer kept, attention removed (or kept in --option keep_attention=K layers)
+    "nose": CompressionMethod("pathtwt.compress.methods.nose:compress", goal="none"),
+    "linear": CompressionMethod("pathtwt.compress.methods.linear:compress", closed_form=True),
+    "subset": CompressionMethod("pathtwt.compress.methods.subset:compress"),
 }
 
-# fitted in closed form, never distilled: no training budget to announce
-CLOSED_FORM = frozenset({"linear"})
+CLOSED_FORM = frozenset(name for name, m in METHODS.items() if m.closed_form)
+
+
+def goal_of(name: str) -> str:
+    """What a variant of method ``name`` gives (:data:`GOALS`); the uncompressed and
+    random-init reference rows give neither."""
+    return METHODS[name].goal if name in METHODS else "none"
 
 
 def known_methods() -> list[str]:
@@ -37,10 +56,10 @@ def known_methods() -> list[str]:
 def get_method(name: str) -> Callable[..., Path | None]:
     """The function registered as ``name``; a ConfigError names the known methods or the
     missing module."""
-    target = METHODS.get(name)
-    if target is None:
+    method = METHODS.get(name)
+    if method is None:
         raise ConfigError(f"unknown compression method {name!r}; known methods: {', '.join(known_methods())}")
-    module_name, func_name = target.split(":")
+    module_name, func_name = method.target.split(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -446,6 +446,8 @@ def demo_pending(config: Mapping[str, Any], cohort: str) -> bool:
 
 
 def check_references(config: Mapping[str, Any], *, source: str) -> None:
+    from pathtwt.compress.registry import METHODS, goal_of
+
     cohorts, tasks, variants = config["cohorts"], config["tasks"], config["variants"]
     for name, task in tasks.items():
         for key, cohort in [("cohort", task["cohort"])] + [("external", c) for c in task["external"]]:
@@ -473,14 +475,17 @@ def check_references(config: Mapping[str, Any], *, source: str) -> None:
                     "(the teacher's full architecture with random weights); give no depth or eps"
                 )
             continue
-        if var["method"] == "nose":  # NOSE keeps every layer and removes attention from all of them
+        goal = goal_of(var["method"])
+        if goal == "none" and var["method"] != "none":  # every layer kept (NOSE: attention removed)
             if var["depth"] is not None or var["eps"] is not None:
-                raise ConfigError(f"{source}: key variants.{name}: the nose method keeps every layer; give no depth or eps")
+                raise ConfigError(f"{source}: key variants.{name}: the {var['method']} method keeps every layer; "
+                                  "give no depth or eps")
             continue
         if var["method"] != "none" and (var["depth"] is None) == (var["eps"] is None):
             raise ConfigError(f"{source}: key variants.{name}: give exactly one of depth and eps")
-        if var["eps"] is not None and var["method"] != "twt":
-            raise ConfigError(f"{source}: key variants.{name}.eps: only the twt method takes eps; give a depth")
+        if var["eps"] is not None and goal != "depth or eps":
+            takes = ", ".join(m for m, spec in METHODS.items() if spec.goal == "depth or eps")
+            raise ConfigError(f"{source}: key variants.{name}.eps: only {takes} takes eps; give a depth")
     if RANDOM_INIT_VARIANT in variants and variants[RANDOM_INIT_VARIANT]["method"] != RANDOM_INIT_VARIANT:
         raise ConfigError(
             f"{source}: key variants.{RANDOM_INIT_VARIANT}: the name is reserved for the random-init reference "

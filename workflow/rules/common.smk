@@ -4,6 +4,7 @@ import os
 import sys
 from pathlib import Path
 
+from pathtwt.compress.registry import goal_of
 from pathtwt.config import check as config_check
 from pathtwt.errors import ConfigError
 from pathtwt.io import layout
@@ -368,7 +369,7 @@ def get_compress_target_args(wildcards):
     v = get_variant(wildcards)
     if v["method"] == "twt" and (v["depth"], v["eps"]) == _discovery_goal(wildcards.backbone):
         return f"--plan {layout.DISCOVERY_DIR.format(backbone=wildcards.backbone)}/plan.json"
-    if v["method"] == "nose":  # every layer kept, attention removed from all of them
+    if goal_of(v["method"]) == "none":  # every layer kept (NOSE: attention removed)
         return ""
     return f"--depth {v['depth']}" if v["depth"] is not None else f"--eps {v['eps']}"
 
