@@ -130,3 +130,15 @@ def test_results_page_commit_comparison_is_the_scripts_output_and_finds_no_chang
         "rerun benchmarks/compare_demo_tables.py and paste its table"
     # the page says every result cell is the same: the demo's outputs did not move between the commits
     assert records and all(r["same"] == r["cells"] for r in records), records
+
+
+def test_the_native_tile_reader_runs_have_every_cell_of_their_counterparts():
+    """The page says the two runs with the native-tile reader (bf16, and held to AVX2)
+    have every result cell of the runs at cf01c9a on the same machine: the stored tables
+    say so too."""
+    module = _compare_module()
+    results = REPO / "benchmarks" / "results"
+    for before, after in (("demo_bf16_cf01c9a", "demo_bf16_21d7917"), ("demo_avx2_fp32_cf01c9a", "demo_avx2_fp32_4d94c18")):
+        records = module.compare(results / before / "tables.md", results / after / "tables.md")
+        assert records and all(r["same"] == r["cells"] for r in records), (before, after, records)
+    assert "every result cell of each\nis the same as its counterpart at cf01c9a" in PAGE.read_text(encoding="utf-8")
