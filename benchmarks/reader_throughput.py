@@ -147,9 +147,10 @@ def rates(slide_path: Path, coords: Path, rows: int, profile: bool, repeat: int 
                 best = min(best, time.perf_counter() - began)
         out[name] = len(xy) / best
     if profile:
+        profiler = cProfile.Profile()
         with geometry.open() as slide:
-            cProfile.runctx("new(slide)", globals(), {"new": new, "slide": slide}, "/tmp/reader.prof")
-        pstats.Stats("/tmp/reader.prof").sort_stats("tottime").print_stats(12)
+            profiler.runcall(new, slide)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
     return out
 
 
