@@ -220,3 +220,57 @@ def test_each_registry_of_the_table_holds_the_entries_it_lists(row):
 
         enum = load_schema()["properties"]["variants"]["additionalProperties"]["properties"]["method"]["enum"]
         assert listed <= set(enum)
+
+
+# ---------------------------------------------------------------- compression method names
+
+# A method's name written as a whole string (``"raptor"``, ``== "nose"``, a dict key) outside
+# these files is a second home for the registry's list. Variant names that begin with one
+# ("twt-6") and prose are not names of a method. Path -> why it may write them.
+METHOD_NAME_HOMES: dict[str, str] = {
+    "pathtwt/compress/registry.py": "the registry itself (and PAPER_METHOD, the paper's method)",
+    "pathtwt/compress/budgets.py": "Appendix B's budgets as data, keyed by the registry's names (checked below)",
+    "pathtwt/compress/method_options.py": "each --option names the method that reads it (checked below)",
+}
+
+
+def _method_names() -> set[str]:
+    from pathtwt.compress.registry import METHODS
+
+    return set(METHODS)
+
+
+def method_names_written(path: Path) -> list[str]:
+    names = _method_names()
+    return [f"{path.relative_to(ROOT)}:{line}: {literal!r}" for line, literal in string_literals(path)
+            if literal in names]
+
+
+def test_no_method_name_is_written_outside_its_registry():
+    from pathtwt.compress.registry import METHODS
+
+    own_modules = {m.target.split(":")[0].replace(".", "/") + ".py" for m in METHODS.values()}
+    files = [*package_files(), REGISTRY]
+    found = [hit for path in files
+             if (rel := str(path.relative_to(ROOT))) not in METHOD_NAME_HOMES and rel not in own_modules
+             for hit in method_names_written(path)]
+    assert not found, ("compression method names written outside pathtwt/compress/registry.py (read METHODS, "
+                       "goal_of or PAPER_METHOD):\n" + "\n".join(found))
+    for rel in METHOD_NAME_HOMES:
+        assert method_names_written(ROOT / rel), f"{rel} no longer writes a method name: drop its exception"
+
+
+def test_the_data_keyed_by_method_names_only_registered_methods():
+    from pathtwt.compress.budgets import PAPER_BUDGETS
+    from pathtwt.compress.method_options import METHOD_OPTIONS
+    from pathtwt.compress.registry import GOALS, METHODS, PAPER_METHOD
+
+    assert set(PAPER_BUDGETS) <= set(METHODS) and PAPER_METHOD in METHODS
+    assert {spec.method for spec in METHOD_OPTIONS.values()} <= set(METHODS)
+    assert all(m.goal in GOALS for m in METHODS.values())
+
+
+def test_the_method_scan_sees_whole_names_only(tmp_path):
+    code = tmp_path / "a.py"
+    code.write_text('"""twt"""\nif m == "nose":\n    pass\nV = "twt-6"\nD = {"raptor": 1}\nS = "linear_single_layers"\n')
+    assert [line for line, text in string_literals(code) if text in _method_names()] == [2, 5]

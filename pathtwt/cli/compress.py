@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pathtwt.compress.method_options import METHOD_OPTIONS, describe
-from pathtwt.compress.registry import METHODS
+from pathtwt.compress.registry import METHODS, PAPER_METHOD
 
 if TYPE_CHECKING:
     from pathtwt.compress.pipeline import CompressOptions
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     # here --batch-size is distillation's micro-batch, whose default is the distillation one
     add_backbone_arguments(parser, batch_size=D.batch_size)
-    parser.add_argument("--method", default="twt", help=f"one of {', '.join(METHODS)} (default %(default)s)")
+    parser.add_argument("--method", default=PAPER_METHOD, help=f"one of {', '.join(METHODS)} (default %(default)s)")
     parser.add_argument("--out", required=True, type=Path, help="variant folder to write")
     # every method whose goal is not "none" (pathtwt.compress.registry) needs one of these; each says so
     goal = parser.add_mutually_exclusive_group()

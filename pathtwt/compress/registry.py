@@ -40,6 +40,11 @@ METHODS: dict[str, CompressionMethod] = {
     "subset": CompressionMethod("pathtwt.compress.methods.subset:compress"),
 }
 
+# the method of the paper pathtwt implements: `pathtwt compress`'s default; discovery
+# partitions for its first variant (the goal the similarity figure shows), and the
+# intrinsic-dimension and stability analyses study its variants
+PAPER_METHOD = "twt"
+
 CLOSED_FORM = frozenset(name for name, m in METHODS.items() if m.closed_form)
 
 

@@ -4,7 +4,7 @@ import os
 import sys
 from pathlib import Path
 
-from pathtwt.compress.registry import goal_of
+from pathtwt.compress.registry import PAPER_METHOD, goal_of
 from pathtwt.config import check as config_check
 from pathtwt.errors import ConfigError
 from pathtwt.io import layout
@@ -352,7 +352,7 @@ def _discovery_goal(backbone):
         return d["depth"], d["eps"]
     for v in get_compressed_variants(backbone):
         var = config["variants"][v]
-        if var["method"] == "twt":
+        if var["method"] == PAPER_METHOD:
             return var["depth"], var["eps"]
     return None, 0.1
 
@@ -367,7 +367,7 @@ def get_compress_target_args(wildcards):
     that plan (no second similarity pass over the calibration tiles); others give their
     depth or eps and `pathtwt compress` partitions the similarity matrix itself."""
     v = get_variant(wildcards)
-    if v["method"] == "twt" and (v["depth"], v["eps"]) == _discovery_goal(wildcards.backbone):
+    if v["method"] == PAPER_METHOD and (v["depth"], v["eps"]) == _discovery_goal(wildcards.backbone):
         return f"--plan {layout.DISCOVERY_DIR.format(backbone=wildcards.backbone)}/plan.json"
     if goal_of(v["method"]) == "none":  # every layer kept (NOSE: attention removed)
         return ""
@@ -524,7 +524,7 @@ def get_analysis_targets():
         targets.append("results/analysis/eps/eps_sensitivity_summary.json")
     for b in get_backbones():
         for v in get_compressed_variants(b):
-            if config["variants"][v]["method"] == "twt":
+            if config["variants"][v]["method"] == PAPER_METHOD:
                 targets += [
                     f"results/analysis/{b}/{v}/intrinsic-dim/intrinsic_dim.json",
                     f"results/analysis/{b}/{v}/stability/stability.json",
