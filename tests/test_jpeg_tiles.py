@@ -243,3 +243,44 @@ def test_read_tiles_on_device_equal_the_slides_read_tiles():
             assert max(_max_diff(a, b) for a, b in zip(batch, expected)) <= jpeg_tiles.TOLERANCE
     with open_slide(SHARED / "slides" / "boxes.tiff", mpp_fallback=0.5) as other:  # not JPEG: the CPU reads it
         assert read_tiles_on_device(other, xy[:1], 64, 0, 64, decoder) is None
+
+
+@needs_cmu
+def test_gpu_decode_cuts_and_shrinks_on_the_device(monkeypatch):
+    """With the GPU decoder, a JPEG-tiled level's tiles are decoded, cut and shrunk to the
+    model's input on the device (here torchvision's CPU decoder stands in for CUDA): the
+    same tiles as the CPU path within the decoders' tolerance; a model input larger than
+    the tile is enlarged on the CPU, as today."""
+    from dataclasses import replace
+
+    from pathtwt.wsi.coords_tiles import TileGeometry
+
+    monkeypatch.setattr(jpeg_tiles, "_GPU_DECODER", TorchJpegDecoder("cpu"))
+    on_device = []
+    real = jpeg_tiles.read_tiles_on_device
+    monkeypatch.setattr(jpeg_tiles, "read_tiles_on_device", lambda *a: on_device.append(1) or real(*a))
+    gpu = TileGeometry(slide_path=CMU, patch_size_level0=448, read_level=0, patch_size=448, decode="gpu")
+    cpu = replace(gpu, decode="cpu")
+    xy = np.array([(0, 0), (448, 0), (1000, 1333), (1900, 2700)])  # the last one runs off the slide
+    with gpu.open() as a, cpu.open() as b:
+        ours, theirs = gpu.read_many(a, xy, 224), cpu.read_many(b, xy, 224)
+        assert on_device and [t.shape for t in ours] == [(224, 224, 3)] * len(xy)
+        assert max(_max_diff(s, t) for s, t in zip(ours, theirs)) <= jpeg_tiles.TOLERANCE
+        on_device.clear()
+        assert [t.shape for t in gpu.read_many(a, xy[:1], 512)] == [(512, 512, 3)] and not on_device
+
+
+def test_a_gpu_reading_process_decodes_on_the_jobs_gpu(monkeypatch):
+    import types
+
+    from pathtwt.wsi import coords_tiles
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: chosen.append(str(device)))
+    dataset = types.SimpleNamespace(decode_device="cuda:1")
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: types.SimpleNamespace(dataset=dataset))
+    coords_tiles.reader_worker_init(0)
+    assert chosen == ["cuda:1"]
+    dataset.decode_device = None  # a CPU-decoding job's readers never touch CUDA
+    coords_tiles.reader_worker_init(0)
+    assert chosen == ["cuda:1"]

@@ -225,7 +225,8 @@ class JobTiles(torch.utils.data.Dataset):
     naming the slide and the region (an exception in a worker would arrive wrapped in a
     multi-line traceback)."""
 
-    def __init__(self, slides: Sequence[PreparedSlide], transform: Any, decode: str = "cpu"):
+    def __init__(self, slides: Sequence[PreparedSlide], transform: Any, decode: str = "cpu",
+                 decode_device: str | None = None):
         # each slide reopened exactly as it was tiled (the coords file's own reader)
         self.readers = [
             CoordsTileReader(TileGeometry.from_attrs(p.job.coords, p.coords_attrs, slide_path=p.job.slide,
@@ -234,6 +235,8 @@ class JobTiles(torch.utils.data.Dataset):
         ]
         self.offsets = np.cumsum([0] + [len(r) for r in self.readers])
         self.transform = transform
+        # where the GPU decoder runs in each reading process: the job's own GPU
+        self.decode_device = str(decode_device) if decode == "gpu" and decode_device is not None else None
         self._open: int | None = None  # the reader whose slide this process holds open
 
     def __len__(self) -> int:
@@ -316,7 +319,7 @@ def _embed_slides(
     from tqdm import tqdm
 
     decode = resolve_decode(decode, backbone.device)
-    dataset = JobTiles(prepared, backbone.transform, decode)
+    dataset = JobTiles(prepared, backbone.transform, decode, decode_device=backbone.device)
     batch_size = int(batch_size)
     batches = dataset.batches(batch_size)
     on_cuda = str(backbone.device).startswith("cuda")

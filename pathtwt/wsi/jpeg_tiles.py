@@ -233,13 +233,18 @@ class TorchJpegDecoder:
 _GPU_DECODER: TorchJpegDecoder | None = None
 
 
-def gpu_decoder(page: Any, indices: Sequence[int]) -> list[np.ndarray]:
-    """The ``gpu`` decoder of :data:`pathtwt.wsi.decoding.DECODERS`: one CUDA decoder per
-    process, made on first use."""
+def process_gpu_decoder() -> TorchJpegDecoder:
+    """This process's one CUDA decoder, made on first use (each reading process has its own)."""
     global _GPU_DECODER
     if _GPU_DECODER is None:
         _GPU_DECODER = TorchJpegDecoder("cuda")
-    return _GPU_DECODER(page, indices)
+    return _GPU_DECODER
+
+
+def gpu_decoder(page: Any, indices: Sequence[int]) -> list[np.ndarray]:
+    """The ``gpu`` decoder of :data:`pathtwt.wsi.decoding.DECODERS` (native tiles back to
+    the host, for the levels and readers that cut on the CPU)."""
+    return process_gpu_decoder()(page, indices)
 
 
 def _fit_tile(tile: Any, shape: tuple[int, int, int]) -> Any:
