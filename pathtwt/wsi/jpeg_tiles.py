@@ -40,12 +40,11 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from pathtwt.wsi.native_tiles import NativeLevel, decode_native_tiles
+from pathtwt.wsi.native_tiles import PHOTOMETRIC_RGB, NativeLevel, decode_native_tiles, interleaved_rgb_tiles, tile_bytes
 
 log = logging.getLogger(__name__)
 
 JPEG = 7  # TIFF Compression: "new-style" JPEG (TIFF technote 2); old-style (6) is left to tifffile
-PHOTOMETRIC_RGB, PHOTOMETRIC_YCBCR = 2, 6
 
 # the most two decoders of the same JPEG stream may differ (IDCT and upsampling
 # rounding); beyond it a page is read on the CPU
@@ -86,15 +85,7 @@ def is_jpeg_tiled(page: Any) -> bool:
     """Whether tifffile ``page`` is a tiled, 8-bit, three-sample interleaved page of
     new-style JPEG tiles in RGB or YCbCr: what :class:`TorchJpegDecoder` decodes."""
     try:
-        return bool(
-            getattr(page, "is_tiled", False)
-            and int(page.compression) == JPEG
-            and int(page.samplesperpixel) == 3
-            and int(page.bitspersample) == 8
-            and int(page.planarconfig) == 1
-            and int(page.photometric) in (PHOTOMETRIC_RGB, PHOTOMETRIC_YCBCR)
-            and getattr(page, "tiledepth", 1) == 1
-        )
+        return interleaved_rgb_tiles(page) and int(page.compression) == JPEG
     except (AttributeError, TypeError, ValueError):
         return False
 
@@ -102,20 +93,9 @@ def is_jpeg_tiled(page: Any) -> bool:
 def tile_streams(page: Any, indices: Sequence[int]) -> list[bytes | None]:
     """The complete JPEG of each native tile ``indices`` of ``page`` (None for an empty
     tile of a sparse TIFF), read from the page's file handle."""
-    fh = page.parent.filehandle
     rgb = int(page.photometric) == PHOTOMETRIC_RGB
     tables = page.jpegtables
-    out: list[bytes | None] = []
-    for index in indices:
-        offset, count = int(page.dataoffsets[index]), int(page.databytecounts[index])
-        if count == 0 or offset == 0:
-            out.append(None)
-            continue
-        with fh.lock:
-            fh.seek(offset)
-            data = fh.read(count)
-        out.append(splice(tables, data, rgb=rgb))
-    return out
+    return [None if (data := tile_bytes(page, index)) is None else splice(tables, data, rgb=rgb) for index in indices]
 
 
 def decode_streams(streams: Sequence[bytes], device: Any = "cpu") -> list[Any]:
@@ -191,7 +171,6 @@ class TorchJpegDecoder:
         present = [k for k, s in enumerate(streams) if s is not None]
         try:
             decoded = decode_streams([streams[k] for k in present], self.device)
-            out = [torch.full(shape, 255, dtype=torch.uint8, device=self.device) for _ in indices]
         except Exception as exc:  # noqa: BLE001 - torchvision raises RuntimeError and others on bad streams
             self.fallbacks += 1
             if self.device.type == "cuda" and not torch.cuda.is_initialized():
@@ -204,8 +183,11 @@ class TorchJpegDecoder:
             self._tell(key, f"{self._name()} refused a JPEG stream among native tiles {indices[0]}-{indices[-1]} "
                             f"({' '.join(str(exc).split())[:200]})", force=True)
             return None
+        out: list[Any] = [None] * len(indices)
         for k, tile in zip(present, decoded):
             out[k] = _fit_tile(tile.permute(1, 2, 0), shape)
+        for k in set(range(len(indices))) - set(present):  # an empty tile of a sparse TIFF: white
+            out[k] = torch.full(shape, 255, dtype=torch.uint8, device=self.device)
         if self.check and key not in self._checked and present:
             self._checked[key] = self._agrees(page, indices[present[0]], out[present[0]], key)
             if not self._checked[key]:

@@ -30,6 +30,7 @@ Decoder = Callable[[Any, Sequence[int]], list]
 # compressions whose tifffile decode gives the pixels OpenSlide gives (checked by
 # tests/test_native_reader.py): none, LZW, JPEG, Adobe deflate, deflate
 NATIVE_COMPRESSIONS = frozenset({1, 5, 7, 8, 32946})
+PHOTOMETRIC_RGB, PHOTOMETRIC_YCBCR = 2, 6  # TIFF Photometric values of three-sample colour pages
 
 # decoded native tiles kept per slide level: about two rows of 256 px tiles across a
 # 100,000 px wide slide, so a slide read in row order decodes each native tile once
@@ -40,22 +41,46 @@ def decode_native_tiles(page: Any, indices: Sequence[int]) -> list[np.ndarray]:
     """The decoded native tiles ``indices`` of tifffile ``page``: (tile length, tile
     width, 3) uint8 each (edge tiles at full tile size, as stored). An empty tile (byte
     count 0, a sparse TIFF) comes back white, as OpenSlide shows a missing tile."""
-    fh = page.parent.filehandle
     shape = (page.tilelength, page.tilewidth, 3)
     out = []
     for index in indices:
-        offset, count = int(page.dataoffsets[index]), int(page.databytecounts[index])
-        if count == 0 or offset == 0:
+        data = tile_bytes(page, index)
+        if data is None:
             out.append(np.full(shape, 255, np.uint8))
             continue
-        with fh.lock:
-            fh.seek(offset)
-            data = fh.read(count)
         segment = page.decode(data, int(index), jpegtables=page.jpegtables)[0]
         if segment is None:
             raise ValueError(f"native tile {index} of page {page.index} is empty")
         out.append(np.asarray(segment).reshape(shape))
     return out
+
+
+def tile_bytes(page: Any, index: int) -> bytes | None:
+    """Native tile ``index`` of ``page`` as stored (its compressed bytes), read from the
+    page's file handle; None for an empty tile (byte count 0, a sparse TIFF)."""
+    offset, count = int(page.dataoffsets[index]), int(page.databytecounts[index])
+    if count == 0 or offset == 0:
+        return None
+    fh = page.parent.filehandle
+    with fh.lock:
+        fh.seek(offset)
+        return fh.read(count)
+
+
+def interleaved_rgb_tiles(page: Any) -> bool:
+    """Whether tifffile ``page`` is tiled, 8-bit, three-sample, interleaved (chunky) and
+    RGB or YCbCr: the pages whose native tiles are read here."""
+    try:
+        return bool(
+            getattr(page, "is_tiled", False)
+            and getattr(page, "tiledepth", 1) == 1
+            and int(page.samplesperpixel) == 3
+            and int(page.bitspersample) == 8
+            and int(page.planarconfig) == 1
+            and int(page.photometric) in (PHOTOMETRIC_RGB, PHOTOMETRIC_YCBCR)
+        )
+    except (AttributeError, TypeError, ValueError):
+        return False
 
 
 def native_page(tif: Any, level: int, size: tuple[int, int]) -> Any | None:
@@ -69,13 +94,8 @@ def native_page(tif: Any, level: int, size: tuple[int, int]) -> Any | None:
     except Exception:  # noqa: BLE001 - odd files: the reader library's own path reads them
         return None
     ok = (
-        getattr(page, "is_tiled", False)
-        and page.tiledepth == 1
-        and page.samplesperpixel == 3
-        and page.bitspersample == 8
-        and int(page.planarconfig) == 1
+        interleaved_rgb_tiles(page)
         and int(page.compression) in NATIVE_COMPRESSIONS
-        and int(page.photometric) in (2, 6)  # RGB, YCbCr
         and (int(page.imagewidth), int(page.imagelength)) == tuple(size)
         and len(page.dataoffsets) == _tiles_across(page) * _tiles_down(page)
     )

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pathtwt.errors import SlideError
+from pathtwt.wsi.decoding import decoder
 from pathtwt.wsi.formats import READERS, refuse_associated_image, refuse_unsupported, truncation_note
 from pathtwt.wsi.reader_notes import capture_reader_messages
 
@@ -147,7 +148,7 @@ class Slide:
         # the native-tile view of each read level (pathtwt.wsi.native_tiles), opened on first use
         self._native: dict[int, Any] = {}
         self._tif: Any = None
-        self.decoder: Any = _default_decoder()  # how native tiles are decoded (the decode seam)
+        self.decoder: Any = decoder("cpu")  # how native tiles are decoded (the decode seam)
 
     # -- context manager -------------------------------------------------------------
     def __enter__(self) -> "Slide":
@@ -298,12 +299,6 @@ class Slide:
         except Exception:  # noqa: BLE001 - not a TIFF tifffile reads: the reader's own path
             return None
         return None if page is None else NativeLevel(page, decoder=self.decoder, fill=self.fill)
-
-
-def _default_decoder() -> Any:
-    from pathtwt.wsi.native_tiles import decode_native_tiles
-
-    return decode_native_tiles
 
 
 def _fit(region: np.ndarray, patch_size: int) -> np.ndarray:
