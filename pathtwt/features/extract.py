@@ -227,10 +227,14 @@ class JobTiles(torch.utils.data.Dataset):
 
     def __init__(self, slides: Sequence[PreparedSlide], transform: Any, decode: str = "cpu",
                  decode_device: str | None = None):
-        # each slide reopened exactly as it was tiled (the coords file's own reader)
+        # each slide reopened exactly as it was tiled (the coords file's own reader); with
+        # the GPU decoder a reader also shrinks its tiles to the model's input, on the
+        # device (INTER_AREA, as transform.resize shrinks: the same tiles); enlarging stays
+        # with transform.resize
         self.readers = [
             CoordsTileReader(TileGeometry.from_attrs(p.job.coords, p.coords_attrs, slide_path=p.job.slide,
-                                                     decode=decode), p.xy)
+                                                     decode=decode), p.xy,
+                             size=_shrunk_on_the_reader(decode, int(p.coords_attrs["patch_size"]), transform.input_size))
             for p in slides
         ]
         self.offsets = np.cumsum([0] + [len(r) for r in self.readers])
@@ -276,6 +280,12 @@ class JobTiles(torch.utils.data.Dataset):
         for reader in self.readers:
             reader.close()
         self._open = None
+
+
+def _shrunk_on_the_reader(decode: str, patch_size: int, input_size: int) -> int | None:
+    """The size a reading process resizes to itself: the model's input where the GPU
+    decoder can shrink there, else None (transform.resize in the dataset)."""
+    return int(input_size) if decode == "gpu" and patch_size > int(input_size) else None
 
 
 @dataclass
