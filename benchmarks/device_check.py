@@ -639,19 +639,9 @@ def _version(module: str) -> str:
 
 
 def _driver() -> str:
-    import subprocess
+    from pathtwt.devices import nvidia_driver_version
 
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        return Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
-    except OSError:
-        return "unknown"
+    return nvidia_driver_version() or "unknown"
 
 
 def _shm() -> str:
