@@ -264,8 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             wheels = relock(Path(tmp))
         size = sum(w.size for w in wheels)
-        LOCK.write_text(json.dumps({"python": PYTHON, "platforms": PLATFORMS, "bytes": size,
-                                    "wheels": [asdict(w) for w in wheels]}, indent=1) + "\n")
+        tmp = LOCK.with_name(LOCK.name + ".tmp")
+        tmp.write_text(json.dumps({"python": PYTHON, "platforms": PLATFORMS, "bytes": size,
+                                   "wheels": [asdict(w) for w in wheels]}, indent=1) + "\n")
+        tmp.replace(LOCK)  # never a half-written lock
         print(f"smoke_wheels: {len(wheels)} wheels, {size / 2**20:.1f} MiB -> {LOCK}")
         if size > LIMIT_BYTES:
             print(f"smoke_wheels: over the {LIMIT_BYTES // 2**20} MiB the wheels may take", file=sys.stderr)

@@ -163,7 +163,7 @@ def _open_lock(path: str) -> tuple[int, bool]:
         try:
             os.fchmod(fd, 0o666)  # every user of a shared workstation claims through the same file
         except OSError:
-            pass
+            pass  # a filesystem without modes: flock still claims, the others open it read-only
         return fd, True
     raise FileNotFoundError(2, "appeared and vanished while opening")
 

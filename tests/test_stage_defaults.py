@@ -135,3 +135,19 @@ def test_check_config_command_refuses_it(tmp_path, capsys):
     assert main(["check-config", "--no-slides", str(REPO / "config" / "config.yaml"), str(bad)]) != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "compress.extra_args: --augmentation is not a flag" in err
+
+
+def test_the_decode_key_is_the_commands_flag():
+    # extract.decode in the config and `pathtwt extract --decode` offer the same choices
+    # (pathtwt.wsi.decoding's) and default
+    import argparse
+
+    from pathtwt.cli import extract
+    from pathtwt.wsi.decoding import DECODE_CHOICES
+
+    parser = argparse.ArgumentParser()
+    extract.add_arguments(parser)
+    flag = next(a for a in parser._actions if a.dest == "decode")
+    node = SCHEMA["extract"]["properties"]["decode"]
+    assert tuple(flag.choices) == tuple(node["enum"]) == DECODE_CHOICES
+    assert flag.default == node["default"] == _defaults("extract")["decode"]

@@ -67,7 +67,8 @@ def add_decode_argument(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--decode", default="cpu", choices=DECODE_CHOICES,
                         help="how the native tiles of tiled TIFF slides are decoded: cpu (in the reading processes), "
-                        "gpu (nvJPEG batches in spawned reading processes; an error without CUDA), auto (gpu where "
+                        "gpu (nvJPEG batches, cut and shrunk on the job's GPU by spawned reading processes; an error "
+                        "without CUDA), auto (gpu where "
                         "the model runs on CUDA and a GPU decoder is installed, else cpu)")
 
 
