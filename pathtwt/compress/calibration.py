@@ -31,6 +31,7 @@ import numpy as np
 from pathtwt.compress.defaults import COMPRESS_DEFAULTS
 from pathtwt.errors import ConfigError, PathtwtError
 from pathtwt.io.atomic import atomic_output
+from pathtwt.io.h5 import writing_h5
 
 if TYPE_CHECKING:
     import torch
@@ -418,7 +419,7 @@ def write_calibration(path: str | os.PathLike, drawn: _Drawn, provenance: dict[s
     import json
 
     with atomic_output(path) as tmp:
-        with h5py.File(tmp, "w") as h5:
+        with writing_h5(tmp) as h5:
             n, p = len(drawn.tiles), drawn.patch_size
             h5.create_dataset("tiles", data=drawn.tiles, chunks=(1, p, p, 3) if n else None)
             h5.create_dataset("split", data=drawn.split)
