@@ -31,7 +31,7 @@ import numpy as np
 from pathtwt.compress.defaults import COMPRESS_DEFAULTS
 from pathtwt.errors import ConfigError, PathtwtError
 from pathtwt.io.atomic import atomic_output
-from pathtwt.io.h5 import writing_h5
+from pathtwt.io.h5_writer import writing_h5
 
 if TYPE_CHECKING:
     import torch

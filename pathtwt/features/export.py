@@ -23,7 +23,8 @@ import numpy as np
 
 from pathtwt.errors import PathtwtError
 from pathtwt.io.atomic import atomic_output
-from pathtwt.io.h5 import read_features, writing_h5
+from pathtwt.io.h5 import read_features
+from pathtwt.io.h5_writer import writing_h5
 
 FORMATS = ("clam-pt", "stamp")
 

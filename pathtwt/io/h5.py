@@ -18,7 +18,7 @@ dataset, where TRIDENT reads it (``dict(f["coords"].attrs)``, ``patch_size_level
 CLAM reads ``patch_size`` and ``patch_level`` (the pyramid level pathtwt reads tiles at).
 
 All writers go through :func:`pathtwt.io.atomic.atomic_output` and write HDF5 through
-:func:`writing_h5`, so a full disk is one line, never a crash.
+:func:`pathtwt.io.h5_writer.writing_h5`, so a full disk is one line, never a crash.
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import h5py
 import numpy as np
 
 from pathtwt.errors import PathtwtError
 from pathtwt.io.atomic import atomic_output
+from pathtwt.io.h5_writer import CheckedDataset, writing_h5
 
 COORDS_ATTRS = (
     "patch_size",
@@ -52,97 +53,6 @@ GEOMETRY_ATTRS = tuple(k for k in COORDS_ATTRS if k not in ("status", "slide_pat
     "patch_level",
     "level0_magnification",
 )
-
-
-class _GuardedFile:
-    """The file under an HDF5 file being written (h5py's ``fileobj`` driver).
-
-    Each write is completed or raises (the driver ignores a short write, which a filling
-    disk makes). After a write failed (a full disk, a quota) the later ones are dropped:
-    HDF5 that met a failed write of its own crashes later, at close or at the interpreter's
-    exit (a segmentation fault), when it flushes its caches again, while dropped writes
-    let it close cleanly. :func:`writing_h5` raises the failure again once it is closed."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
-        self.pos = 0
-        self.failed: OSError | None = None
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        if whence == os.SEEK_END and self.failed is not None:
-            return self.pos  # the end of a file whose writes are dropped: never read again
-        self.pos = os.lseek(self.fd, offset, whence)
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def read(self, size: int = -1) -> bytes:
-        data = os.pread(self.fd, size, self.pos)
-        self.pos += len(data)
-        return data + bytes(max(0, size - len(data)))  # past the end reads as zeros, as HDF5's own driver does
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        if self.failed is None:
-            done = 0
-            try:
-                while done < len(view):
-                    done += os.pwrite(self.fd, view[done:], self.pos + done)
-            except OSError as exc:
-                self.failed = exc
-                raise
-        self.pos += len(view)
-        return len(view)
-
-    def truncate(self, size: int | None = None) -> int:
-        size = self.pos if size is None else size
-        if self.failed is None:
-            os.ftruncate(self.fd, size)
-        return size
-
-    def flush(self) -> None:
-        pass  # every write went straight to the file; atomic_output fsyncs it
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-# flushes tried at close: a flush that met a failed write leaves HDF5 needing another
-_FLUSH_TRIES = 4
-
-
-@contextlib.contextmanager
-def writing_h5(path: str | os.PathLike, **kwargs: Any) -> Iterator[h5py.File]:
-    """A new HDF5 file at ``path`` (a temporary file of :func:`atomic_output`), closed on
-    leaving; a failed write (a full disk) is raised as its ``OSError`` once the file is
-    closed, without the crash HDF5 meets closing such a file itself (:class:`_GuardedFile`)."""
-    guard = _GuardedFile(path)
-    try:
-        h5 = h5py.File(guard, "w", **kwargs)
-    except BaseException:
-        guard.close()
-        raise
-    try:
-        yield h5
-    finally:
-        _close(h5, guard)
-    if guard.failed is not None:
-        raise guard.failed
-
-
-def _close(h5: h5py.File, guard: _GuardedFile) -> None:
-    try:
-        for attempt in range(_FLUSH_TRIES):
-            try:
-                h5.flush()  # the writes fail here, not inside close, which HDF5 does not survive
-                break
-            except Exception:  # noqa: BLE001 - raised below as the failed write, or again
-                if guard.failed is None and attempt == _FLUSH_TRIES - 1:
-                    raise
-        h5.close()
-    finally:
-        guard.close()
 
 
 def with_reader_aliases(attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -255,8 +165,10 @@ def write_features(
             w.features[...] = features
 
 
-# bytes of a features file beside its arrays: the HDF5 structure and the attributes
-_ATTRS_ROOM = 1 << 15
+# bytes of a features file beside its arrays, at the least: the HDF5 structure and the
+# attributes (a larger guess would refuse files that fit; one that does not fit is caught
+# when its write fails)
+_ATTRS_ROOM = 1 << 12
 
 
 class FeaturesWriter:
@@ -281,12 +193,14 @@ class FeaturesWriter:
             chunk_rows = max(1, min(self.n_tiles, 1024))
             # a chunk is written once, when full, rather than read back and rewritten at every batch
             self.h5 = stack.enter_context(writing_h5(tmp, rdcc_nbytes=max(1 << 20, 2 * chunk_rows * self.dim * 4)))
-            self.features = self.h5.create_dataset(
+            features = self.h5.create_dataset(
                 "features",
                 shape=(self.n_tiles, self.dim),
                 dtype=np.float32,
                 chunks=(chunk_rows, self.dim) if self.n_tiles else None,
             )
+            # a full disk stops the writer at the next batch, not at the end of the slide
+            self.features = CheckedDataset(features, self.h5.guard)
             self.coords = self.h5.create_dataset("coords", shape=(self.n_tiles, 2), dtype=np.int64)
             _set_attrs(self.h5, self.attrs)
             _set_attrs(self.coords, {k: v for k, v in self.attrs.items() if k in GEOMETRY_ATTRS})
@@ -294,7 +208,7 @@ class FeaturesWriter:
         return self
 
     def size(self) -> int:
-        """Bytes the file will take: the features, the coords and room for the attributes."""
+        """Bytes the file will take, at the least: the features, the coords and the HDF5 structure."""
         return self.n_tiles * (self.dim * 4 + 16) + _ATTRS_ROOM
 
     def __exit__(self, exc_type, exc, tb) -> bool:

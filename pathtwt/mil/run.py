@@ -27,7 +27,7 @@ import torch
 from pathtwt import __version__
 from pathtwt.devices import device_provenance
 from pathtwt.io.atomic import atomic_output, write_json_atomic
-from pathtwt.io.h5 import writing_h5
+from pathtwt.io.h5_writer import writing_h5
 from pathtwt.mil.data import MILData, features_provenance
 from pathtwt.mil.heads import get_head
 from pathtwt.mil.protocols import MILConfig
