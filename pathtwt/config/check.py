@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 
 from pathtwt.errors import ConfigError
 from pathtwt.io.layout import RANDOM_INIT as RANDOM_INIT_VARIANT  # a reserved variant name and method
+from pathtwt.io.slide_ids import check_slide_ids, check_workflow_path
 
 # Read through importlib.resources, so an installed wheel finds it as well as a checkout.
 SCHEMA_RESOURCE = ("pathtwt.config", "schema.yaml")
@@ -229,13 +230,14 @@ def _slides_from_table(table: Path, where: str) -> dict[str, Path]:
 
     if not table.is_file():
         raise ConfigError(f"{table}: slide table of {where} not found")
-    df = pd.read_csv(table, dtype=str)
+    df = pd.read_csv(table, dtype=str, keep_default_na=False)
     missing = {"slide_id", "path"} - set(df.columns)
     if missing:
         raise ConfigError(f"{table}: slide table of {where} lacks columns {sorted(missing)}")
     dup = df["slide_id"][df["slide_id"].duplicated()].tolist()
     if dup:
         raise ConfigError(f"{table}: duplicate slide_id in {where}: {_listing(dup)}")
+    check_slide_ids(list(df["slide_id"]), table, rows=[f"line {n}" for n in _data_lines(table, len(df))], workflow=True)
     return {
         row.slide_id: (Path(row.path) if Path(row.path).is_absolute() else table.parent / row.path)
         for row in df.itertuples()
@@ -299,6 +301,7 @@ def read_label_table(
     empty = (ids == "") | (df[label_column].str.strip() == "")
     if empty.any():
         raise ConfigError(f"{path}: empty slide_id or {label_column} in {where}: {_listing(rows(empty))}")
+    check_slide_ids(list(ids), path, rows=[f"line {n}" for n in lines], workflow=True)
     allowed = list(splits)
     bad = ~df[split_column].str.strip().isin(allowed)
     if bad.any():
@@ -328,6 +331,7 @@ def drawn_label_table(path: Path, *, label_column: str, draw: Mapping[str, Any],
                                  draw.get("holdout") or 0.0)
     else:
         table = build_drawn_split(path, split_fractions(draw), draw["seed"], label_column)
+    check_slide_ids(list(table["slide_id"]), path, rows=_lines_of_ids(path, table["slide_id"]), workflow=True)
     return LabelTable(
         path=path,
         slide_ids=tuple(table["slide_id"]),
@@ -335,6 +339,15 @@ def drawn_label_table(path: Path, *, label_column: str, draw: Mapping[str, Any],
         splits=tuple(table["split"]),
         folds=tuple(int(f) for f in table["fold"]) if "fold" in table.columns else (),
     )
+
+
+def _lines_of_ids(path: Path, ids: Iterable[str]) -> list[str]:
+    """How an error names the row of each of ``ids`` in the table ``path``: its line."""
+    import pandas as pd
+
+    raw = pd.read_csv(path, dtype=str, keep_default_na=False)["slide_id"].str.strip()
+    line_of = dict(zip(raw, _data_lines(path, len(raw))))
+    return [f"line {line_of[i]}" if i in line_of else "a row" for i in ids]
 
 
 DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)
@@ -436,6 +449,8 @@ def check_slides_on_disk(config: Mapping[str, Any], cohort: str, table: LabelTab
             f"{table.path}: slides of cohorts.{cohort} missing on disk under "
             f"{resolve(config, config['cohorts'][cohort]['slides'])}: {_listing(missing)}"
         )
+    for i, slide_id in enumerate(table.slide_ids):
+        check_workflow_path(found[slide_id], f"the slide of {table.path} {table.where(i)}")
     return {s: found[s] for s in table.slide_ids}
 
 

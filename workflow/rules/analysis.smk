@@ -29,8 +29,8 @@ rule analyze_norms:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt analyze norms {params.backbone} --calibration {input.calibration}"
-        " --out results/analysis/{wildcards.backbone}/norms --device {params.device} > {log} 2>&1"
+        "pathtwt analyze norms {params.backbone:q} --calibration {input.calibration:q}"
+        " --out results/analysis/{wildcards.backbone:q}/norms --device {params.device:q} > {log:q} 2>&1"
 
 
 rule analyze_eps:
@@ -45,7 +45,7 @@ rule analyze_eps:
             labels={"analysis": "eps sensitivity"},
         ),
     params:
-        discovery=" ".join(f"{b}=results/discovery/{b}" for b in get_discovered_backbones()),
+        discovery=[f"{b}=results/discovery/{b}" for b in get_discovered_backbones()],
     log:
         "logs/analysis/eps.log",
     threads: 1
@@ -55,7 +55,7 @@ rule analyze_eps:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt analyze eps --discovery {params.discovery} --out results/analysis/eps > {log} 2>&1"
+        "pathtwt analyze eps --discovery {params.discovery:q} --out results/analysis/eps > {log:q} 2>&1"
 
 
 # Student trajectories: one rule per analysis (named analyze_intrinsic_dim and
@@ -87,7 +87,7 @@ for _analysis, _summary in (("intrinsic-dim", "intrinsic_dim.json"), ("stability
         conda:
             CONDA_ENV
         shell:
-            "pathtwt analyze {params.analysis} {params.backbone} --calibration {input.calibration}"
-            " --student results/models/{wildcards.backbone}/{wildcards.variant}"
-            " --out results/analysis/{wildcards.backbone}/{wildcards.variant}/{params.analysis}"
-            " --device {params.device} > {log} 2>&1"
+            "pathtwt analyze {params.analysis:q} {params.backbone:q} --calibration {input.calibration:q}"
+            " --student results/models/{wildcards.backbone:q}/{wildcards.variant:q}"
+            " --out results/analysis/{wildcards.backbone:q}/{wildcards.variant:q}/{params.analysis:q}"
+            " --device {params.device:q} > {log:q} 2>&1"

@@ -1,6 +1,13 @@
 # Helpers shared by the rules: which slides, splits, backbones and variants the config
 # asks for, and the paths between stages. Every helper the rules call is named get_*.
+#
+# Command lines are built from argument lists: a get_*_args helper returns a list, and the
+# rules paste every path, wildcard and list with Snakemake's `:q`, which quotes each word.
+# A slide file named `2017-02-27 15.22.39 (387).ndpi` or `x;touch PWNED;y.jpeg` reaches its
+# command as one argument, never as shell syntax; a positional slide path follows `--`,
+# so a name starting with `-` is not read as an option.
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -146,22 +153,22 @@ def get_tiling(cohort):
 
 def get_mpp_fallback_arg(wildcards):
     value = config["cohorts"][wildcards.cohort]["mpp_fallback"]
-    return "" if value is None else f"--slide-mpp {value}"
+    return [] if value is None else ["--slide-mpp", str(value)]
 
 
 def get_modality_args(wildcards):
-    """--modality/--channels/--allow-upsample/--on-failure of a cohort for `pathtwt tile` ("" for the defaults)."""
+    """--modality/--channels/--allow-upsample/--on-failure of a cohort for `pathtwt tile` ([] for the defaults)."""
     cohort = config["cohorts"][wildcards.cohort]
     args = []
     if cohort.get("modality", "brightfield") != "brightfield":
-        args.append(f"--modality {cohort['modality']}")
+        args += ["--modality", cohort["modality"]]
     if cohort.get("channels"):
-        args.append("--channels " + ",".join(str(int(c)) for c in cohort["channels"]))
+        args += ["--channels", ",".join(str(int(c)) for c in cohort["channels"])]
     if get_tiling(wildcards.cohort).get("allow_upsample"):
         args.append("--allow-upsample")
     if get_tiling(wildcards.cohort).get("on_failure", "stop") != "stop":
-        args.append(f"--on-failure {get_tiling(wildcards.cohort)['on_failure']}")
-    return " ".join(args)
+        args += ["--on-failure", get_tiling(wildcards.cohort)["on_failure"]]
+    return args
 
 
 def get_all_tiles():
@@ -175,22 +182,17 @@ def get_all_tiles():
 
 
 def get_labels_command(wildcards, input, output):
-    """The `pathtwt` command that writes results/labels/{cohort}.csv: a seeded split drawn
-    per class (`draw_split`, or every slide in test for an external cohort without a split
-    column), else the cohort's own split column checked and normalised."""
+    """The `pathtwt` command (a word list) that writes results/labels/{cohort}.csv: a seeded
+    split drawn per class (`draw_split`, or every slide in test for an external cohort
+    without a split column), else the cohort's own split column checked and normalised."""
     cohort = config["cohorts"][wildcards.cohort]
     draw = config_check.split_draw(config, wildcards.cohort)
     if draw:
-        return (
-            f"pathtwt labels split {input.table} --label-column {cohort['label_column']}"
-            f" {get_draw_args(draw)} --seed {draw['seed']} --out {output}"
-        )
-    rename = get_split_renames(wildcards)
-    return (
-        f"pathtwt check-config --label-table {input.table} --label-column {cohort['label_column']}"
-        f" --split-column {cohort['split_column']} --splits {' '.join(cohort['splits'])} {rename}"
-        f" --write-labels {output}"
-    )
+        return ["pathtwt", "labels", "split", "--label-column", cohort["label_column"], *get_draw_args(draw),
+                "--seed", str(draw["seed"]), "--out", str(output), "--", input.table]
+    return ["pathtwt", "check-config", "--label-table", input.table, "--label-column", cohort["label_column"],
+            "--split-column", cohort["split_column"], "--splits", *cohort["splits"], *get_split_renames(wildcards),
+            "--write-labels", str(output)]
 
 
 def get_split_renames(wildcards):
@@ -199,8 +201,8 @@ def get_split_renames(wildcards):
     for task in config["tasks"].values():
         if task["cohort"] == wildcards.cohort:
             pairs = [(task["train_split"], "train"), (task["val_split"], "val"), (task["test_split"], "test")]
-            return " ".join(f"--rename-split {old}={new}" for old, new in pairs if old != new)
-    return ""
+            return [word for old, new in pairs if old != new for word in ("--rename-split", f"{old}={new}")]
+    return []
 
 
 def get_task_cohorts(task):
@@ -241,8 +243,8 @@ def get_backbone_args(backbone):
     """`pathtwt` arguments that build the teacher of a backbone."""
     b = BACKBONES[backbone]
     if b["random"]:
-        return f"--backbone {b['teacher']} --random-init"
-    return f"--backbone {b['teacher']}" + (f" --weights {b['weights']}" if b["weights"] else "")
+        return ["--backbone", b["teacher"], "--random-init"]
+    return ["--backbone", b["teacher"]] + (["--weights", str(b["weights"])] if b["weights"] else [])
 
 
 def get_teacher_inputs(wildcards):
@@ -291,10 +293,10 @@ def get_model_args(wildcards):
     """`pathtwt extract` / `pathtwt probe` arguments that build a backbone variant."""
     kind = _variant_kind(wildcards.variant)
     if kind == RANDOM_INIT:
-        return f"--backbone {BACKBONES[wildcards.backbone]['teacher']} --random-init"
+        return ["--backbone", BACKBONES[wildcards.backbone]["teacher"], "--random-init"]
     if kind == "teacher":
         return get_backbone_args(wildcards.backbone)
-    return f"--backbone {get_model_dir(wildcards.backbone, wildcards.variant)}"
+    return ["--backbone", get_model_dir(wildcards.backbone, wildcards.variant)]
 
 
 def get_model_inputs(wildcards):
@@ -320,7 +322,7 @@ def get_failure_table_output(job):
 def get_failures_arg(wildcards, output):
     """`pathtwt extract --failures` for the job's own failures table, or nothing when the
     config says a failing slide stops the job."""
-    return f"--failures {output.failures}" if RECORD_FAILURES else ""
+    return ["--failures", output.failures] if RECORD_FAILURES else []
 
 
 def get_failure_tables(wildcards):
@@ -359,7 +361,7 @@ def _discovery_goal(backbone):
 
 def get_discover_goal_args(wildcards):
     depth, eps = _discovery_goal(wildcards.backbone)
-    return f"--depth {depth}" if depth is not None else f"--eps {eps}"
+    return ["--depth", str(depth)] if depth is not None else ["--eps", str(eps)]
 
 
 def get_compress_target_args(wildcards):
@@ -368,10 +370,10 @@ def get_compress_target_args(wildcards):
     depth or eps and `pathtwt compress` partitions the similarity matrix itself."""
     v = get_variant(wildcards)
     if v["method"] == PAPER_METHOD and (v["depth"], v["eps"]) == _discovery_goal(wildcards.backbone):
-        return f"--plan {layout.DISCOVERY_DIR.format(backbone=wildcards.backbone)}/plan.json"
+        return ["--plan", f"{layout.DISCOVERY_DIR.format(backbone=wildcards.backbone)}/plan.json"]
     if goal_of(v["method"]) == "none":  # every layer kept (NOSE: attention removed)
-        return ""
-    return f"--depth {v['depth']}" if v["depth"] is not None else f"--eps {v['eps']}"
+        return []
+    return ["--depth", str(v["depth"])] if v["depth"] is not None else ["--eps", str(v["eps"])]
 
 
 def get_compress_budget_args(wildcards):
@@ -379,12 +381,12 @@ def get_compress_budget_args(wildcards):
     compress.steps, else none (`pathtwt compress` distils one epoch)."""
     v, c = get_variant(wildcards), config["compress"]
     if v["steps"] is not None:
-        return f"--steps {v['steps']}"
+        return ["--steps", str(v["steps"])]
     if v["epochs"] is not None:
-        return f"--epochs {v['epochs']}"
+        return ["--epochs", str(v["epochs"])]
     if c["epochs"] is not None:
-        return f"--epochs {c['epochs']}"
-    return f"--steps {c['steps']}" if c["steps"] is not None else ""
+        return ["--epochs", str(c["epochs"])]
+    return ["--steps", str(c["steps"])] if c["steps"] is not None else []
 
 
 def get_compress_settings_args(wildcards):
@@ -396,24 +398,30 @@ def get_compress_settings_args(wildcards):
              "seed": c["seed"], "lr": c["lr"], "warmup_steps": c["warmup_steps"],
              "audition_steps": c["audition_steps"], "schedule": c["schedule"], "layer_scale": c["layer_scale"],
              "augment": c["augment"], "loss_norm": c["loss_norm"], "tokens": config["discovery"]["tokens"]}
-    return " ".join(
-        f"--{key.replace('_', '-')} {('on' if value else 'off') if isinstance(value, bool) else value}"
-        for key, value in flags.items() if value is not None
-    )
+    return [
+        word for key, value in flags.items() if value is not None
+        for word in (f"--{key.replace('_', '-')}", ("on" if value else "off") if isinstance(value, bool) else str(value))
+    ]
 
 
 def get_compress_stream_args(wildcards):
     """Stream the training tiles from the calibration cohort's coords (compress.stream)."""
     if not config["compress"]["stream"]:
-        return ""
-    return f"--train-coords results/calibration/{wildcards.backbone}.coords.txt"
+        return []
+    return ["--train-coords", f"results/calibration/{wildcards.backbone}.coords.txt"]
 
 
 def get_compress_extra_args(wildcards):
     """The variant's method settings (`--option KEY=VALUE`) and compress.extra_args."""
     options = get_variant(wildcards)["options"] or {}
-    pairs = [f"--option {k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(options.items())]
-    return " ".join(pairs + ([config["compress"]["extra_args"]] if config["compress"]["extra_args"] else []))
+    pairs = [word for k, v in sorted(options.items())
+             for word in ("--option", f"{k}={str(v).lower() if isinstance(v, bool) else v}")]
+    return pairs + get_extra_args("compress")
+
+
+def get_extra_args(section):
+    """A section's extra_args: a shell word list (checked by pathtwt.cli.extra_args), as its words."""
+    return shlex.split(config[section]["extra_args"] or "")
 
 
 # ---- stage paths --------------------------------------------------------------------
@@ -473,16 +481,16 @@ def get_mil_inputs(wildcards):
 
 
 def get_external_args(wildcards):
-    return " ".join(
-        f"--external {c}={get_features_dir(wildcards.backbone, wildcards.variant, c)}:{layout.LABELS.format(cohort=c)}"
-        for c in config["tasks"][wildcards.task]["external"]
-    )
+    return [
+        word for c in config["tasks"][wildcards.task]["external"]
+        for word in ("--external", f"{c}={get_features_dir(wildcards.backbone, wildcards.variant, c)}:{layout.LABELS.format(cohort=c)}")
+    ]
 
 
 def get_mil_override_args(wildcards):
     """`pathtwt train-mil` overrides of the protocol's preset: the mil keys that are set."""
     m = config["mil"]
-    return " ".join(f"{flag} {m[key]}" for key, flag in config_check.MIL_OVERRIDES.items() if m[key] is not None)
+    return [word for key, flag in config_check.MIL_OVERRIDES.items() if m[key] is not None for word in (flag, str(m[key]))]
 
 
 def get_mil_runs():
@@ -508,7 +516,7 @@ def get_mil_summaries():
 
 
 def get_report_metric_args():
-    return " ".join(f"--metric {task}={t['metric']}" for task, t in config["tasks"].items())
+    return [word for task, t in config["tasks"].items() for word in ("--metric", f"{task}={t['metric']}")]
 
 
 def get_discovered_backbones():
@@ -570,11 +578,11 @@ def get_probe_split_inputs(wildcards):
 
 def get_probe_args(wildcards):
     p = config["probes"][wildcards.probe]
-    args = f"--tiles {p['tiles']} --seed {p['seed']}"
+    args = ["--tiles", str(p["tiles"]), "--seed", str(p["seed"])]
     if p["split_file"]:
-        args += f" --split-file {p['split_file']}"
+        args += ["--split-file", str(p["split_file"])]
     if p["max_per_class"] is not None:
-        args += f" --max-per-class {p['max_per_class']}"
+        args += ["--max-per-class", str(p["max_per_class"])]
     return args
 
 
@@ -604,13 +612,13 @@ from pathtwt.mil.layout import run_dir as mil_run_dir
 def get_draw_args(draw):
     """`pathtwt labels split` arguments of a cohort's draw_split: folds or fractions."""
     if draw.get("folds"):
-        args = f"--folds {draw['folds']}"
+        args = ["--folds", str(draw["folds"])]
         if draw.get("group_column"):
-            args += f" --group-column {draw['group_column']}"
+            args += ["--group-column", draw["group_column"]]
         if draw.get("holdout"):
-            args += f" --holdout {draw['holdout']}"
+            args += ["--holdout", str(draw["holdout"])]
         return args
-    return "--fractions " + " ".join(str(f) for f in config_check.split_fractions(draw))
+    return ["--fractions", *(str(f) for f in config_check.split_fractions(draw))]
 
 
 def get_task_folds(task):
@@ -662,8 +670,8 @@ def get_test_slide_ids(task):
 
 
 def get_fold_arg(wildcards):
-    """`pathtwt train-mil --fold F` of a cross-validation job ("" otherwise)."""
-    return f"--fold {wildcards.fold}" if "fold" in wildcards.keys() else ""
+    """`pathtwt train-mil --fold F` of a cross-validation job ([] otherwise)."""
+    return ["--fold", wildcards.fold] if "fold" in wildcards.keys() else []
 
 
 def get_mil_out_pattern(wildcards):

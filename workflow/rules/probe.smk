@@ -25,6 +25,6 @@ rule probe:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt probe {params.model} {params.probe} --name {wildcards.probe}"
-        " --out results/probes/{wildcards.backbone}/{wildcards.variant}/{wildcards.probe}"
-        " --batch-size {params.batch_size} --device {params.device} > {log} 2>&1"
+        "pathtwt probe {params.model:q} {params.probe:q} --name {wildcards.probe:q}"
+        " --out results/probes/{wildcards.backbone:q}/{wildcards.variant:q}/{wildcards.probe:q}"
+        " --batch-size {params.batch_size:q} --device {params.device:q} > {log:q} 2>&1"

@@ -30,8 +30,8 @@ rule report:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt report --results results --out results/report {params.metrics}"
-        " --attention-slides {params.attention} > {log} 2>&1"
+        "pathtwt report --results results --out results/report {params.metrics:q}"
+        " --attention-slides {params.attention:q} > {log:q} 2>&1"
 
 
 rule heatmap:
@@ -50,6 +50,7 @@ rule heatmap:
         run=get_heatmap_run,
         features=lambda wc: f"{get_features_dir(wc.backbone, wc.variant, wc.cohort)}/{wc.slide}.h5",
         mpp=config["report"]["heatmap_mpp"],
+        out=lambda wc: f"results/heatmaps/{wc.backbone}/{wc.variant}/{wc.task}/{wc.head}/{wc.cohort}",
     log:
         "logs/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.log",
     threads: 1
@@ -59,8 +60,8 @@ rule heatmap:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt heatmap {input.slide} --coords {input.coords}"
-        " --features {params.features}"
-        " --run {params.run} --out results/heatmaps/{wildcards.backbone}/{wildcards.variant}/{wildcards.task}/{wildcards.head}/{wildcards.cohort}"
-        " --slide-id {wildcards.slide} --mpp {params.mpp}"
-        " > {log} 2>&1"
+        "pathtwt heatmap --coords {input.coords:q}"
+        " --features {params.features:q}"
+        " --run {params.run:q} --out {params.out:q}"
+        " --slide-id={wildcards.slide:q} --mpp {params.mpp:q}"
+        " -- {input.slide:q} > {log:q} 2>&1"
