@@ -364,6 +364,36 @@ def cohort_folds(config: Mapping[str, Any], cohort: str) -> int | None:
     return draw.get("folds") or None
 
 
+def compression_split(config: Mapping[str, Any], task: Mapping[str, Any]) -> str:
+    """The split of a task's cohort that compression draws from: the compression-only
+    hold-out of a cross-validated cohort, else the task's training split."""
+    from pathtwt.mil.folds import HOLDOUT_SPLIT
+
+    return HOLDOUT_SPLIT if cohort_folds(config, task["cohort"]) else task["train_split"]
+
+
+def calibration_slides(config: Mapping[str, Any], tables: Mapping[str, LabelTable]) -> dict[str, list[tuple[str, str]]]:
+    """backbone -> the (cohort, slide id) its calibration tiles are drawn from, for every
+    backbone that is calibrated (a compressed variant, or the analyses); only cohorts of
+    ``tables``."""
+    from pathtwt.compress.registry import METHODS
+
+    out = {}
+    for name, bb in config["backbones"].items():
+        variants = [v for v in (bb["variants"] or list(config["variants"])) if v in config["variants"]]
+        if not any(config["variants"][v]["method"] in METHODS for v in variants) and \
+                not config.get("analysis", {}).get("enabled"):
+            continue
+        slides = []
+        for task_name in bb["calibrate_on"] or list(config["tasks"]):
+            task = config["tasks"][task_name]
+            table = tables.get(task["cohort"])
+            if table is not None:
+                slides += [(task["cohort"], s) for s in table.ids_in_split(compression_split(config, task))]
+        out[name] = sorted(set(slides))
+    return out
+
+
 def check_fold_draws(config: Mapping[str, Any], *, source: str) -> None:
     """`folds` excludes `fractions`; `group_column` and `holdout` need `folds`; and a
     cross-validated cohort that compression calibrates on must hold out its compression
@@ -373,6 +403,10 @@ def check_fold_draws(config: Mapping[str, Any], *, source: str) -> None:
         key = f"cohorts.{name}.draw_split"
         if draw.get("folds") and draw.get("fractions") is not None:
             raise ConfigError(f"{source}: key {key}: give `folds` or `fractions`, not both (folds test every slide once)")
+        if draw.get("folds") is not None:
+            from pathtwt.mil.folds import check_fold_count
+
+            check_fold_count(draw["folds"], f"{source}: key {key}.folds")
         if not draw.get("folds"):
             for extra in ("group_column", "holdout"):
                 if draw.get(extra):
@@ -476,6 +510,9 @@ def check_references(config: Mapping[str, Any], *, source: str) -> None:
                     f"cohorts.{task['cohort']}.splits {splits}"
                 )
     for name, bb in config["backbones"].items():
+        check_backbone_name(name, f"{source}: key backbones.{name}")
+        if bb["fallback"]:
+            check_backbone_name(bb["fallback"], f"{source}: key backbones.{name}.fallback")
         for task in bb["calibrate_on"]:
             if task not in tasks:
                 raise ConfigError(f"{source}: key backbones.{name}.calibrate_on: unknown task {task!r}")
@@ -509,6 +546,21 @@ def check_references(config: Mapping[str, Any], *, source: str) -> None:
     if any(c.get("demo") for c in cohorts.values()) and not config["demo"]["enabled"]:
         raise ConfigError(f"{source}: key demo.enabled: cohorts marked demo: true need demo.enabled: true")
     check_fold_draws(config, source=source)
+
+
+def check_backbone_name(name: str, where: str) -> None:
+    """A backbone of the config is a registry name (:data:`pathtwt.models.encoders.BACKBONES`);
+    an unknown one is refused with the closest names."""
+    import difflib
+
+    from pathtwt.models.encoders import BACKBONES
+
+    if name in BACKBONES:
+        return
+    close = difflib.get_close_matches(str(name).lower(), BACKBONES, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else \
+        f"the registry's names: {', '.join(sorted(b for b in BACKBONES if not b.endswith('-tiny')))}"
+    raise ConfigError(f"{where}: unknown backbone {name!r}; {hint} (`pathtwt extract --help` lists them)")
 
 
 def available_probes(config: Mapping[str, Any], *, source: str) -> tuple[list[str], list[str]]:
@@ -630,6 +682,19 @@ def check_pixel_sizes(config: Mapping[str, Any], cohort: str, paths: Mapping[str
             f"pixel sizes while not every image states its own (the others take mpp_fallback {fallback}): "
             f"{groups}; split it into one cohort per pixel size, or write each image's size into its file (dpi)"
         )
+
+
+def read_and_check_slides(config: Mapping[str, Any], tables: Mapping[str, LabelTable], *, source: str,
+                          jobs: int | None = None, cache: Path | None = None) -> list[str]:
+    """Open, tile and read every labelled slide (:mod:`pathtwt.config.slide_reads`): raise
+    one line naming the slides that cannot be read; return warnings (slides to be recorded
+    as failed, a calibration asking more tiles than its slides hold)."""
+    from pathtwt.config import slide_reads
+
+    paths = {cohort: check_slides_on_disk(config, cohort, table) for cohort, table in tables.items()}
+    found = slide_reads.read_slides(config, paths, jobs=jobs, cache=cache)
+    warnings = slide_reads.refuse_unreadable(config, tables, found, source=source)
+    return warnings + slide_reads.calibration_warnings(config, tables, found)
 
 
 def load_and_check(paths: Iterable[str | os.PathLike], *, require_slides: bool = True) -> tuple[dict, dict[str, LabelTable]]:

@@ -630,10 +630,7 @@ def get_task_folds(task):
 def get_compression_slide_ids(task_config):
     """Slides a task's cohort lends to compression: the compression-only hold-out of a
     cross-validated cohort, else its training split."""
-    cohort = task_config["cohort"]
-    if config_check.cohort_folds(config, cohort):
-        return get_slide_ids(cohort, cv_folds.HOLDOUT_SPLIT)
-    return get_slide_ids(cohort, task_config["train_split"])
+    return get_slide_ids(task_config["cohort"], config_check.compression_split(config, task_config))
 
 
 def get_extracted_slide_ids(cohort):
