@@ -694,7 +694,7 @@ def read_and_check_slides(config: Mapping[str, Any], tables: Mapping[str, LabelT
     paths = {cohort: check_slides_on_disk(config, cohort, table) for cohort, table in tables.items()}
     found = slide_reads.read_slides(config, paths, jobs=jobs, cache=cache)
     warnings = slide_reads.refuse_unreadable(config, tables, found, source=source)
-    return warnings + slide_reads.calibration_warnings(config, tables, found)
+    return warnings + slide_reads.calibration_warnings(config, calibration_slides(config, tables), found)
 
 
 def load_and_check(paths: Iterable[str | os.PathLike], *, require_slides: bool = True) -> tuple[dict, dict[str, LabelTable]]:

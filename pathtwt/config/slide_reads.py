@@ -85,15 +85,14 @@ def refuse_unreadable(config: Mapping[str, Any], tables: Mapping[str, Any], foun
     return warnings
 
 
-def calibration_warnings(config: Mapping[str, Any], tables: Mapping[str, Any],
+def calibration_warnings(config: Mapping[str, Any], calibration: Mapping[str, list[tuple[str, str]]],
                          found: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """A warning per backbone whose calibration asks more tiles (calibration.n_tiles) than
-    its calibration slides hold (calibrate then draws all of them)."""
-    from pathtwt.config.check import calibration_slides
-
+    its calibration slides (``calibration``: backbone -> (cohort, slide id)) hold; calibrate
+    then draws all of them."""
     asked = int(config["calibration"]["n_tiles"])
     warnings = []
-    for backbone, slides in calibration_slides(config, tables).items():
+    for backbone, slides in calibration.items():
         counted = [found[c][s]["tiles"] for c, s in slides if s in found.get(c, {}) and not found[c][s].get("error")]
         if len(counted) < len(slides):
             continue  # not every slide was read: no total to compare
