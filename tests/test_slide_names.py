@@ -177,9 +177,22 @@ def test_two_ids_that_are_one_file_on_many_file_systems_are_refused(tmp_path, ca
 
 
 def test_a_slide_path_the_workflow_cannot_carry_is_refused(tmp_path, capsys):
-    cfg = _config(tmp_path, ["s1", "s2", "s3", "s4"], folder="study {2024}")
-    err = _refusal(capsys, ["check-config", str(cfg)])
-    assert "study {2024}/s1.svs" in err and "brace" in err and "rename the file or its folder" in err
+    # a folder of the config
+    cfg = _config(tmp_path / "a", ["s1", "s2", "s3", "s4"], folder="study {2024}")
+    err = _refusal(capsys, ["check-config", "--no-read", str(cfg)])
+    assert "study {2024}: the workflow cannot carry this path of cohorts.c.slides (it holds a brace" in err
+    assert "rename the file or its folder" in err
+    # a slide's file, named by a slides table
+    cfg = _config(tmp_path / "b", ["s1", "s2", "s3", "s4"])
+    slides = tmp_path / "b" / "slides"
+    (slides / "s1.svs").rename(slides / "s1 {HE}.svs")
+    (slides / "slides.csv").write_text("slide_id,path\n" + "".join(
+        f"{s},{'s1 {HE}' if s == 's1' else s}.svs\n" for s in ("s1", "s2", "s3", "s4")))
+    data = yaml.safe_load(cfg.read_text())
+    data["cohorts"]["c"]["slides"] = str(slides / "slides.csv")
+    cfg.write_text(yaml.safe_dump(data))
+    err = _refusal(capsys, ["check-config", "--no-read", str(cfg)])
+    assert "s1 {HE}.svs: the workflow cannot carry this path of the slide of" in err and "line 2" in err
 
 
 def test_the_workflow_stops_an_id_that_is_a_path_before_planning(tmp_path):

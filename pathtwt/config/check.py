@@ -589,6 +589,7 @@ def check_config(config: Mapping[str, Any], *, source: str, require_slides: bool
     """Cross-section references, label tables and slides on disk. Returns the label
     tables of cohorts whose data exist (demo cohorts not generated yet are skipped)."""
     check_references(config, source=source)
+    check_workflow_paths(config)
     if require_slides:
         available_probes(config, source=source)
     tables: dict[str, LabelTable] = {}
@@ -602,6 +603,18 @@ def check_config(config: Mapping[str, Any], *, source: str, require_slides: bool
             check_roi_folder(config, cohort, paths)
     check_training_classes(config, tables, source=source)
     return tables
+
+
+def check_workflow_paths(config: Mapping[str, Any]) -> None:
+    """The config's own paths that reach the workflow's rules as files (label tables,
+    slide and ROI folders, weights, probe tiles) can be carried: no braces, which Snakemake
+    reads as wildcards, no control characters (:func:`pathtwt.io.slide_ids.workflow_problem`)."""
+    keys = [(f"cohorts.{c}.{k}", cfg.get(k)) for c, cfg in config["cohorts"].items() for k in ("slides", "labels", "roi")]
+    keys += [(f"backbones.{b}.weights", bb.get("weights")) for b, bb in config["backbones"].items()]
+    keys += [(f"probes.{n}.{k}", pr.get(k)) for n, pr in (config.get("probes") or {}).items() for k in ("tiles", "split_file")]
+    for key, value in keys:
+        if value:
+            check_workflow_path(resolve(config, str(value)), key)
 
 
 def check_roi_folder(config: Mapping[str, Any], cohort: str, paths: Mapping[str, Path]) -> None:

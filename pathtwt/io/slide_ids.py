@@ -87,7 +87,8 @@ def check_slide_ids(ids: Sequence[object], table: object, rows: Sequence[str] | 
 
 
 def check_workflow_path(path: object, what: str) -> None:
-    """Refuse a slide's path that the workflow cannot carry (:func:`workflow_problem`)."""
+    """Refuse a path (of a slide, or of a config key ``what``) that the workflow cannot carry
+    (:func:`workflow_problem`)."""
     why = workflow_problem(str(path))
     if why:
         raise ConfigError(f"{path!s}: the workflow cannot carry this path of {what} ({why}); rename the file or "
