@@ -205,7 +205,7 @@ def test_the_workflow_stops_an_id_that_is_a_path_before_planning(tmp_path):
     assert "Job stats" not in out and not (tmp_path / "outside").exists()
 
 
-@pytest.mark.parametrize("command", ["labels-split", "train-mil", "label-table"])
+@pytest.mark.parametrize("command", ["labels-split", "train-mil", "label-table", "calibrate"])
 def test_every_command_that_takes_a_label_table_refuses_an_id_that_is_a_path(tmp_path, capsys, command):
     table = tmp_path / "labels.csv"
     table.write_text("slide_id,label,split\ns1,0,train\n../x,1,train\ns3,0,val\n")
@@ -214,6 +214,7 @@ def test_every_command_that_takes_a_label_table_refuses_an_id_that_is_a_path(tmp
         "train-mil": ["train-mil", "--features", str(tmp_path), "--labels", str(table), "--out", str(tmp_path / "run"),
                       "--protocol", "metastasis", "--device", "cpu"],
         "label-table": ["check-config", "--label-table", str(table), "--write-labels", str(tmp_path / "out.csv")],
+        "calibrate": ["calibrate", "--coords", str(tmp_path), "--labels", str(table), "--out", str(tmp_path / "out.csv")],
     }[command]
     err = _refusal(capsys, argv)
     assert str(table) in err and "line 3 ('../x': it holds a path separator)" in err

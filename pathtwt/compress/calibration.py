@@ -189,11 +189,15 @@ def restrict_to_splits(
     shown to belong to the training cohort."""
     import csv
 
+    from pathtwt.io.slide_ids import check_slide_ids
+
     try:
         with open(labels_csv, newline="", encoding="utf-8") as fh:
-            split_of = {row["slide_id"]: row["split"] for row in csv.DictReader(fh)}
+            rows = [(row["slide_id"], row["split"]) for row in csv.DictReader(fh)]
     except (OSError, KeyError) as exc:
         raise ConfigError(f"{labels_csv}: cannot read columns slide_id and split ({exc})") from None
+    check_slide_ids([r[0] for r in rows], labels_csv, rows=[f"line {i + 2}" for i in range(len(rows))])
+    split_of = dict(rows)
     unknown = [p.name for p in coords_files if p.stem not in split_of]
     if unknown:
         raise ConfigError(f"{labels_csv}: no row for {unknown[0]} ({len(unknown)} coords files); fix the label table")
