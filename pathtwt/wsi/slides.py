@@ -29,7 +29,6 @@ from typing import Any, Mapping
 import numpy as np
 
 from pathtwt.errors import SlideError
-from pathtwt.wsi.decoding import decoder
 from pathtwt.wsi.formats import READERS, refuse_associated_image, refuse_unsupported, truncation_note
 from pathtwt.wsi.reader_notes import capture_reader_messages
 
@@ -148,7 +147,7 @@ class Slide:
         # the native-tile view of each read level (pathtwt.wsi.native_tiles), opened on first use
         self._native: dict[int, Any] = {}
         self._tif: Any = None
-        self.decoder: Any = decoder("cpu")  # how native tiles are decoded (the decode seam)
+        self.decoder: Any = None  # how native tiles are decoded (the decode seam; None: tifffile's codecs)
 
     # -- context manager -------------------------------------------------------------
     def __enter__(self) -> "Slide":
@@ -298,7 +297,10 @@ class Slide:
             page = native_page(self._tif, level, self.level_dimensions[level])
         except Exception:  # noqa: BLE001 - not a TIFF tifffile reads: the reader's own path
             return None
-        return None if page is None else NativeLevel(page, decoder=self.decoder, fill=self.fill)
+        if page is None:
+            return None
+        return NativeLevel(page, fill=self.fill) if self.decoder is None else \
+            NativeLevel(page, decoder=self.decoder, fill=self.fill)
 
 
 def _fit(region: np.ndarray, patch_size: int) -> np.ndarray:
