@@ -154,7 +154,8 @@ def test_cut_and_shrink_give_the_slides_read_tile(cmu):
         grid = LevelGrid.of_page(page)
         for side, size in ((448, 224), (267, 224), (224, 224), (200, 224)):
             natives = natives_under(grid, xy, side)
-            stack = torch.from_numpy(np.stack(decode_native_tiles(page, natives)))
+            decoded = np.stack(decode_native_tiles(page, natives) + [np.full((240, 240, 3), 255, np.uint8)])
+            stack = torch.from_numpy(decoded)  # the natives, then the fill tile
             plan = CutPlan(grid, natives, xy, side, size)
             tiles = area_resize(cut(stack, plan), size)
             assert tiles.shape == (len(xy), size, size, 3) and tiles.dtype == torch.uint8

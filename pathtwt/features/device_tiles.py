@@ -29,7 +29,7 @@ import torch
 
 from pathtwt.features.reading import SLIDE_TILES, BatchMessage
 from pathtwt.features.ring import Ring
-from pathtwt.wsi.cut_plan import CutPlan, native_lut
+from pathtwt.wsi.cut_plan import CutPlan, gather_plan
 
 log = logging.getLogger(__name__)
 
@@ -60,26 +60,19 @@ def pin_host_memory(ring: Ring, device: Any) -> Callable[[], None]:
 
 
 def cut(stack: torch.Tensor, plan: CutPlan) -> torch.Tensor:
-    """The output tiles of ``plan`` (N, side, side, 3) uint8, cut with one gather from
-    ``stack``: the decoded native tiles (M, tile height, tile width, 3) in
-    ``plan.natives``'s order on the device."""
-    g = plan.grid
-    device = stack.device
-    fill = torch.full((1, g.tile_height, g.tile_width, 3), plan.fill, dtype=torch.uint8, device=device)
-    stack = torch.cat([stack, fill])  # the row that pixels outside the level come from
-    lut, r0, c0 = native_lut(g, plan.natives)
-    lut = torch.from_numpy(lut).to(device, non_blocking=True)
-    origins = torch.from_numpy(np.asarray(plan.origins, np.int64)).to(device, non_blocking=True)
-    ar = torch.arange(plan.side, device=device)
-    ys = origins[:, 1, None] + ar  # (N, side) level rows
-    xs = origins[:, 0, None] + ar
-    inside = ((ys >= 0) & (ys < g.height))[:, :, None] & ((xs >= 0) & (xs < g.width))[:, None, :]
-    ys, xs = ys.clamp(0, g.height - 1), xs.clamp(0, g.width - 1)
-    rows = (ys // g.tile_height - r0).clamp_(0, lut.shape[0] - 1)
-    cols = (xs // g.tile_width - c0).clamp_(0, lut.shape[1] - 1)
-    slot = lut[rows[:, :, None], cols[:, None, :]]  # (N, side, side): the native's row in the stack
-    slot = torch.where(inside & (slot >= 0), slot, len(plan.natives))
-    return stack[slot, (ys % g.tile_height)[:, :, None], (xs % g.tile_width)[:, None, :]]
+    """The output tiles of ``plan`` (N, side, side, 3) uint8, cut from ``stack``: the
+    decoded native tiles in ``plan.natives``'s order and, after them, one tile of
+    ``plan.fill`` (pixels outside the level). The index arithmetic is the host's
+    (:func:`~pathtwt.wsi.cut_plan.gather_plan`, small arrays); here two gathers."""
+    axes, lut = gather_plan(plan)
+    axes = torch.from_numpy(axes).to(stack.device, non_blocking=True)
+    lut = torch.from_numpy(lut).to(stack.device, non_blocking=True)
+    rows, y_in, cols, x_in = axes
+    slot = lut[rows[:, :, None], cols[:, None, :]]  # (N, side, side): each pixel's native tile in the stack
+    return stack[slot, y_in[:, :, None], x_in[:, None, :]]
+
+
+_WEIGHTS: dict[tuple[int, int, str], torch.Tensor] = {}
 
 
 def _area_weights(src: int, dst: int, device: Any) -> torch.Tensor:
@@ -90,6 +83,13 @@ def _area_weights(src: int, dst: int, device: Any) -> torch.Tensor:
     pixel = torch.arange(src, dtype=torch.float64)[None, :]
     overlap = (torch.minimum(right, pixel + 1) - torch.maximum(left, pixel)).clamp(min=0)
     return (overlap / (src / dst)).to(torch.float32).to(device)
+
+
+def _cached_weights(src: int, dst: int, device: Any) -> torch.Tensor:
+    key = (src, dst, str(device))
+    if key not in _WEIGHTS:
+        _WEIGHTS[key] = _area_weights(src, dst, device)
+    return _WEIGHTS[key]
 
 
 def area_resize(batch: torch.Tensor, size: int) -> torch.Tensor:
@@ -107,7 +107,7 @@ def area_resize(batch: torch.Tensor, size: int) -> torch.Tensor:
         return batch
     x = batch.permute(0, 3, 1, 2).to(torch.float32)  # (N, 3, h, w)
     if h > size and w > size:
-        wy, wx = _area_weights(h, size, batch.device), _area_weights(w, size, batch.device)
+        wy, wx = _cached_weights(h, size, batch.device), _cached_weights(w, size, batch.device)
         out = torch.matmul(torch.matmul(wy, x), wx.T)
         # cv2 rounds a halving's box mean half up ((sum + 2) >> 2, its 2x2 fast path), any
         # other factor's float mean half to even (cvRound)
@@ -136,13 +136,15 @@ class DeviceTiles:
     from now on (a page whose GPU pixels are off). ``input_size``: the model's."""
 
     def __init__(self, ring: Ring, device: Any, input_size: int, decoder: Any = None,
-                 use_tiles: Callable[[int], None] = lambda slide: None, check: bool = True) -> None:
+                 use_tiles: Callable[[int], None] = lambda slide: None) -> None:
         self.ring = ring
         self.device = torch.device(device)
         self.input_size = int(input_size)
         self.decoder = decoder
         self.use_tiles = use_tiles
-        self.check = check
+        # each slide's first stream is compared with the host decoder's, unless the decoder
+        # is the host decoder itself
+        self.check = decoder is not None and not getattr(decoder, "is_host", False)
         self.counts = DecodeCounts()
         self._bands: dict[int, tuple[np.ndarray, torch.Tensor]] = {}  # band -> (native indices, their tiles)
         self._checked: dict[int, bool] = {}  # slide -> the GPU decoder's pixels agree with the host's
@@ -172,8 +174,11 @@ class DeviceTiles:
         streams = [slot[int(o):int(o) + int(n)] for o, n in zip(msg.offsets, msg.lengths)]
         fresh_tiles = self._decode(msg, streams, (plan.grid.tile_height, plan.grid.tile_width))
         shape = (plan.grid.tile_height, plan.grid.tile_width, 3)
-        stack = torch.empty((len(plan.natives), *shape), dtype=torch.uint8, device=self.device)
-        if len(msg.fresh):
+        stack = torch.empty((len(plan.natives) + 1, *shape), dtype=torch.uint8, device=self.device)
+        stack[-1] = plan.fill  # the tile pixels outside the level come from
+        if len(msg.fresh) == len(plan.natives):
+            stack[:-1] = fresh_tiles
+        elif len(msg.fresh):
             stack[torch.from_numpy(np.asarray(msg.fresh, np.int64)).to(self.device)] = fresh_tiles
         held = np.setdiff1d(np.arange(len(plan.natives)), msg.fresh)
         if len(held):
@@ -193,17 +198,20 @@ class DeviceTiles:
         """The fresh native tiles of a batch (F, h, w, 3) on the device; empty tiles of a
         sparse TIFF (length 0) white."""
         present = [k for k, s in enumerate(streams) if len(s)]
-        out = torch.full((len(streams), *shape, 3), 255, dtype=torch.uint8, device=self.device)
         if not present:
-            return out
+            return torch.full((len(streams), *shape, 3), 255, dtype=torch.uint8, device=self.device)
         decoded = self.decoder([streams[k] for k in present]) if self.decoder is not None else [None] * len(present)
-        for k, tile in zip(present, decoded):
-            if tile is None:
-                self.counts.host_streams += 1
-                self._tell(msg.slide, "refused", f"slide {msg.slide}: the GPU decoder refused a JPEG stream; "
-                                                 "it is decoded on the host")
-                tile = torch.from_numpy(self._host_decode(msg, streams[k])).to(self.device)
-            out[k] = _fit(tile, shape)
+        if len(present) == len(streams) and all(t is not None and tuple(t.shape[:2]) == shape for t in decoded):
+            out = torch.stack(decoded)  # the usual batch: one copy, not one per tile
+        else:
+            out = torch.full((len(streams), *shape, 3), 255, dtype=torch.uint8, device=self.device)
+            for k, tile in zip(present, decoded):
+                if tile is None:
+                    self.counts.host_streams += 1
+                    self._tell(msg.slide, "refused", f"slide {msg.slide}: the GPU decoder refused a JPEG stream; "
+                                                     "it is decoded on the host")
+                    tile = torch.from_numpy(self._host_decode(msg, streams[k])).to(self.device)
+                out[k] = _fit(tile, shape)
         self.counts.decoded += len(present)
         if self.check and msg.slide not in self._checked:
             k = present[0]

@@ -80,6 +80,7 @@ def _host(device: torch.device) -> Decoder:
                 out.append(None)
         return out
 
+    decode.is_host = True  # type: ignore[attr-defined] - the reference other decoders are checked against
     return decode
 
 

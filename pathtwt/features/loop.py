@@ -188,7 +188,10 @@ def embed_job(jobs: Sequence[Any], prepare: Callable[[Any], Any], backbone: Any,
                     # jobs side by side) embeds at a lower tiles/s than one with every core
                     "torch_threads": torch.get_num_threads(), **timing.shares(), "reading_workers": workers,
                     "forward_batch": embedder.micro or batch_size, "decode": decoding.describe(),
-                    "tile_ring": ring.describe()}
+                    "tile_ring": ring.describe(),
+                    # native tiles decoded by the readers (CPU path) and on the device (GPU path,
+                    # the job's so far): against the natives under the tiles, the decode amplification
+                    "native_tiles_decoded": state.decoded, "device_natives_decoded": made.counts.decoded}
 
         sink = FeaturesSink(finish_attrs)
 
@@ -256,6 +259,7 @@ def embed_job(jobs: Sequence[Any], prepare: Callable[[Any], Any], backbone: Any,
                 counts.add(msg)
                 timing.reading += msg.seconds
                 state = states[msg.slide]
+                state.decoded += msg.decoded
                 if msg.kind == "error":
                     state.fail(_read_error(state, msg.start, msg.end, msg.error))
                 began = time.perf_counter()

@@ -30,6 +30,7 @@ class SlideState:
     left: int  # batches not yet embedded (or dropped, once the slide failed)
     began: float = field(default_factory=time.perf_counter)
     embed_seconds: float = 0.0
+    decoded: int = 0  # native tiles the readers decoded for it (the CPU path)
     error: Exception | None = None
     writer: FeaturesWriter | None = None
     outcome: Any = None

@@ -4,8 +4,8 @@ A reading process that ships compressed bytes (:mod:`pathtwt.features.reading`) 
 with the streams of the native tiles under a batch, a :class:`CutPlan`: the level's grid,
 the native tiles in the order their decoded pixels are stacked, and each output tile's
 square in level pixels. The process that decodes them cuts every tile with one gather
-(:func:`pathtwt.features.device_tiles.cut`); :func:`natives_under` and
-:func:`native_lut` are the arithmetic both sides share, here once.
+(:func:`pathtwt.features.device_tiles.cut`): :func:`natives_under` says which native
+tiles the reader ships, :func:`gather_plan` the small index arrays the gather reads.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class CutPlan:
     """A batch of ``len(origins)`` output tiles: the ``side`` level-pixel squares at
     ``origins`` (top-left, level pixels, int64 (N, 2)), to be resized to ``patch_size``.
     ``natives``: the native tile indices under them, in the order of the decoded stack
-    (:func:`native_lut` finds a native tile's row there; pixels outside the level take
-    the row after the last, a tile of ``fill``)."""
+    (pixels outside the level take the row after the last, a tile of ``fill``:
+    :func:`gather_plan`)."""
 
     grid: LevelGrid
     natives: np.ndarray
@@ -72,15 +72,37 @@ def natives_under(grid: LevelGrid, origins: np.ndarray, side: int) -> np.ndarray
     return np.unique(index[ok])
 
 
-def native_lut(grid: LevelGrid, natives: np.ndarray) -> tuple[np.ndarray, int, int]:
-    """(lut, first row, first column): ``lut[r - first row, c - first column]`` is the
-    position in ``natives`` of the native tile at grid row r, column c, or -1 where the
-    batch has none; the table spans the batch's natives only (a few rows and columns)."""
-    natives = np.asarray(natives, np.int64)
-    if not len(natives):
-        return np.full((1, 1), -1, np.int64), 0, 0
-    rows, cols = natives // grid.across, natives % grid.across
-    r0, c0 = int(rows.min()), int(cols.min())
-    lut = np.full((int(rows.max()) - r0 + 1, int(cols.max()) - c0 + 1), -1, np.int64)
-    lut[rows - r0, cols - c0] = np.arange(len(natives))
-    return lut, r0, c0
+def gather_plan(plan: CutPlan) -> tuple[np.ndarray, np.ndarray]:
+    """The host's half of the cut: (axes, lut). ``axes`` int32 (4, N, side): for each
+    output tile's pixel rows, the native tile row (an index into ``lut``) and the row within
+    that tile, then the same for its columns. ``lut`` int32 (rows + 1, columns + 1): the
+    position in ``plan.natives`` of each native tile the batch spans; its last row and
+    column, where pixels outside the level point, hold ``len(plan.natives)``, the fill
+    tile's row in the decoded stack. The device then needs two gathers
+    (:func:`pathtwt.features.device_tiles.cut`)."""
+    g = plan.grid
+    natives = np.asarray(plan.natives, np.int64)
+    fill = len(natives)
+    if fill:
+        nat_rows, nat_cols = natives // g.across, natives % g.across
+        r0, c0 = int(nat_rows.min()), int(nat_cols.min())
+        rows, cols = int(nat_rows.max()) - r0 + 1, int(nat_cols.max()) - c0 + 1
+    else:
+        r0 = c0 = 0
+        rows = cols = 0
+    lut = np.full((rows + 1, cols + 1), fill, np.int32)
+    if fill:
+        lut[nat_rows - r0, nat_cols - c0] = np.arange(fill, dtype=np.int32)
+    origins = np.asarray(plan.origins, np.int64).reshape(-1, 2)
+    axes = np.empty((4, len(origins), plan.side), np.int32)
+    ar = np.arange(plan.side, dtype=np.int64)
+    for k, (start, size, tile, first, pad) in enumerate(((origins[:, 1], g.height, g.tile_height, r0, rows),
+                                                        (origins[:, 0], g.width, g.tile_width, c0, cols))):
+        at = start[:, None] + ar[None, :]  # (N, side) level pixels along this axis
+        outside = (at < 0) | (at >= size)
+        clipped = np.clip(at, 0, size - 1)
+        native = clipped // tile - first
+        native[outside | (native < 0) | (native >= pad)] = pad  # the lut's fill row (or column)
+        axes[2 * k] = native
+        axes[2 * k + 1] = clipped % tile
+    return axes, lut

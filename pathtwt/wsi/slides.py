@@ -274,7 +274,7 @@ class Slide:
         except Exception as exc:  # the reader libraries raise many types on corrupt data
             x0, y0, w, h = supertiles.bounding_box(xy, int(patch_size_level0))
             raise self._decode_error(exc, x0, y0, read_level, int(round(w / ds)), int(round(h / ds))) from None
-        return [_fit(region, patch_size) for region in regions]
+        return fit_regions(regions, patch_size)
 
     def native_level(self, level: int) -> Any:
         """The :class:`~pathtwt.wsi.native_tiles.NativeLevel` of ``level`` (its native tiles
@@ -303,15 +303,26 @@ class Slide:
             NativeLevel(page, decoder=self.decoder, fill=self.fill)
 
 
-def _fit(region: np.ndarray, patch_size: int) -> np.ndarray:
-    """A read region resized to (patch_size, patch_size) as :meth:`Slide.read_tile` does."""
-    side = region.shape[0]
-    if side == patch_size and region.shape[1] == patch_size:
-        return np.ascontiguousarray(region)
+def fit_regions(regions: list[np.ndarray], patch_size: int) -> list[np.ndarray]:
+    """Read regions resized to (patch_size, patch_size) as :meth:`Slide.read_tile` does:
+    a batch of larger ones shrunk together with cv2.INTER_AREA's pixels
+    (:func:`pathtwt.wsi.area_shrink.shrink`), a smaller one enlarged (INTER_LINEAR)."""
     import cv2
 
-    interp = cv2.INTER_AREA if side > patch_size else cv2.INTER_LINEAR
-    return cv2.resize(np.ascontiguousarray(region), (patch_size, patch_size), interpolation=interp)
+    from pathtwt.wsi.area_shrink import shrink
+
+    out: list[np.ndarray] = [np.ascontiguousarray(r) for r in regions]
+    larger = [k for k, r in enumerate(regions) if r.shape[0] > patch_size and r.shape[1] > patch_size]
+    shapes = {regions[k].shape for k in larger}
+    for shape in shapes:  # one shape in a batch of tiles (edges and runs alike)
+        same = [k for k in larger if regions[k].shape == shape]
+        for k, tile in zip(same, shrink(np.stack([regions[k] for k in same]), patch_size)):
+            out[k] = tile
+    for k, region in enumerate(regions):
+        if region.shape[:2] != (patch_size, patch_size) and k not in larger:
+            interp = cv2.INTER_AREA if max(region.shape[:2]) > patch_size else cv2.INTER_LINEAR
+            out[k] = cv2.resize(out[k], (patch_size, patch_size), interpolation=interp)
+    return out
 
 
 def _one_line(exc: BaseException) -> str:
