@@ -111,10 +111,22 @@ def test_non_integer_factors_use_the_compiled_passes_and_whole_ones_opencv(monke
     448 x 672) to OpenCV's integer fast path, whose rounding the passes do not copy."""
     calls = []
     separable = area_shrink._separable
-    monkeypatch.setattr(area_shrink, "_separable", lambda *a: calls.append(a[0].shape) or separable(*a))
+    monkeypatch.setattr(area_shrink, "_separable", lambda *a: calls.append((len(a[0]), *a[0][0].shape)) or separable(*a))
     for h, w in [(267, 267), (300, 267), (448, 448), (448, 672), (448, 300)]:
         area_shrink.shrink(random_tiles(2, h, w), SIZE)
     assert calls == [(2, 267, 267, 3), (2, 300, 267, 3), (2, 448, 300, 3)]
+
+
+def test_a_list_of_tiles_goes_straight_into_out():
+    """The readers' call: regions as they were cut (a list, not stacked) into a ring slot."""
+    tiles = random_tiles(3, 267, 267)
+    out = np.zeros((3, SIZE, SIZE, 3), np.uint8)
+    assert area_shrink.shrink(list(tiles), SIZE, out=out) is out
+    np.testing.assert_array_equal(out, opencv(tiles))
+    with pytest.raises(ValueError, match="out must be uint8"):
+        area_shrink.shrink(list(tiles), SIZE, out=np.zeros((2, SIZE, SIZE, 3), np.uint8))
+    with pytest.raises(ValueError, match="of one shape"):
+        area_shrink.shrink([tiles[0], tiles[1][:250]], SIZE)
 
 
 def test_whole_factor_is_opencvs_test():
@@ -147,7 +159,7 @@ def test_same_size_is_a_copy():
 
 @pytest.mark.parametrize("tiles,size,match", [
     (np.zeros((2, 200, 267, 3), np.uint8), SIZE, "shrinks only: tiles of 267 x 200 px"),
-    (np.zeros((2, 267, 267, 4), np.uint8), SIZE, r"uint8 RGB tiles .* not uint8 \(2, 267, 267, 4\)"),
+    (np.zeros((2, 267, 267, 4), np.uint8), SIZE, r"uint8 RGB tiles .* not uint8 \(267, 267, 4\)"),
     (np.zeros((267, 267, 3), np.float32), SIZE, "not float32"),
     (np.zeros((267, 267, 3), np.uint8), 0, "cannot become 0 x 0 px"),
 ])

@@ -230,8 +230,11 @@ class BatchReader:
         out = self.ring.tiles(msg.slot, end - start, self.input_size)
         native = slide.native_level(read.geometry.read_level) if slide.reader != "image" else None
         before = native.decoded if native is not None else 0
-        for b, tile in enumerate(read.geometry.read_many(slide, read.xy[start:end])):
-            out[b] = self.resize(tile)
+        if read.geometry.patch_size == self.input_size:  # straight into the slot
+            read.geometry.read_many(slide, read.xy[start:end], out=out)
+        else:
+            for b, tile in enumerate(read.geometry.read_many(slide, read.xy[start:end])):
+                out[b] = self.resize(tile)
         msg.decoded = (native.decoded - before) if native is not None else 0
         msg.kind = "tiles"
 

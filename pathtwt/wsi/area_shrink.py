@@ -55,28 +55,38 @@ import numpy as np
 SLIVER = 1e-3
 
 
-def shrink(tiles: np.ndarray, size: int) -> np.ndarray:
+def shrink(tiles: Any, size: int, out: np.ndarray | None = None) -> np.ndarray:
     """uint8 (N, h, w, 3) -> uint8 (N, size, size, 3) (or one (h, w, 3) tile -> (size, size,
     3)) with the pixels of ``cv2.resize(tile, (size, size), interpolation=cv2.INTER_AREA)``,
-    for h, w >= size."""
-    batch = np.asarray(tiles)
-    single = batch.ndim == 3
-    if single:
-        batch = batch[None]
-    if batch.ndim != 4 or batch.shape[3] != 3 or batch.dtype != np.uint8:
-        raise ValueError(f"area_shrink.shrink takes uint8 RGB tiles (N, h, w, 3) or (h, w, 3), "
-                         f"not {np.asarray(tiles).dtype} {np.asarray(tiles).shape}")
-    _, h, w, _ = batch.shape
+    for h, w >= size. ``tiles`` may be a list of same-shape tiles (not stacked: one copy
+    less); ``out`` (N, size, size, 3) uint8 receives the result (a ring slot, say)."""
+    single = not isinstance(tiles, (list, tuple)) and np.ndim(tiles) == 3
+    batch = [np.asarray(tiles)] if single else [np.asarray(t) for t in tiles] if isinstance(tiles, (list, tuple)) \
+        else list(np.asarray(tiles))
+    shapes = {(t.shape, t.dtype) for t in batch}
+    if len(shapes) > 1 or any(t.ndim != 3 or t.shape[2] != 3 or t.dtype != np.uint8 for t in batch):
+        got = sorted(f"{dtype} {shape}" for shape, dtype in shapes)
+        raise ValueError(f"area_shrink.shrink takes uint8 RGB tiles of one shape (N, h, w, 3) or (h, w, 3), "
+                         f"not {', '.join(got)}")
+    n = len(batch)
+    if out is None:
+        out = np.empty((n, size, size, 3), np.uint8)
+    elif out.shape != (n, size, size, 3) or out.dtype != np.uint8:
+        raise ValueError(f"area_shrink.shrink: out must be uint8 {(n, size, size, 3)}, not {out.dtype} {out.shape}")
+    if not n:
+        return out
+    h, w = batch[0].shape[:2]
     if size < 1 or h < size or w < size:
         raise ValueError(f"area_shrink.shrink shrinks only: tiles of {w} x {h} px cannot become "
                          f"{size} x {size} px (enlarge with cv2.INTER_LINEAR)")
-    batch = np.ascontiguousarray(batch)
+    batch = [np.ascontiguousarray(t) for t in batch]
     if (h, w) == (size, size):
-        out = batch.copy()
+        for tile, dst in zip(batch, out):
+            dst[...] = tile
     elif (whole_factor(h, size) and whole_factor(w, size)) or (kernels := _kernels()) is None:
-        out = _opencv(batch, size)
+        _opencv(batch, size, out)
     else:
-        out = _separable(batch, size, kernels)
+        _separable(batch, size, kernels, out)
     return out[0] if single else out
 
 
@@ -128,21 +138,19 @@ def _kernels() -> ModuleType | None:
     return area_shrink_kernels
 
 
-def _opencv(batch: np.ndarray, size: int) -> np.ndarray:
+def _opencv(batch: list[np.ndarray], size: int, out: np.ndarray) -> np.ndarray:
     import cv2
 
-    out = np.empty((len(batch), size, size, 3), np.uint8)
     for tile, dst in zip(batch, out):
         cv2.resize(tile, (size, size), dst=dst, interpolation=cv2.INTER_AREA)
     return out
 
 
-def _separable(batch: np.ndarray, size: int, kernels: Any) -> np.ndarray:
+def _separable(batch: list[np.ndarray], size: int, kernels: Any, out: np.ndarray) -> np.ndarray:
     import cv2
 
-    n, h, w, _ = batch.shape
+    h, w = batch[0].shape[:2]
     (x_index, x_weight), (y_index, y_weight) = _taps(w, size), _taps(h, size)
-    out = np.empty((n, size, size, 3), np.uint8)
     columns = np.empty((w, h, 3), np.uint8)  # a tile transposed: source columns as rows
     across = np.empty((size, h, 3), np.float32)  # horizontal pass, one row per output column
     rows = np.empty((h, size, 3), np.float32)  # the same transposed: one row per source row

@@ -77,9 +77,12 @@ class TileGeometry:
         input size)."""
         return self.read_many(slide, [(x, y)], size)[0]
 
-    def read_many(self, slide: Slide, xy: Any, size: int | None = None) -> list[np.ndarray]:
+    def read_many(self, slide: Slide, xy: Any, size: int | None = None, out: np.ndarray | None = None) -> Any:
         """:meth:`read` for each level-0 (x, y) of ``xy``, as few regions
-        (:meth:`~pathtwt.wsi.slides.Slide.read_tiles`: each native tile decoded once)."""
+        (:meth:`~pathtwt.wsi.slides.Slide.read_tiles`: each native tile decoded once). With
+        ``out`` (N, P, P, 3) uint8 and no ``size``, the tiles are written there."""
+        if out is not None and size is None:
+            return slide.read_tiles(xy, self.patch_size_level0, self.read_level, self.patch_size, out=out)
         tiles = slide.read_tiles(xy, self.patch_size_level0, self.read_level, self.patch_size)
         if size is None or self.patch_size == int(size):
             return tiles
