@@ -91,20 +91,23 @@ class Embedder:
         b = self.backbone
         x = b.transform.normalise_batch(tiles, b.device)
         size = self.micro or len(x)
+        stepped = False
         while True:
             try:
                 parts = [embed_tiles(b.model, x[i:i + size], b.spec.num_prefix_tokens, self.embedding)
                          for i in range(0, len(x), size)]
-                return parts[0] if len(parts) == 1 else torch.cat(parts)
+                break
             except torch.OutOfMemoryError:
                 if size <= 1:
                     raise
-                size = max(1, size // 2)
-                self.micro = size
+                size, stepped = max(1, size // 2), True
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
-                print(f"extract: the GPU ran out of memory in a forward pass; going on with {size} tiles per pass "
-                      f"(start with --batch-size {size} to skip this)", file=sys.stderr, flush=True)
+        if stepped:  # said once, with the size that fits
+            self.micro = size
+            print(f"extract: the GPU ran out of memory in a forward pass; going on with {size} tiles per pass "
+                  f"(start with --batch-size {size} to skip this)", file=sys.stderr, flush=True)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class HostBuffers:
@@ -161,6 +164,7 @@ def embed_job(jobs: Sequence[Any], prepare: Callable[[Any], Any], backbone: Any,
     with cv2_pool_stopped(workers > 0):  # OpenCV's thread pool does not survive a fork
         source: Any = ReaderPool(reader, workers) if workers else InlineReader(reader)
     sink: FeaturesSink | None = None
+    states: dict[int, SlideState] = {}
     unpin = lambda: None  # noqa: E731
     bar = tqdm(total=sum(sizes), unit="tile", disable=not options.progress, dynamic_ncols=True)
     try:
@@ -174,7 +178,6 @@ def embed_job(jobs: Sequence[Any], prepare: Callable[[Any], Any], backbone: Any,
         buffers = HostBuffers(device) if on_cuda else None
         side_stream = torch.cuda.Stream(device) if on_cuda else None
         in_flight: deque[tuple[Any, int | None]] = deque()  # (event, slot) of device work queued on a slot
-        states: dict[int, SlideState] = {}
         unprepared: queue.Queue = queue.Queue()  # (job number, why it could not be prepared)
 
         def finish_attrs(state: SlideState) -> dict[str, Any]:
@@ -310,9 +313,9 @@ def embed_job(jobs: Sequence[Any], prepare: Callable[[Any], Any], backbone: Any,
     finally:
         bar.close()
         source.stop()
-        if sink is not None:
+        if sink is not None:  # the job stopped early: no slide left half-written
             try:
-                sink.close()
+                sink.abandon(list(states.values()))
             except Exception:  # noqa: BLE001 - the error that stopped the job is the one raised
                 pass
         unpin()

@@ -82,6 +82,16 @@ class FeaturesSink:
         self._thread.join()
         return self.done()
 
+    def abandon(self, states: list[SlideState]) -> None:
+        """The job stopped: every slide still open is closed unpublished (its temporary
+        file removed), after the writes already queued."""
+        if self._thread.is_alive():
+            self._queue.put(("abandon", states))
+            self._queue.put(None)
+            self._thread.join()
+        for state in states:  # the thread stopped early (a full disk): close what it left open
+            _abort(state, state.error or RuntimeError("the job stopped"))
+
     def _put(self, item: Any) -> None:
         while True:
             self._raise()
@@ -104,8 +114,11 @@ class FeaturesSink:
             try:
                 if item[0] == "write":
                     self._write(*item[1:])
-                else:
+                elif item[0] == "finish":
                     self._finish(item[1])
+                else:
+                    for state in item[1]:
+                        _abort(state, state.error or RuntimeError("the job stopped"))
             except BaseException as exc:  # noqa: BLE001 - a full disk, say: the job stops, in the loop's thread
                 self._fatal = exc
                 for state in _states_in(item):
@@ -153,7 +166,7 @@ class FeaturesSink:
 
 
 def _states_in(item: Any) -> list[SlideState]:
-    return [x for x in item if isinstance(x, SlideState)]
+    return [x for x in item if isinstance(x, SlideState)] + [x for x in item if isinstance(x, list) for x in x]
 
 
 def _abort(state: SlideState, exc: BaseException | None) -> None:
