@@ -45,7 +45,7 @@ def test_a_forward_pass_out_of_gpu_memory_is_halved_said_once_and_the_job_goes_o
 
     def small_memory(x):  # a GPU that holds 3 tiles' activations at a time
         if len(x) > 3:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return forward(x)
 
     tiny.model.forward_features = small_memory

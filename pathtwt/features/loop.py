@@ -97,7 +97,7 @@ class Embedder:
                 parts = [embed_tiles(b.model, x[i:i + size], b.spec.num_prefix_tokens, self.embedding)
                          for i in range(0, len(x), size)]
                 break
-            except torch.OutOfMemoryError:
+            except torch.cuda.OutOfMemoryError:  # ROCm raises it too ("HIP out of memory")
                 if size <= 1:
                     raise
                 size, stepped = max(1, size // 2), True
