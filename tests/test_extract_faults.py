@@ -150,3 +150,21 @@ def test_a_slide_that_fails_its_checks_mid_job_leaves_the_others_whole(tmp_path,
     assert "slide file not found" in summaries[1]["failed"] and "gone" in failures.read_text()
     assert h5io.read_features(tmp_path / "f_gone.h5")[2]["status"] == "failed"
     assert h5io.read_features(tmp_path / "f2.h5")[0].shape == (3, 128)
+
+
+def test_queues_the_system_cannot_make_are_one_line(tmp_path, shared_slides, tiny, monkeypatch):
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+
+    def no_shm(*args, **kwargs):  # a container without a writable /dev/shm
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(type(context), "Queue", no_shm)
+    slide = shared_slides / CMU
+    with pytest.raises(PathtwtError) as err:
+        extract_many([ExtractJob(slide, _coords(tmp_path / "c.h5", slide, GRID[:8]), tmp_path / "f.h5")], tiny,
+                     batch_size=2, workers=1, progress=False)
+    line = str(err.value)
+    assert "\n" not in line and "/dev/shm must be a writable tmpfs" in line and "--workers 0" in line
+    assert not (tmp_path / "f.h5").exists()

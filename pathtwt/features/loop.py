@@ -49,8 +49,9 @@ class FeedTiming:
     """Who waited for whom over a job: the embedding process's time blocked on the next
     batch, the readers' time spent reading (summed), and the forward passes' time."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, ring: str = "") -> None:
         self.workers = workers
+        self.ring = ring  # the tile ring's size, said with the bound
         self.began = time.perf_counter()
         self.waited = 0.0
         self.reading = 0.0
@@ -70,7 +71,8 @@ class FeedTiming:
             other = sh["readers_waited_share"]
             bound = "reading" if waited > other else "the model"
             return (f"extract: the model waited for tiles {waited:.0%} of the time and the {self.workers} reading "
-                    f"process(es) waited for the model {other:.0%}: bound by {bound}")
+                    f"process(es) waited for the model {other:.0%}: bound by {bound} (tile ring: {self.ring} of "
+                    "shared memory)")
         wall = max(time.perf_counter() - self.began, 1e-9)
         model = min(1.0, self.embedding / wall)
         bound = "reading" if waited > model else "the model"
@@ -172,7 +174,7 @@ def embed_job(jobs: Sequence[Any], prepare: Callable[[Any], Any], backbone: Any,
         decoder = make_decoder(options.gpu_decoder or decoding.decoder, device) if ship_bytes else None
         made = DeviceTiles(ring, device, size, decoder=decoder,
                            use_tiles=lambda j: modes.__setitem__(j, SLIDE_TILES))
-        timing = FeedTiming(workers)
+        timing = FeedTiming(workers, ring.describe())
         counts = FeedCounts()
         embedder = Embedder(backbone, options.embedding)
         buffers = HostBuffers(device) if on_cuda else None

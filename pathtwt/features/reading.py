@@ -32,6 +32,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from pathtwt.errors import PathtwtError
 from pathtwt.features.ring import Ring
 from pathtwt.wsi.coords_tiles import TileGeometry
 
@@ -279,9 +280,15 @@ class ReaderPool:
         self.reader = reader
         self.workers = int(workers)
         context = mp.get_context("fork")
-        self.tasks = context.Queue()
-        self.free = context.Queue()
-        self.results = context.Queue()
+        try:
+            self.tasks = context.Queue()
+            self.free = context.Queue()
+            self.results = context.Queue()
+        except OSError as exc:  # the queues' semaphores live in /dev/shm
+            raise PathtwtError(
+                f"extract: cannot make the reading processes' queues ({exc.strerror or exc}); /dev/shm must be a "
+                "writable tmpfs (docker run --shm-size=256m, or mount one), or read in this process with --workers 0"
+            ) from None
         for k in range(reader.ring.size.slots):
             self.free.put(k)
         self.processes = [context.Process(target=_reading_process, args=(w, reader, self.tasks, self.free, self.results),
