@@ -193,8 +193,9 @@ def _entries_of(registry) -> set[str]:
     return set(registry) if isinstance(registry, Mapping) else {entry.name for entry in registry}
 
 
-def test_the_extension_table_covers_the_four_kinds():
-    assert [row["extension"] for row in extension_table()] == ["MIL head", "encoder", "compression method", "slide format"]
+def test_the_extension_table_covers_every_kind():
+    assert [row["extension"] for row in extension_table()] == ["MIL head", "encoder", "compression method", "slide format",
+                                                               "GPU JPEG decoder"]
 
 
 @pytest.mark.parametrize("row", extension_table(), ids=lambda r: r["extension"])

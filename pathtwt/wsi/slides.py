@@ -29,7 +29,6 @@ from typing import Any, Mapping
 import numpy as np
 
 from pathtwt.errors import SlideError
-from pathtwt.wsi.decoding import decoder
 from pathtwt.wsi.formats import READERS, refuse_associated_image, refuse_unsupported, truncation_note
 from pathtwt.wsi.reader_notes import capture_reader_messages
 
@@ -148,7 +147,7 @@ class Slide:
         # the native-tile view of each read level (pathtwt.wsi.native_tiles), opened on first use
         self._native: dict[int, Any] = {}
         self._tif: Any = None
-        self.decoder: Any = decoder("cpu")  # how native tiles are decoded (the decode seam)
+        self.decoder: Any = None  # how native tiles are decoded (the decode seam; None: tifffile's codecs)
 
     # -- context manager -------------------------------------------------------------
     def __enter__(self) -> "Slide":
@@ -245,17 +244,20 @@ class Slide:
         interp = cv2.INTER_AREA if side > patch_size else cv2.INTER_LINEAR
         return cv2.resize(region, (patch_size, patch_size), interpolation=interp)
 
-    def read_tiles(self, xy: Any, patch_size_level0: int, read_level: int, patch_size: int) -> list[np.ndarray]:
+    def read_tiles(self, xy: Any, patch_size_level0: int, read_level: int, patch_size: int,
+                   out: np.ndarray | None = None) -> Any:
         """:meth:`read_tile` for each level-0 (x, y) of ``xy``, with the same pixels, read as
         few regions as the layout allows (:mod:`pathtwt.wsi.supertiles`): each native tile
-        under the batch is decoded once. The reader messages are collected once."""
+        under the batch is decoded once. The reader messages are collected once. ``out``
+        (N, patch_size, patch_size, 3) uint8 receives the tiles (and is returned) instead of
+        a list."""
         from pathtwt.wsi import supertiles
 
         xy = np.asarray(xy, dtype=np.int64).reshape(-1, 2)
         if self._handle is None:
             raise SlideError(f"{self.path}: slide is closed")
         if not len(xy):
-            return []
+            return [] if out is None else out
         ds = self.level_downsamples[read_level]
         side = max(1, int(round(patch_size_level0 / ds)))
         origins, exact = supertiles.level_origins(xy, ds, self.reader)
@@ -275,7 +277,7 @@ class Slide:
         except Exception as exc:  # the reader libraries raise many types on corrupt data
             x0, y0, w, h = supertiles.bounding_box(xy, int(patch_size_level0))
             raise self._decode_error(exc, x0, y0, read_level, int(round(w / ds)), int(round(h / ds))) from None
-        return [_fit(region, patch_size) for region in regions]
+        return fit_regions(regions, patch_size, out)
 
     def native_level(self, level: int) -> Any:
         """The :class:`~pathtwt.wsi.native_tiles.NativeLevel` of ``level`` (its native tiles
@@ -298,18 +300,41 @@ class Slide:
             page = native_page(self._tif, level, self.level_dimensions[level])
         except Exception:  # noqa: BLE001 - not a TIFF tifffile reads: the reader's own path
             return None
-        return None if page is None else NativeLevel(page, decoder=self.decoder, fill=self.fill)
+        if page is None:
+            return None
+        return NativeLevel(page, fill=self.fill) if self.decoder is None else \
+            NativeLevel(page, decoder=self.decoder, fill=self.fill)
 
 
-def _fit(region: np.ndarray, patch_size: int) -> np.ndarray:
-    """A read region resized to (patch_size, patch_size) as :meth:`Slide.read_tile` does."""
-    side = region.shape[0]
-    if side == patch_size and region.shape[1] == patch_size:
-        return np.ascontiguousarray(region)
+def fit_regions(regions: list[np.ndarray], patch_size: int, out: np.ndarray | None = None) -> Any:
+    """Read regions resized to (patch_size, patch_size) as :meth:`Slide.read_tile` does:
+    larger ones shrunk together with cv2.INTER_AREA's pixels
+    (:func:`pathtwt.wsi.area_shrink.shrink`), smaller ones enlarged (INTER_LINEAR). Into
+    ``out`` (N, patch_size, patch_size, 3) when given, else a list."""
     import cv2
 
-    interp = cv2.INTER_AREA if side > patch_size else cv2.INTER_LINEAR
-    return cv2.resize(np.ascontiguousarray(region), (patch_size, patch_size), interpolation=interp)
+    from pathtwt.wsi.area_shrink import shrink
+
+    size = (patch_size, patch_size)
+    if out is not None and regions and all(r.shape[0] > patch_size and r.shape[1] > patch_size and
+                                          r.shape == regions[0].shape for r in regions):
+        shrink(list(regions), patch_size, out=out)  # the usual batch: straight into ``out``
+        return out
+    tiles: list[np.ndarray] = [np.ascontiguousarray(r) for r in regions]
+    larger = [k for k, r in enumerate(regions) if r.shape[0] > patch_size and r.shape[1] > patch_size]
+    for shape in {regions[k].shape for k in larger}:  # one shape in a batch, as a rule
+        same = [k for k in larger if regions[k].shape == shape]
+        for k, tile in zip(same, shrink([regions[k] for k in same], patch_size)):
+            tiles[k] = tile
+    for k, region in enumerate(regions):
+        if region.shape[:2] != size and k not in larger:
+            interp = cv2.INTER_AREA if max(region.shape[:2]) > patch_size else cv2.INTER_LINEAR
+            tiles[k] = cv2.resize(tiles[k], size, interpolation=interp)
+    if out is None:
+        return tiles
+    for tile, dst in zip(tiles, out):
+        dst[...] = tile
+    return out
 
 
 def _one_line(exc: BaseException) -> str:
