@@ -229,7 +229,7 @@ class BatchReader:
 
     def _tiles(self, read: SlideRead, slide: Any, start: int, end: int, msg: BatchMessage) -> None:
         out = self.ring.tiles(msg.slot, end - start, self.input_size)
-        native = slide.native_level(read.geometry.read_level) if slide.reader != "image" else None
+        native = slide.native_level(read.geometry.read_level)  # None for a reader without native tiles
         before = native.decoded if native is not None else 0
         if read.geometry.patch_size == self.input_size:  # straight into the slot
             read.geometry.read_many(slide, read.xy[start:end], out=out)
