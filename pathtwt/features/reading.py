@@ -135,6 +135,7 @@ class BatchReader:
         self.slide_modes = slide_modes  # shared uint8 table: SLIDE_BYTES / SLIDE_TILES per slide
         self._open: tuple[int, Any, Any] | None = None  # (slide number, Slide, file descriptor)
         self._headers: dict[int, Any] = {}
+        self._ships: dict[int, bool] = {}  # read level -> its batches go as bytes (decided once a slide)
 
     def close(self) -> None:
         if self._open is not None:
@@ -144,6 +145,7 @@ class BatchReader:
                 os.close(fd)
             self._open = None
             self._headers = {}
+            self._ships = {}
 
     def _slide(self, read: SlideRead) -> Any:
         if self._open is None or self._open[0] != read.number:
@@ -182,12 +184,18 @@ class BatchReader:
             yield msg
 
     def _bytes_for(self, read: SlideRead, slide: Any) -> bool:
-        if not self.ship_bytes or (self.slide_modes is not None and self.slide_modes[read.number] == SLIDE_TILES):
+        """Whether this batch goes as bytes: the slide's tile source of its read level,
+        chosen once when the slide is opened (JPEG-tiled native pages, on the GPU path),
+        unless the embedding process has since sent the slide to the CPU path."""
+        if self.slide_modes is not None and self.slide_modes[read.number] == SLIDE_TILES:
             return False
-        from pathtwt.wsi.jpeg_streams import is_jpeg_tiled
+        level = read.geometry.read_level
+        if level not in self._ships:
+            from pathtwt.wsi.jpeg_streams import is_jpeg_tiled
 
-        native = slide.native_level(read.geometry.read_level)
-        return native is not None and is_jpeg_tiled(native.page)
+            native = slide.native_level(level) if self.ship_bytes else None
+            self._ships[level] = native is not None and is_jpeg_tiled(native.page)
+        return self._ships[level]
 
     def _byte_plan(self, read: SlideRead, slide: Any, start: int, end: int) -> Any:
         from pathtwt.wsi import supertiles
