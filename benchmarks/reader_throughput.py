@@ -63,11 +63,11 @@ def write_bach(path: Path) -> Path:
     return path
 
 
-def write_40x(path: Path) -> Path:
+def write_40x(path: Path, n: int = 4) -> Path:
     import cv2
     import tifffile
 
-    image = mosaic(4)
+    image = mosaic(n)
     h, w = image.shape[:2]
     with tifffile.TiffWriter(path) as tif:
         for i, ds in enumerate((1, 4, 16)):
