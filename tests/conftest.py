@@ -13,6 +13,7 @@ SHARED = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared"))
 SHARED_SLIDES = SHARED / "data" / "slides"
 SHARED_TILES = SHARED / "data" / "tiles"
 SHARED_VIT_S = SHARED / "weights" / "vit_s14_imgfocus.safetensors"
+SHARED_BACH = SHARED / "data" / "bach" / "images"
 
 
 def _need(path: Path) -> Path:
@@ -29,6 +30,11 @@ def shared_slides() -> Path:
 @pytest.fixture(scope="session")
 def shared_tiles() -> Path:
     return _need(SHARED_TILES)
+
+
+@pytest.fixture(scope="session")
+def shared_bach() -> Path:
+    return _need(SHARED_BACH)
 
 
 @pytest.fixture(scope="session")
