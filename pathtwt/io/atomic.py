@@ -51,8 +51,8 @@ def atomic_output(path: str | os.PathLike, suffix: str | None = None, *, needed:
 
     A full disk, a full quota or a read-only folder, met anywhere from making the folder
     to the rename, is raised as one :class:`~pathtwt.errors.OutputError` line naming
-    ``path`` (:mod:`pathtwt.io.write_errors`); ``needed``, the output's size where the
-    writer knows it, is checked against the free space first and named in that line.
+    ``path`` (:mod:`pathtwt.io.write_errors`); ``needed``, the least the output takes where
+    the writer knows it, is checked against the free space first and named in that line.
     """
     final = Path(path)
     if final.is_dir():

@@ -209,7 +209,7 @@ class FeaturesWriter:
                 chunks=(chunk_rows, self.dim) if self.n_tiles else None,
             )
             # a full disk stops the writer at the next batch, not at the end of the slide
-            self.features = CheckedDataset(features, self.h5.guard)
+            self.features = CheckedDataset(features, self.h5.guard, self.path, needed=self.size())
             self.coords = self.h5.create_dataset("coords", shape=(self.n_tiles, 2), dtype=np.int64)
             _set_attrs(self.h5, self.attrs)
             _set_attrs(self.coords, {k: v for k, v in self.attrs.items() if k in GEOMETRY_ATTRS})

@@ -19,6 +19,8 @@ from typing import Any, Iterator
 
 import h5py
 
+from pathtwt.io.write_errors import no_room_errno, raise_output_error
+
 # writes kept aside after a failure: each up to this size (HDF5's own structures; data
 # chunks are larger and dropped, their bytes never read back before the file is deleted)
 _KEPT_WRITE = 1 << 20
@@ -92,15 +94,20 @@ class GuardedFile:
 
 class CheckedDataset:
     """An HDF5 dataset whose writes raise the file's first failed write at once (rather
-    than when the file closes), so a long extraction stops when the disk fills."""
+    than when the file closes), so a long extraction stops when the disk fills: as the
+    one-line error naming ``path``, the file being written, and ``needed``, its size."""
 
-    def __init__(self, dataset: h5py.Dataset, guard: GuardedFile):
-        self._dataset, self._guard = dataset, guard
+    def __init__(self, dataset: h5py.Dataset, guard: GuardedFile, path: str | os.PathLike, needed: int | None = None):
+        self._dataset, self._guard, self._path, self._needed = dataset, guard, path, needed
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._dataset[key] = value
-        if self._guard.failed is not None:
-            raise self._guard.failed
+        failed = self._guard.failed
+        if failed is not None:
+            code = no_room_errno(failed)
+            if code is None:
+                raise failed
+            raise_output_error(self._path, code, needed=self._needed)
 
     def __getitem__(self, key: Any) -> Any:
         return self._dataset[key]

@@ -115,7 +115,7 @@ def space_text(path: str | os.PathLike, code: int, needed: int | None = None, wr
         return ""
     parts = []
     if needed:
-        parts.append(f"needs about {size_text(needed)}")
+        parts.append(f"needs at least {size_text(needed)}")
     elif written:
         parts.append(f"{size_text(written)} written when it failed")
     free = free_bytes(path)
