@@ -25,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tasks not named use accuracy",
     )
     parser.add_argument("--attention-slides", type=int, default=1,
-                        help="fixed slides per evaluated cohort with attention heatmaps of every variant (default 1)")
+                        help="slides per class with the attention of every variant and head: those of the task's own "
+                        "cohort the teacher's first attention head classified correctly with the highest probability "
+                        "(default 1; 0: none)")
     parser.add_argument("--config", type=Path, action="append", default=[], metavar="FILE",
                         help="workflow config(s) whose tasks give the headline metrics (as --metric does); repeatable")
     parser.add_argument("--markdown", action="store_true",
