@@ -16,7 +16,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from conftest import SHARED, _need
+from conftest import SHARED, SHARED_BESIDE_REPO, _need
 from pathtwt.config import check
 from pathtwt.errors import ConfigError
 from test_workflow_dag import job_counts, snakemake
@@ -58,7 +58,7 @@ def check_cohort(config: dict) -> dict:
 
 
 def test_bach_yaml_checks_and_plans_the_study(bach, tmp_path):
-    if not (REPO.parent / "shared").exists():
+    if not SHARED_BESIDE_REPO:
         pytest.skip("config/bach.yaml names ../shared, which is not beside this checkout")
     res = subprocess.run([str(PATHTWT), "check-config", "config/bach.yaml"], cwd=REPO, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

@@ -6,15 +6,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import SHARED_SLIDES
+
 REPO = Path(__file__).resolve().parents[1]
-# the real slide the benchmark reads, where conftest looks for ../shared
-SHARED_SLIDE = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared")) / "data" / "slides" / "CMU-1-Small-Region.svs"
+# the real slide the benchmark reads (conftest honours PATHTWT_SHARED)
+SHARED_SLIDE = SHARED_SLIDES / "CMU-1-Small-Region.svs"
 
 
 def _load():

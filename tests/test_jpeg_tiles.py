@@ -24,10 +24,10 @@ from pathtwt.wsi.jpeg_tiles import (  # noqa: E402
     tile_streams,
 )
 from pathtwt.wsi.native_tiles import decode_native_tiles  # noqa: E402
+from conftest import SHARED_SLIDES  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-CMU = SHARED / "slides" / "CMU-1-Small-Region.svs"
-BACH = sorted((SHARED / "bach" / "images").glob("*.jpeg"))[:2]
+CMU = SHARED_SLIDES / "CMU-1-Small-Region.svs"
+BACH = sorted((SHARED_SLIDES.parent / "bach" / "images").glob("*.jpeg"))[:2]
 needs_cmu = pytest.mark.skipif(not CMU.is_file(), reason="../shared/data/slides/CMU-1-Small-Region.svs is absent")
 needs_bach = pytest.mark.skipif(len(BACH) < 2, reason="../shared/data/bach/images/*.jpeg are absent")
 
@@ -241,7 +241,7 @@ def test_read_tiles_on_device_equal_the_slides_read_tiles():
             expected = slide.read_tiles(xy, side, 0, size)
             assert batch.shape == (len(xy), size, size, 3)
             assert max(_max_diff(a, b) for a, b in zip(batch, expected)) <= jpeg_tiles.TOLERANCE
-    with open_slide(SHARED / "slides" / "boxes.tiff", mpp_fallback=0.5) as other:  # not JPEG: the CPU reads it
+    with open_slide(SHARED_SLIDES / "boxes.tiff", mpp_fallback=0.5) as other:  # not JPEG: the CPU reads it
         assert read_tiles_on_device(other, xy[:1], 64, 0, 64, decoder) is None
 
 

@@ -24,7 +24,7 @@ K = 3
 def cohort(tmp_path_factory):
     """30 planted grading bags (3 classes, 16-d) in K folds by patient (2 slides each) with
     a 20 % compression hold-out, and an external cohort of 6 bags."""
-    from pathtwt.mil.synthetic import write_planted_cohort
+    from planted_cohorts import write_planted_cohort
 
     root = tmp_path_factory.mktemp("cv")
     main_cohort = write_planted_cohort(root / "main", task="grading", splits={"all": 40}, dim=16, n_classes=3,

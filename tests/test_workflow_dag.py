@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import SHARED_VIT_S
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 
@@ -204,6 +206,22 @@ def test_a_config_error_names_the_configfile_given(paper, tmp_path):
     assert "config/config.yaml" not in out
 
 
+def test_a_wrong_extra_args_flag_stops_the_workflow_in_one_line(paper, tmp_path):
+    data, work = paper
+    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    cfg["mil"]["extra_args"] = "--lr 1e-4 --hiden-dim 64"
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    res = snakemake(work, "-n", "--configfile", str(bad), "--config", f"data_root={data}", check=False)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"Error: {bad} (with --config overrides): key mil.extra_args: --hiden-dim is not a flag of pathtwt train-mil; fix it "
+        "(see pathtwt train-mil --help) or use the mil key of that name")
+    cfg["mil"]["extra_args"] = "--lr 1e-4 --hidden-dim 64"
+    bad.write_text(yaml.safe_dump(cfg))
+    assert _dry_run(work, bad, data).returncode == 0
+
+
 def test_a_missing_label_table_is_one_line_without_a_traceback_frame(paper, tmp_path):
     data, work = paper
     cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
@@ -274,7 +292,7 @@ def test_a_cross_validated_cohort_plans_one_job_per_fold_and_lends_only_its_hold
     cfg["cohorts"]["bach"].update(slides=str(data / "slides"), labels=str(data / "labels.csv"), extensions=[".tif"],
                                   draw_split={"folds": 3, "holdout": 0.2, "seed": 0, "group_column": "patient"})
     cfg["tasks"]["bach"]["classes"] = 2
-    cfg["backbones"]["vit-s14-imgfocus"]["weights"] = str(REPO.parent / "shared" / "weights" / "vit_s14_imgfocus.safetensors")
+    cfg["backbones"]["vit-s14-imgfocus"]["weights"] = str(SHARED_VIT_S)
     cfg["variants"] = {"uncompressed": {"method": "none"}, "twt-6": {"method": "twt", "depth": 6}}
     path = tmp_path / "cv.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -1,11 +1,13 @@
 # Helpers shared by the rules: which slides, splits, backbones and variants the config
 # asks for, and the paths between stages. Every helper the rules call is named get_*.
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 from pathtwt.compress.registry import PAPER_METHOD, goal_of
 from pathtwt.config import check as config_check
+from pathtwt.config.extra_args import extra_args_command
 from pathtwt.errors import ConfigError
 from pathtwt.io import layout
 from pathtwt.io.layout import RANDOM_INIT, UNCOMPRESSED
@@ -34,14 +36,18 @@ CONFIG_SOURCE = " + ".join(str(f) for f in (workflow.overwrite_configfiles or ["
 try:
     config.update(config_check.validate_schema(config, source=CONFIG_SOURCE))
     LABEL_TABLES = config_check.check_config(config, source=CONFIG_SOURCE)
-    from pathtwt.cli.extra_args import check_extra_args
-
-    check_extra_args(config, source=CONFIG_SOURCE)
 except ConfigError as exc:
     # A bad config is the user's to fix, not a workflow bug: its message alone, without the
     # traceback frame Snakemake prints for a WorkflowError raised here.
     print(f"Error: {exc}", file=sys.stderr)
     sys.exit(1)
+# extra_args are flags of the command line, whose parsers the workflow does not import:
+# the command checks them, only for a config that has some.
+if extra_args_command(config, source=CONFIG_SOURCE):
+    _checked = subprocess.run(extra_args_command(config, source=CONFIG_SOURCE), capture_output=True, text=True)
+    if _checked.returncode != 0:
+        print(f"Error: {_checked.stderr.strip().removeprefix('pathtwt check-config: error: ')}", file=sys.stderr)
+        sys.exit(1)
 
 # The rules that declare a GPU and the config section whose `device` they run on.
 GPU_RULE_DEVICES = {
