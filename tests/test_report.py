@@ -508,3 +508,25 @@ def test_report_tables_fit_a_1280_px_window_with_cohorts_in_their_own_tables(rep
     assert any("tiles/s" in t and "Params (M)" in t for t in tables)  # cost columns kept, in their own table
     style = page.split("<style>")[1].split("</style>")[0]
     assert "max-width:1500px" not in style and "body{" in style and "max-width" not in style.split("body{")[1].split("}")[0]
+
+
+def test_the_report_shows_only_what_its_study_names(report, tmp_path):
+    """A results folder can hold runs its config has since dropped (a variant, a head, a
+    task): the workflow names its own, and the report leaves the rest out."""
+    results, _ = report
+    stale = results / "mil" / "vit-s14-tiny" / "twt-6" / "old-task" / "abmil" / "seed0"
+    write_json_atomic(stale / "metrics.json", _metrics(0.5, 0.5))
+    out = tmp_path / "r"
+    try:
+        assert main(["report", "--results", str(results), "--out", str(out), "--metric", "grading=qwk",
+                     "--tasks", "grading", "--variants", "uncompressed", "twt-6", "--heads", "abmil"]) == 0
+    finally:
+        import shutil
+
+        shutil.rmtree(stale.parent.parent.parent)
+    assert set(_records(out)) == {("uncompressed", "abmil"), ("twt-6", "abmil"), ("chance", "-")}
+    assert not (out / "old-task.csv").exists()
+    page = (out / "index.html").read_text()
+    assert "old-task" not in page and "random-init (floor)" not in page and "transmil" not in page
+    captions = _figure_captions(page)
+    assert captions and all("transmil" not in c for c in captions.values())

@@ -15,6 +15,7 @@ from typing import Any
 from pathtwt.io.atomic import atomic_output
 from pathtwt.io.layout import UNCOMPRESSED
 from pathtwt.report.attention import attention_figures
+from pathtwt.report.selection import EVERYTHING, Selection
 
 THUMBNAILS_PER_COHORT = 3
 
@@ -75,10 +76,12 @@ def _visible_pngs(folder: Path, pattern: str) -> list[Path]:
     return [p for p in sorted(folder.glob(pattern)) if not p.name.startswith(".")]
 
 
-def similarity_figures(results: Path, out: Path) -> list[tuple[str, str]]:
+def similarity_figures(results: Path, out: Path, selection: Selection = EVERYTHING) -> list[tuple[str, str]]:
     figs = []
     for png in _visible_pngs(results / "discovery", "*/similarity.png"):
         backbone = png.parent.name
+        if not selection.keeps(backbone=backbone):
+            continue
         caption = sidecar_caption(png, f"{backbone}: layer-similarity matrix with the discovered blocks.")
         figs.append((_copy_figure(png, out, f"similarity_{backbone}.png"), caption))
     return figs
@@ -93,10 +96,15 @@ def thumbnail_figures(results: Path, out: Path) -> list[tuple[str, str]]:
     return figs
 
 
-def analysis_figures(results: Path, out: Path) -> list[tuple[str, str]]:
+def analysis_figures(results: Path, out: Path, selection: Selection = EVERYTHING) -> list[tuple[str, str]]:
     figs = []
     for png in _visible_pngs(results / "analysis", "**/*.png"):
         rel = png.relative_to(results / "analysis")
+        # analysis/{backbone}/{name}/x.png, analysis/{backbone}/{variant}/{name}/x.png, or the
+        # eps sweep over every backbone (analysis/eps/x.png)
+        if rel.parts[0] != "eps" and not selection.keeps(
+                backbone=rel.parts[0], variant=rel.parts[1] if len(rel.parts) > 3 else None):
+            continue
         name = "analysis_" + "_".join(rel.parts)
         figs.append((_copy_figure(png, out, name), sidecar_caption(png, str(rel))))
     return figs
@@ -105,7 +113,7 @@ def analysis_figures(results: Path, out: Path) -> list[tuple[str, str]]:
 HEATMAP_OUTPUTS = (("heatmap", ".heatmap.png"), ("top/bottom tiles", ".top_tiles.png"), ("QuPath GeoJSON", ".geojson"))
 
 
-def heatmaps_html(results: Path, out: Path) -> str:
+def heatmaps_html(results: Path, out: Path, selection: Selection = EVERYTHING) -> str:
     """A table linking the heatmaps `pathtwt heatmap` drew for the report (workflow
     `report: {heatmaps: N}`): results/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/,
     copied under figures/heatmaps/ so the report folder stands alone."""
@@ -115,7 +123,11 @@ def heatmaps_html(results: Path, out: Path) -> str:
         backbone, variant, task, head, cohort = png.relative_to(root).parts[:5]
         return task, cohort, png.name, backbone, variant != UNCOMPRESSED, variant, head
 
-    pngs = sorted((p for p in root.glob("*/*/*/*/*/*.heatmap.png") if not p.name.startswith(".")), key=order)
+    def shown(png: Path) -> bool:
+        backbone, variant, task, head = png.relative_to(root).parts[:4]
+        return not png.name.startswith(".") and selection.keeps(task=task, backbone=backbone, variant=variant, head=head)
+
+    pngs = sorted((p for p in root.glob("*/*/*/*/*/*.heatmap.png") if shown(p)), key=order)
     if not pngs:
         return ""
     body = []
@@ -243,7 +255,7 @@ figcaption{font-size:0.8em;color:#555}
 
 def render_html(
     results: Path, out: Path, *, sections: list[dict[str, Any]], teachers: list[str], counting: str,
-    attention_slides: int, tables: list[dict[str, Any]] | None = None,
+    attention_slides: int, tables: list[dict[str, Any]] | None = None, selection: Selection = EVERYTHING,
 ) -> str:
     """The page; ``tables`` are the backbone-level tables (tile probe, fidelity) shown
     after the MIL tables, each with a title, header, cells and notes."""
@@ -273,10 +285,10 @@ def render_html(
                                 css="names2", references=set(t.get("references", ())))
             parts.append((f"<h3>{html.escape(t['title'])}, {title}</h3>" if title else "") + f"<div class='scroll'>{table}</div>")
         parts += _notes(t["notes"])
-    parts.append(_figures_html("Layer similarity and discovered blocks", similarity_figures(results, out)))
+    parts.append(_figures_html("Layer similarity and discovered blocks", similarity_figures(results, out, selection)))
     parts.append(_figures_html("MIL attention", attention, wide=True, notes=attention_notes))
-    parts.append(heatmaps_html(results, out))
+    parts.append(heatmaps_html(results, out, selection))
     parts.append(_figures_html("Tissue detection", thumbnail_figures(results, out)))
-    parts.append(_figures_html("Analyses", analysis_figures(results, out)))
+    parts.append(_figures_html("Analyses", analysis_figures(results, out, selection)))
     parts.append("</body></html>\n")
     return "\n".join(p for p in parts if p)

@@ -24,6 +24,7 @@ from pathtwt.io.layout import RANDOM_INIT, UNCOMPRESSED
 from pathtwt.models.registry import variant_depth
 from pathtwt.report.extraction import Extraction, throughput_comparable
 from pathtwt.report.markdown import markdown_table
+from pathtwt.report.selection import EVERYTHING, Selection
 
 CHANCE = "chance"
 # Bootstrap resamples of each cohort's slides (seeded with 0) for the 95 % intervals.
@@ -599,8 +600,10 @@ def reference_rows(body: list[list[str]]) -> list[int]:
     return [i for i, cells in enumerate(body) if cells[1].endswith(("(reference)", "(teacher)", "(floor)"))]
 
 
-def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost]) -> list[dict[str, Any]]:
-    """The tile-probe and fidelity tables (``probes.*``, ``fidelity.*``), those that have rows."""
+def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost],
+                    selection: Selection = EVERYTHING) -> list[dict[str, Any]]:
+    """The tile-probe and fidelity tables (``probes.*``, ``fidelity.*``) of the backbones
+    and variants ``selection`` keeps, those that have rows."""
     from pathtwt.io.atomic import write_text_atomic
     from pathtwt.report.fidelity import fidelity_table
     from pathtwt.report.probes import below_floor_notes, probe_sets_note, probe_table
@@ -611,12 +614,12 @@ def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost]
         return costs[backbone, variant]
 
     tables = []
-    header, body, records = probe_table(results, cost_of)
+    header, body, records = probe_table(results, cost_of, selection)
     if body:
-        note = f"{PROBE_NOTE} {probe_sets_note(results)}"
-        tables.append({"name": "probes", "title": "Tile probe", "header": header, "body": body,
-                       "records": records, "notes": [note, *below_floor_notes(results)], "references": reference_rows(body)})
-    header, body, records, notes = fidelity_table(results, cost_of)
+        note = f"{PROBE_NOTE} {probe_sets_note(results, selection)}"
+        tables.append({"name": "probes", "title": "Tile probe", "header": header, "body": body, "records": records,
+                       "notes": [note, *below_floor_notes(results, selection)], "references": reference_rows(body)})
+    header, body, records, notes = fidelity_table(results, cost_of, selection)
     if body:
         tables.append({"name": "fidelity", "title": "Fidelity", "header": header, "body": body,
                        "records": records, "notes": [FIDELITY_NOTE, *notes], "references": reference_rows(body)})
@@ -627,10 +630,13 @@ def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost]
     return tables
 
 
-def task_sections(results: Path, metrics: dict[str, str], costs: dict[tuple[str, str], Cost]) -> list[dict[str, Any]]:
-    """One section per task: its rows, header, cells, notes and reference rows."""
-    runs = find_runs(results)
-    tasks = list(dict.fromkeys(list(metrics) + [r.task for r in runs]))
+def task_sections(results: Path, metrics: dict[str, str], costs: dict[tuple[str, str], Cost],
+                  selection: Selection = EVERYTHING) -> list[dict[str, Any]]:
+    """One section per task: its rows, header, cells, notes and reference rows (of the
+    runs ``selection`` keeps)."""
+    runs = [r for r in find_runs(results)
+            if selection.keeps(task=r.task, backbone=r.backbone, variant=r.variant, head=r.head)]
+    tasks = [t for t in dict.fromkeys(list(metrics) + [r.task for r in runs]) if selection.keeps(task=t)]
     if not tasks:
         raise PathtwtError(f"{results}: no finished MIL runs under mil/ and no task given; run the workflow first")
     sections = []
@@ -676,24 +682,25 @@ def readme_layout(config: Mapping[str, Any]) -> dict[str, tuple[list[str], list[
     return layout
 
 
-def write_report(results: str | Path, out: str | Path, *, metrics: dict[str, str], attention_slides: int = 1) -> Path:
+def write_report(results: str | Path, out: str | Path, *, metrics: dict[str, str], attention_slides: int = 1,
+                 selection: Selection = EVERYTHING) -> Path:
     """Write ``{task}.csv``, ``{task}.md``, ``tables.md`` (the tables of docs/results.md) and
-    ``index.html`` (with figures) into ``out``."""
+    ``index.html`` (with figures) into ``out``, of what ``selection`` keeps."""
     from pathtwt.io.atomic import write_text_atomic
     from pathtwt.report.html import render_html
     from pathtwt.report.markdown import readme_markdown, task_markdown
 
     results, out = Path(results), Path(out)
     costs: dict[tuple[str, str], Cost] = {}
-    sections = task_sections(results, metrics, costs)
+    sections = task_sections(results, metrics, costs, selection)
     for s in sections:
         write_text_atomic(out / f"{s['task']}.csv", csv_text(s["records"]))
         write_text_atomic(out / f"{s['task']}.md", task_markdown(s))
-    extra = backbone_tables(results, out, costs)
+    extra = backbone_tables(results, out, costs, selection)
     write_text_atomic(out / "tables.md", readme_markdown(sections, extra, results=results))
     html = render_html(
         results, out, sections=sections, teachers=teacher_lines(costs), counting=COUNTING_NOTE,
-        attention_slides=attention_slides, tables=extra,
+        attention_slides=attention_slides, tables=extra, selection=selection,
     )
     write_text_atomic(out / "index.html", html)
     return out / "index.html"
