@@ -197,12 +197,17 @@ def test_bad_label_table_stops_before_any_job(paper):
     assert "Job stats" not in res.stdout
 
 
+def _paper_with_mil(path: Path, **mil) -> Path:
+    """config/paper.yaml with some mil keys changed, written to ``path``."""
+    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    cfg["mil"].update(mil)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
 def test_a_config_error_names_the_configfile_given(paper, tmp_path):
     data, work = paper
-    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
-    cfg["mil"]["seeds"] = "zero"
-    bad = tmp_path / "study.yaml"
-    bad.write_text(yaml.safe_dump(cfg))
+    bad = _paper_with_mil(tmp_path / "study.yaml", seeds="zero")
     res = snakemake(work, "-n", "--configfile", str(bad), "--config", f"data_root={data}", check=False)
     out = res.stdout + res.stderr
     assert res.returncode != 0 and f"{bad} (with --config overrides): key mil.seeds" in out
@@ -211,18 +216,13 @@ def test_a_config_error_names_the_configfile_given(paper, tmp_path):
 
 def test_a_wrong_extra_args_flag_stops_the_workflow_in_one_line(paper, tmp_path):
     data, work = paper
-    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
-    cfg["mil"]["extra_args"] = "--lr 1e-4 --hiden-dim 64"
-    bad = tmp_path / "typo.yaml"
-    bad.write_text(yaml.safe_dump(cfg))
+    bad = _paper_with_mil(tmp_path / "typo.yaml", extra_args="--lr 1e-4 --hiden-dim 64")
     res = snakemake(work, "-n", "--configfile", str(bad), "--config", f"data_root={data}", check=False)
     assert res.returncode == 1
     assert res.stderr.strip().splitlines()[-1] == (
         f"Error: {bad} (with --config overrides): key mil.extra_args: --hiden-dim is not a flag of pathtwt train-mil; fix it "
         "(see pathtwt train-mil --help) or use the mil key of that name")
-    cfg["mil"]["extra_args"] = "--lr 1e-4 --hidden-dim 64"
-    bad.write_text(yaml.safe_dump(cfg))
-    assert _dry_run(work, bad, data).returncode == 0
+    assert _dry_run(work, _paper_with_mil(bad, extra_args="--lr 1e-4 --hidden-dim 64"), data).returncode == 0
 
 
 def test_a_missing_label_table_is_one_line_without_a_traceback_frame(paper, tmp_path):
