@@ -20,12 +20,18 @@ depend on them. Printed as one table, one row per measurement:
   model's weights cast, no autocast) and batch size, eager and under ``torch.compile``
   (compiled at one batch size, since each shape compiles anew; measured last, with what
   the time budget leaves).
-- ``extract``: end-to-end tiles/s of pathtwt's own extraction (``extract_slide``: the
-  slide read and decoded by DataLoader workers, bf16 autocast as ``--precision auto``
-  runs it) from the real SVS, for the teacher and its TWT-6 student, with a GPU job's
-  default readers (the cores minus one) and CPU and nvJPEG decode (``--decode cpu|gpu``);
-  each row says what share of its model-only bf16 rate it reaches. ``loader`` (the same
-  DataLoader, no model) is the readers' own rate.
+- ``decode``: native tiles/s of each JPEG decoder alone over every native tile of the 20x
+  mosaic: nvImageCodec (the hardware engines) and torchvision's nvJPEG (CUDA kernels)
+  where installed, on a CPU the host decoder, and libjpeg-turbo on one core for scale.
+- ``extract``: steady-state tiles/s of pathtwt's own extraction (``extract_many``: a job
+  of three copies of a slide less a job of one, after a warm-up; bf16 autocast with the
+  weights cast once, as ``--precision auto`` runs it) on two mosaics of the real SVS
+  written here (20x: copies side by side at 0.5 um/px; 40x: the same pixels at 0.25
+  um/px, read as 448 px squares shrunk to 224), for the teacher and its TWT-6 student,
+  with a GPU job's readers (the cores minus one) and CPU and GPU decode
+  (``--decode cpu|gpu``); each row says what share of its own model-only rate (normalise
+  and embed uint8 tiles already on the device, same precision) it reaches, the GPU's
+  peak memory, and the largest reading process's peak RSS.
 - ``distill``: optimiser steps/s of TWT-5 against the H0-mini teacher in bf16 through
   ``pathtwt.compress.distill.distill`` (teacher forward + student forward and backward
   each step): with augmentation in the loader workers as a compress job runs it, and
@@ -111,8 +117,8 @@ class Settings:
     compile_backend: str
     workers: list[int]
     extract_depths: list[int]  # the teacher and the student the end-to-end rows compare
-    decodes: list[str]  # pathtwt extract --decode values the extraction rows run
-    extract_tiles: int
+    decodes: list[str]  # cpu, gpu (pathtwt extract --decode), or host (the device path's stand-in on a CPU)
+    mosaics: dict[str, tuple[int, int]]  # copies of the real slide, columns and rows, per mosaic
     extract_batch: int
     distill_batch: int
     distill_steps: tuple[int, int]  # steps of the short and the long run; rate from the difference
@@ -137,10 +143,10 @@ def settings_for(device: str, args: argparse.Namespace) -> Settings:
         compile_depths=[12, 6, 4] if gpu else [4],
         compile_backend=args.compile_backend,
         # a GPU job's default readers (the job's cores minus one), and one
-        workers=[max(1, cores - 1)] if gpu else [0, 1],
+        workers=[max(1, cores - 1)] if gpu else [1],
         extract_depths=[12, 6],
-        decodes=["cpu", "gpu"] if gpu else ["cpu"],
-        extract_tiles=2048 if gpu else 128,
+        decodes=["cpu", "gpu"] if gpu else ["cpu", "host"],
+        mosaics=dict(MOSAICS_GPU if gpu else MOSAICS_CPU),
         extract_batch=256 if gpu else 32,
         distill_batch=128 if gpu else 8,
         distill_steps=(3, 23) if gpu else (1, 3),
@@ -166,14 +172,14 @@ def settings_for(device: str, args: argparse.Namespace) -> Settings:
         s.compile_batch = args.compile_batch
     if args.compile_precisions:
         s.compile_precisions = args.compile_precisions.split(",")
-    if args.extract_tiles:
-        s.extract_tiles = args.extract_tiles
+    if args.mosaics:
+        s.mosaics = {k: tuple(int(v) for v in c.split("x")) for k, c in (m.split("=") for m in args.mosaics.split(","))}
     return s
 
 
 @dataclass
 class Row:
-    kind: str  # forward | extract | loader | distill | mm
+    kind: str  # forward | decode | extract | distill | mm
     model: str
     precision: str
     batch: int | None
@@ -411,105 +417,179 @@ def _copy_to(model, device: str, dtype: torch.dtype):
     return out
 
 
-def write_slide_coords(path: Path, n_tiles: int, tile: int) -> Path:
-    """A coords file of ``n_tiles`` tiles over the real slide (its grid, cycled)."""
-    from pathtwt.io import h5 as h5io
+# the mosaics of the extraction rows: copies of the real slide side by side (columns, rows),
+# written as pyramidal JPEG TIFFs on the machine that measures, so only the slide travels
+MOSAICS_GPU = {"20x": (5, 4), "40x": (7, 6)}
+MOSAICS_CPU = {"20x": (2, 1), "40x": (2, 2)}
+MOSAIC_MPP = {"20x": 0.5, "40x": 0.25}  # 40x: the same pixels read at twice the resolution, 448 -> 224 px
 
-    grid = [(x, y) for y in range(0, SLIDE_H - tile + 1, tile) for x in range(0, SLIDE_W - tile + 1, tile)]
-    xy = np.array([grid[i % len(grid)] for i in range(n_tiles)], dtype=np.int64)
-    attrs = dict(patch_size=tile, patch_size_level0=tile, target_mpp=SLIDE_MPP, level0_mpp=SLIDE_MPP, read_level=0,
-                 level0_width=SLIDE_W, level0_height=SLIDE_H, target_magnification=20.0, status="ok",
-                 slide_path=str(SLIDE))
-    h5io.write_coords(path, xy, np.ones(len(xy)), attrs)
+
+def write_mosaic(path: Path, image: np.ndarray, copies: tuple[int, int], mpp: float) -> Path:
+    """A pyramidal JPEG TIFF of ``copies`` (columns, rows) of ``image`` side by side at ``mpp``."""
+    from pathtwt.demo.tiff_writer import write_pyramidal_tiff
+
+    h, w = image.shape[:2]
+
+    def region(x: int, y: int, rw: int, rh: int) -> np.ndarray:
+        return image[(y + np.arange(rh)) % h][:, (x + np.arange(rw)) % w]
+
+    write_pyramidal_tiff(path, w * copies[0], h * copies[1], region, mpp=mpp, tile=256, quality=90)
     return path
 
 
+def mosaic_coords(slide: Path, out: Path) -> Path:
+    """Every 224 px tile of ``slide`` at 0.5 um/px (distinct positions, no tissue filter)."""
+    from pathtwt.io.h5 import write_coords
+    from pathtwt.wsi.slides import open_slide
+    from pathtwt.wsi.tiling import tile_slide
+
+    with open_slide(slide) as opened:
+        tiling = tile_slide(opened, target_mpp=0.5, tile_size=224, min_tissue=0.0)
+    write_coords(out, tiling.coords, tiling.tissue_fraction, {**tiling.attrs, "slide_path": str(slide)})
+    return out
+
+
 def measure_extract(run: Run) -> None:
-    """End to end against model-only: the teacher and its TWT-6 student read from the real
-    SVS with the job's readers, CPU and (on a GPU) nvJPEG decode; the loader alone beside."""
+    """The data path on this machine, in steady state, on a 20x and a 40x mosaic of the
+    real slide: each decoder alone, then the teacher and its TWT-6 student end to end (the
+    job's readers, CPU and GPU decode) as shares of their own model-only rate in the same
+    precision (bf16 autocast, weights cast once, as extraction runs)."""
     import dataclasses
 
-    from pathtwt.features.extract import AutoPrecision, ExtractJob, JobTiles, extract_slide, prepare_slide
-    from pathtwt.models.embedding import DEFAULT_RECIPE
-    from pathtwt.wsi.coords_tiles import reader_worker_init
     from pathtwt.models.flops import count_macs
     from pathtwt.models.registry import build_timm_model, create_backbone
+    from pathtwt.wsi.slides import open_slide
 
     s = run.s
     if not SLIDE.is_file():
         run.add(Row(kind="extract", model="teacher-12", precision="bf16-autocast", batch=s.extract_batch,
                     note=f"skipped: {SLIDE} absent"))
         return
+    with open_slide(SLIDE) as opened:
+        image = opened.read_region(0, 0, 0, *opened.dimensions)
     teacher = create_backbone(s.backbone, pretrained=False, device=s.device, precision="fp32")
-    bf16 = AutoPrecision(bf16=True, note="device check")
     with tempfile.TemporaryDirectory() as tmp:
-        coords = write_slide_coords(Path(tmp) / "coords.h5", s.extract_tiles, teacher.spec.input_size)
-        warm = write_slide_coords(Path(tmp) / "warm.h5", 2 * s.extract_batch, teacher.spec.input_size)
+        tmp = Path(tmp)
+        began = time.perf_counter()
+        mosaics = {k: write_mosaic(tmp / f"mosaic{k}.tiff", image, copies, MOSAIC_MPP[k])
+                   for k, copies in s.mosaics.items()}
+        coords = {k: mosaic_coords(m, tmp / f"coords{k}.h5") for k, m in mosaics.items()}
+        print(f"device check: mosaics {', '.join(f'{k} {_tiles(c)} tiles' for k, c in coords.items())} written in "
+              f"{time.perf_counter() - began:.0f} s", flush=True)
+        measure_decoders(run, mosaics["20x"])
         for depth in s.extract_depths:
             label = model_label(depth, teacher.spec.depth)
             # a student costs what the plain timm ViT of its depth costs: weights do not matter
             backbone = teacher if depth == teacher.spec.depth else dataclasses.replace(
                 teacher, model=build_timm_model(teacher.spec, depth=depth).to(s.device).eval())
             flops = 2.0 * count_macs(backbone.model)
-            model_only = _model_only_rate(run, label, s.extract_batch)
-            for decode in s.decodes:
-                for workers in s.workers:
-                    row = Row(kind="extract", model=label, precision="bf16-autocast", batch=s.extract_batch,
-                              workers=workers, extra={"decode": decode})
-                    if run.skipped(row):
-                        continue
-                    try:
-                        with run.memory(row):
-                            out = Path(tmp) / f"features-{label}-{decode}-{workers}.h5"
-                            kw = dict(batch_size=s.extract_batch, workers=workers, progress=False,
-                                      auto_precision=bf16, decode=decode)
-                            extract_slide(SLIDE, warm, out, backbone, **kw)  # warm-up (and kernels chosen)
-                            summary = extract_slide(SLIDE, coords, out, backbone, **kw)
-                        row.tiles_per_s = summary["tiles_per_s"]
-                        run.rate(row, flops)
-                        if model_only:
+            model_only = _model_only_rate(run, backbone, s.extract_batch)
+            for mosaic, slide in mosaics.items():
+                for decode in s.decodes:
+                    for workers in s.workers:
+                        row = Row(kind="extract", model=label, precision="bf16-autocast", batch=s.extract_batch,
+                                  workers=workers, extra={"decode": decode, "mosaic": mosaic,
+                                                          "model_only_tiles_per_s": round(model_only, 1)})
+                        if run.skipped(row):
+                            continue
+                        try:
+                            with run.memory(row):
+                                row.tiles_per_s = _steady_rate(backbone, slide, coords[mosaic], tmp, s, workers,
+                                                               decode)
+                            row.extra["readers_max_rss_gib"] = round(
+                                resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 3)
+                            run.rate(row, flops)
                             row.extra["of_model_only"] = round(row.tiles_per_s / model_only, 3)
-                        row.note = f"decode {decode}" + (f", {row.extra['of_model_only']:.2f} of model-only"
-                                                         if model_only else "")
-                    except Exception as exc:  # noqa: BLE001
-                        row.note = _error(exc)
-                    run.add(row)
-        # the loader alone, the same DataLoader: reading, decoding and normalising, no model
-        for workers in s.workers:
-            loader_row = Row(kind="loader", model="-", precision="-", batch=s.extract_batch, workers=workers,
-                             extra={"decode": "cpu"})
-            try:
-                prepared = prepare_slide(ExtractJob(SLIDE, coords, Path(tmp) / "unused.h5"), teacher,
-                                         DEFAULT_RECIPE, True, None)
-                loader_row.tiles_per_s = _loader_rate(JobTiles([prepared], teacher.transform),
-                                                      s.extract_batch, workers, run.gpu, reader_worker_init)
-            except Exception as exc:  # noqa: BLE001
-                loader_row.note = _error(exc)
-            run.add(loader_row)
+                            row.note = f"{mosaic}, decode {decode}, {row.extra['of_model_only']:.2f} of model-only"
+                        except Exception as exc:  # noqa: BLE001
+                            row.note = _error(exc)
+                        run.add(row)
     del teacher, backbone
     _free(run)
 
 
-def _model_only_rate(run: Run, label: str, batch: int) -> float | None:
-    """The forward phase's bf16 rate of ``label`` at the batch size nearest ``batch``."""
-    rows = [r for r in run.rows if r.kind == "forward" and r.model == label and r.precision == "bf16"
-            and not r.compiled and r.tiles_per_s]
-    return min(rows, key=lambda r: abs((r.batch or 0) - batch)).tiles_per_s if rows else None
+def _tiles(coords: Path) -> int:
+    from pathtwt.io.h5 import count_coords
+
+    return count_coords(coords)
 
 
-def _loader_rate(dataset, batch: int, workers: int, pin: bool, worker_init) -> float:
-    """Tiles/s of extraction's DataLoader alone over the same tiles (uint8 tiles, the
-    workers started once, as an extraction job starts them)."""
-    from pathtwt.wsi.coords_tiles import cv2_pool_stopped
+def measure_decoders(run: Run, slide: Path) -> None:
+    """Native tiles/s of each decoder alone over every native tile of the mosaic's level 0
+    (complete JPEG streams, batches of 256): the GPU decoders installed here (nvImageCodec
+    on the hardware engines, torchvision's nvJPEG on CUDA kernels) or, on a CPU, the host
+    decoder the device path falls back to; and libjpeg-turbo on one core (tifffile)."""
+    import tifffile
 
-    # as extraction builds it: each batch one item (read by one worker as one region)
-    loader = torch.utils.data.DataLoader(dataset, sampler=dataset.batches(batch), batch_size=None, num_workers=workers,
-                                         worker_init_fn=worker_init if workers else None,
-                                         prefetch_factor=4 if workers else None, pin_memory=pin)
-    with cv2_pool_stopped(workers > 0):  # as extraction does before forking its workers
-        t0 = time.perf_counter()
-        n = sum(len(item[0]) for item in loader)
-        return n / (time.perf_counter() - t0)
+    from pathtwt.features.gpu_decoders import GPU_DECODERS, make_decoder
+    from pathtwt.wsi.jpeg_streams import tile_streams
+    from pathtwt.wsi.native_tiles import decode_native_tiles
+
+    with tifffile.TiffFile(slide) as tif:
+        page = tif.pages[0]
+        indices = list(range(len(page.dataoffsets)))
+        streams = tile_streams(page, indices)
+        row = Row(kind="decode", model="libjpeg-turbo, one core", precision="uint8", batch=256)
+        began = time.perf_counter()
+        decode_native_tiles(page, indices)
+        row.tiles_per_s = len(indices) / (time.perf_counter() - began)
+        row.note = f"{len(indices)} native tiles of 256 px"
+        run.add(row)
+    names = [n for n, (installed, _make, on_gpu) in GPU_DECODERS.items() if on_gpu == run.gpu and installed()]
+    for name in names:
+        row = Row(kind="decode", model=name, precision="uint8", batch=256)
+        if run.skipped(row):
+            continue
+        try:
+            decoder = make_decoder(name, run.s.device)
+            with run.memory(row):
+                def all_streams():
+                    for i in range(0, len(streams), 256):
+                        decoder(streams[i:i + 256])
+                row.tiles_per_s = len(streams) / run.timed(all_streams, min_time_s=0.0)
+            row.note = f"{len(streams)} native tiles of 256 px"
+        except Exception as exc:  # noqa: BLE001
+            row.note = _error(exc)
+        run.add(row)
+
+
+def _model_only_rate(run: Run, backbone, batch: int) -> float:
+    """tiles/s of normalising uint8 tiles already on the device and embedding them, in
+    extraction's precision (bf16 autocast with the weights cast once)."""
+    from pathtwt.models.bf16_guard import AutoPrecision
+    from pathtwt.models.embedding import embed_tiles
+
+    size = backbone.spec.input_size
+    x = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8, device=run.s.device)
+    prefix = backbone.spec.num_prefix_tokens
+    with torch.inference_mode(), AutoPrecision(bf16=True).job_context(run.s.device, backbone.model):
+        return batch / run.timed(lambda: embed_tiles(backbone.model, backbone.transform.normalise_batch(x, run.s.device),
+                                                     prefix))
+
+
+def _steady_rate(backbone, slide: Path, coords: Path, tmp: Path, s: Settings, workers: int, decode: str) -> float:
+    """Steady-state tiles/s of extraction: a job of three copies of the slide less a job
+    of one (the readers' start, the first batches and the last writes cancel), after a
+    warm-up job."""
+    from pathtwt.features.extract import extract_many
+    from pathtwt.features.jobs import ExtractJob
+    from pathtwt.io.h5 import count_coords
+
+    n = count_coords(coords)
+    options = dict(batch_size=s.extract_batch, workers=workers, progress=False, bf16_autocast=True)
+    if decode in ("cpu", "gpu"):
+        options["decode"] = decode
+    else:  # a decoder by name: the device path on any device (host: its stand-in on a CPU)
+        options["gpu_decoder"] = decode
+    seconds = {}
+    for count in (1, 1, 3):  # the first: warm-up
+        jobs = [ExtractJob(slide, coords, tmp / f"f{decode}{workers}-{count}-{i}.h5") for i in range(count)]
+        began = time.perf_counter()
+        extract_many(jobs, backbone, **options)
+        seconds[count] = time.perf_counter() - began
+        for job in jobs:
+            job.out.unlink(missing_ok=True)
+    return 2 * n / max(seconds[3] - seconds[1], 1e-9)
 
 
 def measure_distill(run: Run) -> None:
@@ -677,8 +757,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", default=None)
     ap.add_argument("--precisions", default=None, help="comma list of fp32,bf16,fp16 (fp16 on GPU only)")
     ap.add_argument("--workers", default=None, help="extraction loader workers to try, comma list")
-    ap.add_argument("--decodes", default=None, help="extraction decoders to try, comma list of cpu,gpu")
-    ap.add_argument("--extract-tiles", type=int, default=None)
+    ap.add_argument("--decodes", default=None, help="extraction decoders to try, comma list of cpu,gpu (host: the "
+                    "device path with the host decoder, on a CPU)")
+    ap.add_argument("--mosaics", default=None, help="copies of the slide per mosaic, e.g. 20x=2x1,40x=2x2")
     ap.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
     ap.add_argument("--compile-batch", type=int, default=None)
     ap.add_argument("--compile-precisions", default=None)

@@ -143,7 +143,7 @@ def main() -> int:
 
     from pathtwt.compress.distill import DeepSupervision
     from pathtwt.compress.training_tiles import SlideTiles
-    from pathtwt.features.extract import default_workers
+    from pathtwt.devices import reading_workers as default_workers
     from pathtwt.models.registry import create_backbone
 
     workers = default_workers() if args.workers is None else args.workers

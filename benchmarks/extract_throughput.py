@@ -33,7 +33,8 @@ from pathtwt.io import h5 as h5io
 from pathtwt.models.registry import Backbone, build_timm_model, create_backbone, get_spec
 from pathtwt.models.flops import count_macs
 from pathtwt.models.embedding import embed_tiles
-from pathtwt.features.extract import default_workers, extract_slide
+from pathtwt.devices import reading_workers as default_workers
+from pathtwt.features.extract import extract_slide
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared"))

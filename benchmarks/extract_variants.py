@@ -65,7 +65,8 @@ def model_only_seconds(backbone, n_tiles: int, batch: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pathtwt.features.extract import default_workers, extract_many
+    from pathtwt.devices import reading_workers as default_workers
+    from pathtwt.features.extract import extract_many
     from pathtwt.models.registry import create_backbone
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -63,11 +63,11 @@ def write_bach(path: Path) -> Path:
     return path
 
 
-def write_40x(path: Path) -> Path:
+def write_40x(path: Path, n: int = 4) -> Path:
     import cv2
     import tifffile
 
-    image = mosaic(4)
+    image = mosaic(n)
     h, w = image.shape[:2]
     with tifffile.TiffWriter(path) as tif:
         for i, ds in enumerate((1, 4, 16)):
@@ -187,18 +187,19 @@ def model_only(batches: int = 20) -> float:
 
 def extraction(slide_path: Path, coords: Path, folder: Path, jobs: int, workers: int) -> float:
     """Steady-state tiles/s: a job of ``jobs`` copies minus a job of one."""
-    from pathtwt.features import extract
-    from pathtwt.features.extract import ExtractJob, extract_many
+    from pathtwt.features import loop
+    from pathtwt.features.extract import extract_many
+    from pathtwt.features.jobs import ExtractJob
     from pathtwt.io.h5 import read_coords
 
-    extract.IN_PROCESS_BATCHES = 0  # the SVS's 61 tiles would be read in the main process
+    loop.IN_PROCESS_BATCHES = 0  # the SVS's 61 tiles would be read in the main process
     backbone = near_free_backbone()
     n = len(read_coords(coords)[0])
     seconds = []
     for count in (1, jobs):
         todo = [ExtractJob(slide_path, coords, folder / f"f{workers}_{count}_{i}.h5") for i in range(count)]
         began = time.perf_counter()
-        extract_many(todo, backbone, batch_size=BATCH, workers=workers, progress=False)
+        extract_many(todo, backbone, batch_size=BATCH, workers=workers, progress=False, decode="cpu")
         seconds.append(time.perf_counter() - began)
     return (jobs - 1) * n / max(seconds[1] - seconds[0], 1e-9)
 

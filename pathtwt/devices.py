@@ -516,6 +516,34 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def reading_workers(device: Any = "cpu") -> int:
+    """Tile-reading processes of an extraction job when --workers is not given: the job's
+    cores minus the embedding process; at most 4 on a CPU, where the forward passes compute
+    on the same cores, and no cap on a GPU, which embeds faster than a few readers read."""
+    spare = available_cores() - 1
+    return max(1, spare if str(device).startswith("cuda") else min(4, spare))
+
+
+# tiles per forward pass of extraction on a GPU when --batch-size is not given: a batch
+# of 32 is launch-bound there (one eager ViT-B forward costs 2-6 ms of host time, about
+# the GPU's own time for it); 256 tiles of a ViT-B take ~3 GiB of activations in bf16
+GPU_BATCH = 256
+GPU_BATCH_LARGE = 512  # on a GPU with at least LARGE_GPU_GIB of memory
+LARGE_GPU_GIB = 40
+
+
+def forward_batch_size(device: Any, default: int) -> int:
+    """Extraction's batch when not given: ``default`` (the CPU's) off CUDA; on a CUDA
+    device, sized from its memory (:data:`GPU_BATCH`, or :data:`GPU_BATCH_LARGE` on 40 GiB
+    and more; a batch that does not fit is halved at run time and said)."""
+    if not str(device).startswith("cuda"):
+        return int(default)
+    import torch
+
+    total = torch.cuda.get_device_properties(torch.device(str(device))).total_memory
+    return GPU_BATCH_LARGE if total >= LARGE_GPU_GIB * 2**30 else GPU_BATCH
+
+
 def node_local_dir() -> str:
     """Node-local scratch: SLURM's per-job $TMPDIR when set, else the system temp dir
     (/tmp, which is node-local RAM disk on LUMI's compute nodes)."""

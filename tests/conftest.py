@@ -13,6 +13,7 @@ SHARED = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared"))
 SHARED_SLIDES = SHARED / "data" / "slides"
 SHARED_TILES = SHARED / "data" / "tiles"
 SHARED_VIT_S = SHARED / "weights" / "vit_s14_imgfocus.safetensors"
+SHARED_BACH = SHARED / "data" / "bach" / "images"
 # the shipped configs name ../shared as it lies beside the checkout: true where that is SHARED
 SHARED_BESIDE_REPO = SHARED.exists() and SHARED.resolve() == (REPO.parent / "shared").resolve()
 
@@ -31,6 +32,11 @@ def shared_slides() -> Path:
 @pytest.fixture(scope="session")
 def shared_tiles() -> Path:
     return _need(SHARED_TILES)
+
+
+@pytest.fixture(scope="session")
+def shared_bach() -> Path:
+    return _need(SHARED_BACH)
 
 
 @pytest.fixture(scope="session")

@@ -84,7 +84,7 @@ def test_help_shows_defaults_through_the_console_entry(capsys):
         main(["extract", "--help"])
     assert exc.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "--batch-size BATCH_SIZE tiles per forward pass (default: 32)" in out
+    assert "--batch-size N|auto tiles per forward pass (default auto: 32 on a CPU; on a GPU sized from its memory" in out
     assert "--device DEVICE auto (a CUDA or ROCm GPU when one is visible, else cpu), cpu, cuda or cuda:N (default: auto)" in out
 
 

@@ -13,7 +13,8 @@ import torch
 from pathtwt.cli import main
 from pathtwt.compress.training_tiles import SlideTiles
 from pathtwt.errors import PathtwtError, SlideError
-from pathtwt.features.extract import TileDataset
+from pathtwt.features.reading import Band, BatchReader, SlideRead
+from pathtwt.features.ring import Ring, RingSize
 from pathtwt.io.h5 import read_coords, write_coords
 from pathtwt.wsi.coords_tiles import CoordsTileReader, TileGeometry, resolve_slide_path
 
@@ -36,15 +37,6 @@ def cohort(tmp_path_factory):
     return slide, coords, five
 
 
-class _Raw:
-    """A transform that keeps the pixels (what TileDataset hands the model, unnormalised)."""
-
-    input_size = 64
-
-    def __call__(self, tile: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(np.ascontiguousarray(tile))
-
-
 def _truth(five, x, y, side=64):
     return five[y : y + side, x : x + side][..., CHANNELS]
 
@@ -61,14 +53,18 @@ def test_calibration_streaming_and_extraction_read_the_same_pixels(cohort, tmp_p
         calibrated, origins = h5["tiles"][()], h5["origins"][()]
     # streamed training and extraction
     streamed = SlideTiles([coords])
-    extracted = TileDataset(slide, xy, attrs, _Raw())
+    # extraction's reading path: a reading process's batch, finished tiles in a ring slot
+    ring = Ring(RingSize.for_job(0, len(xy), 64 * 64 * 3))
+    reader = BatchReader(ring, 64, lambda tile: tile, ship_bytes=False)
+    read = SlideRead(0, TileGeometry.from_attrs(coords, attrs, slide_path=slide), xy)
+    (msg,) = reader.band(read, Band(0, 0, ((0, len(xy)),)), iter([1]))
+    assert msg.kind == "tiles" and msg.error == "" and (msg.start, msg.end) == (0, len(xy))
+    extracted = ring.tiles(1, len(xy), 64)
     by_origin = {tuple(map(int, o)): t for o, t in zip(origins, calibrated)}
     assert len(by_origin) == len(xy) == len(streamed) == len(extracted)
     for i, (x, y) in enumerate(xy):
         truth = _truth(five, int(x), int(y))
-        index, tensor, error = extracted[i]
-        assert error == "" and index == i
-        np.testing.assert_array_equal(tensor.numpy(), truth)
+        np.testing.assert_array_equal(extracted[i], truth)
         np.testing.assert_array_equal(streamed.read(i), truth)
         np.testing.assert_array_equal(by_origin[(int(x), int(y))], truth)
 

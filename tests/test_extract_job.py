@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from pathtwt.features import extract as extract_module
 from pathtwt.features.extract import ExtractJob, extract_many
 from pathtwt.io import h5 as h5io
 from pathtwt.models.registry import create_backbone
@@ -58,15 +57,17 @@ def test_normalisation_on_the_device_equals_the_workers(shared_slides, tiny):
 
 def test_a_job_starts_its_readers_once_for_all_its_slides(tmp_path, shared_slides, tiny, monkeypatch):
     slide = shared_slides / CMU
+    from pathtwt.features import reading
+
     starts = tmp_path / "starts"
     starts.mkdir()
-    init = extract_module.reader_worker_init
+    process = reading._reading_process
 
-    def counted_init(worker_id):  # runs in each worker process when it starts
-        (starts / f"{os.getpid()}-{worker_id}").touch()
-        init(worker_id)
+    def counted(worker, *args):  # runs in each reading process when it starts
+        (starts / f"{os.getpid()}-{worker}").touch()
+        process(worker, *args)
 
-    monkeypatch.setattr(extract_module, "reader_worker_init", counted_init)
+    monkeypatch.setattr(reading, "_reading_process", counted)
     sizes = [5, 0, 7, 3, 9]  # a slide without tissue among them
     jobs = []
     offset = 0
@@ -94,21 +95,21 @@ def test_a_job_starts_its_readers_once_for_all_its_slides(tmp_path, shared_slide
 
 
 def test_a_failing_slide_mid_job_leaves_the_others_whole(tmp_path, shared_slides, tiny, monkeypatch):
-    from pathtwt.wsi.coords_tiles import CoordsTileReader
+    from pathtwt.wsi.coords_tiles import TileGeometry
 
     slide = shared_slides / CMU
     good = [ExtractJob(slide, _coords(tmp_path / f"c{i}.h5", slide, GRID[i : i + 4]), tmp_path / f"f{i}.h5")
             for i in range(3)]
     # one tile of the middle slide cannot be read (a damaged JPEG tile, say), found by a
     # worker after the slide passed its checks; the workers are forked with this patch
-    read = CoordsTileReader.read_many
+    read = TileGeometry.read_many
 
-    def damaged(self, indices):
-        if any(tuple(self.coords[i]) == (1344, 1792) for i in indices):
+    def damaged(self, slide, xy, size=None):
+        if any(tuple(map(int, p)) == (1344, 1792) for p in xy):
             raise OSError("damaged tile")
-        return read(self, indices)
+        return read(self, slide, xy, size)
 
-    monkeypatch.setattr(CoordsTileReader, "read_many", damaged)
+    monkeypatch.setattr(TileGeometry, "read_many", damaged)
     bad_xy = [(0, 0), (1344, 1792), (448, 0), (0, 448), (448, 448)]
     bad = ExtractJob(slide, _coords(tmp_path / "bad.h5", slide, bad_xy), tmp_path / "bad_f.h5")
     failures = tmp_path / "failures.tsv"
@@ -134,7 +135,7 @@ def test_a_job_says_who_waited_for_whom(tmp_path, shared_slides, tiny, capsys):
             for i in range(2)]
     extract_many(jobs, tiny, batch_size=2, workers=1, progress=False)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("extract: ")]
-    assert len(lines) == 1 and "the model waited for tiles" in lines[0] and "1 reader(s) waited" in lines[0]
+    assert len(lines) == 1 and "the model waited for tiles" in lines[0] and "1 reading process(es) waited" in lines[0]
     for job in jobs:
         _feats, _xy, attrs = h5io.read_features(job.out)
         assert 0.0 <= attrs["model_waited_share"] <= 1.0 and 0.0 <= attrs["readers_waited_share"] <= 1.0
@@ -143,7 +144,9 @@ def test_a_job_says_who_waited_for_whom(tmp_path, shared_slides, tiny, capsys):
 
 def test_readers_on_a_gpu_are_the_jobs_cores_less_one(monkeypatch):
     monkeypatch.setattr("pathtwt.devices.available_cores", lambda: 32)
-    assert extract_module.default_workers("cuda:0") == 31  # no cap: a GPU embeds faster than 4 readers read
-    assert extract_module.default_workers("cpu") == 4  # the forward passes share the cores
+    from pathtwt.devices import reading_workers
+
+    assert reading_workers("cuda:0") == 31  # no cap: a GPU embeds faster than 4 readers read
+    assert reading_workers("cpu") == 4  # the forward passes share the cores
     monkeypatch.setattr("pathtwt.devices.available_cores", lambda: 1)
-    assert extract_module.default_workers("cuda") == 1
+    assert reading_workers("cuda") == 1

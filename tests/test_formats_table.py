@@ -1,5 +1,6 @@
-"""One table of slide formats (pathtwt.wsi.formats.FORMATS): every suffix list, the
-reader choices and the openers are read from it, and no module writes its own."""
+"""One table of slide formats (pathtwt.wsi.formats.FORMATS): every suffix list is read
+from it, and no module writes its own; each format's reader is a row of the readers' table
+(pathtwt.wsi.readers.READERS), which gives the reader choices."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 import yaml
 
 from pathtwt.wsi import formats
-from pathtwt.wsi.formats import FORMATS, READERS, SLIDE_SUFFIXES, WORKFLOW_SUFFIXES
+from pathtwt.wsi.formats import FORMATS, SLIDE_SUFFIXES, WORKFLOW_SUFFIXES
+from pathtwt.wsi.readers import names as reader_names
+from pathtwt.wsi.readers import reader_named
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pathtwt"
 # suffixes only a whole-slide format has: a literal list holding one is a slide suffix list
@@ -39,9 +42,9 @@ def test_every_list_reads_the_table():
     parser = argparse.ArgumentParser()
     tile.add_arguments(parser)
     reader = next(a for a in parser._actions if a.dest == "reader")
-    assert tuple(reader.choices) == ("auto", *READERS)
+    assert tuple(reader.choices) == ("auto", *reader_names())
     assert len(set(SLIDE_SUFFIXES)) == len(SLIDE_SUFFIXES)  # each suffix one format
-    assert all(f.reader in READERS for f in FORMATS)
+    assert all(f.reader in reader_names() for f in FORMATS)
 
 
 def test_the_schema_default_is_the_tables_workflow_suffixes():
@@ -61,9 +64,9 @@ def test_the_schema_default_is_the_tables_workflow_suffixes():
 def test_native_tiles_follow_the_table_and_the_vendor():
     assert formats.format_of("a/b.SVS").native_tiles and not formats.format_of("x.ndpi").native_tiles
     assert formats.format_of("x.unknown") is None
-    assert formats.native_tiles_for("openslide", {"openslide.vendor": "aperio"})
-    assert not formats.native_tiles_for("openslide", {"openslide.vendor": "hamamatsu"})
-    assert formats.native_tiles_for("tiffslide", {}) and not formats.native_tiles_for("image", {})
+    assert reader_named("openslide").native_tiles({"openslide.vendor": "aperio"})
+    assert not reader_named("openslide").native_tiles({"openslide.vendor": "hamamatsu"})
+    assert reader_named("tiffslide").native_tiles({}) and not reader_named("image").native_tiles({})
 
 
 def test_the_formats_page_lists_every_format():

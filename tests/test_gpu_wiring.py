@@ -272,7 +272,7 @@ def test_the_distillation_loop_augments_the_batch_it_moved_to_the_device(monkeyp
 
 def test_reading_workers_come_from_the_jobs_cores(monkeypatch):
     from pathtwt.compress import training_tiles
-    from pathtwt.features.extract import default_workers as extraction_readers
+    from pathtwt.devices import reading_workers as extraction_readers
 
     monkeypatch.setattr("pathtwt.devices.available_cores", lambda: 32)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

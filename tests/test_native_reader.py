@@ -161,28 +161,33 @@ def test_a_tile_that_fails_to_decode_names_the_slide_and_the_region(tmp_path):
     assert "\n" not in message and str(path) in message and "region x=0 y=0 level=0 size=448x224" in message
 
 
-def test_decode_is_resolved_once_into_a_decoder_name(monkeypatch):
-    """--decode is resolved in the model's process; the name travels to the readers."""
-    from pathtwt.wsi import decoding
-    from pathtwt.wsi.native_tiles import decode_native_tiles
+def test_decode_is_resolved_once_into_where_and_which_decoder(monkeypatch):
+    """--decode is resolved in the model's process, before the readers start: where the
+    native tiles are decoded and, for the GPU, with which decoder."""
+    from pathtwt.features import decoding, gpu_decoders
 
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(ConfigError, match="CUDA is not available") as err:
         decoding.resolve_decode("gpu", "cuda")
     assert "\n" not in str(err.value)
-    assert decoding.resolve_decode("auto", "cuda") == "cpu" == decoding.resolve_decode(None, "cuda")
+    assert decoding.resolve_decode("auto", "cuda").where == "cpu" == decoding.resolve_decode(None, "cuda").where
     with pytest.raises(ConfigError, match="unknown; use one of auto, cpu, gpu"):
         decoding.resolve_decode("nvjpeg")
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    assert decoding.resolve_decode("auto", "cuda:0") == "gpu" == decoding.resolve_decode("gpu", "cuda")
-    assert decoding.resolve_decode("auto", "cpu") == "cpu"  # the model on the CPU: no GPU decode
+    monkeypatch.setattr("torch.version.hip", None)
+    installed = {"nvimgcodec": False, "torchvision": True}
+    monkeypatch.setattr(gpu_decoders, "GPU_DECODERS", {
+        name: ((lambda n=name: installed.get(n, True)), make, gpu) for name, (_i, make, gpu) in gpu_decoders.GPU_DECODERS.items()})
+    assert decoding.resolve_decode("auto", "cuda:0") == decoding.Decoding("gpu", "torchvision")
+    installed["nvimgcodec"] = True  # the maintained decoder with the hardware engines comes first
+    assert decoding.resolve_decode("gpu", "cuda") == decoding.Decoding("gpu", "nvimgcodec")
+    assert decoding.resolve_decode("auto", "cpu").where == "cpu"  # the model on the CPU: no GPU decode
     with pytest.raises(ConfigError, match="--device cuda"):
         decoding.resolve_decode("gpu", "cpu")
-    monkeypatch.setattr(decoding, "_gpu_decoder_installed", lambda: False)
-    assert decoding.resolve_decode("auto", "cuda") == "cpu"
-    with pytest.raises(ConfigError, match="torchvision"):
+    installed.update(nvimgcodec=False, torchvision=False)
+    assert decoding.resolve_decode("auto", "cuda").where == "cpu"
+    with pytest.raises(ConfigError, match="nvimgcodec"):
         decoding.resolve_decode("gpu", "cuda")
-    assert decoding.decoder("cpu") is decode_native_tiles
-    # CUDA cannot start in a forked process: GPU-decoding readers are spawned
-    assert decoding.worker_context("gpu", 3) == "spawn"
-    assert decoding.worker_context("gpu", 0) is None and decoding.worker_context("cpu", 3) is None
+    monkeypatch.setattr("torch.version.hip", "6.2")  # an AMD GPU: no GPU JPEG decoder runs there
+    installed.update(nvimgcodec=True, torchvision=True)
+    assert decoding.resolve_decode("auto", "cuda").where == "cpu"

@@ -1,6 +1,7 @@
 """The registries are the one place their entries are named: a MIL head's name is written
-as a string only in ``pathtwt/mil/heads.py`` (everything else reads the registry), the
-readers of the head registry agree with it, and the "where each extension goes" table of
+as a string only in ``pathtwt/mil/heads.py`` (everything else reads the registry), a slide
+reader's name is compared only in ``pathtwt/wsi/readers.py``, the readers of the head
+registry agree with it, and the "where each extension goes" table of
 docs/development.md names files that exist and entries its registries hold."""
 
 from __future__ import annotations
@@ -193,8 +194,9 @@ def _entries_of(registry) -> set[str]:
     return set(registry) if isinstance(registry, Mapping) else {entry.name for entry in registry}
 
 
-def test_the_extension_table_covers_the_four_kinds():
-    assert [row["extension"] for row in extension_table()] == ["MIL head", "encoder", "compression method", "slide format"]
+def test_the_extension_table_covers_every_kind():
+    assert [row["extension"] for row in extension_table()] == ["MIL head", "encoder", "compression method",
+                                                               "slide format", "slide reader", "GPU JPEG decoder"]
 
 
 @pytest.mark.parametrize("row", extension_table(), ids=lambda r: r["extension"])
@@ -274,3 +276,73 @@ def test_the_method_scan_sees_whole_names_only(tmp_path):
     code = tmp_path / "a.py"
     code.write_text('"""twt"""\nif m == "nose":\n    pass\nV = "twt-6"\nD = {"raptor": 1}\nS = "linear_single_layers"\n')
     assert [line for line, text in string_literals(code) if text in _method_names()] == [2, 5]
+
+
+# ---------------------------------------------------------------- slide reader names
+
+READER_TABLE = ROOT / "pathtwt" / "wsi" / "readers.py"
+# A reader's name compared (``slide.reader == "openslide"``, ``reader in ("image", ...)``,
+# a ``case``) or used as a dict key outside the readers' table is a fact about that reader
+# kept somewhere else: a new reader would miss it. Path -> why it may still do so.
+READER_NAME_COMPARED: dict[str, str] = {}
+
+
+def _reader_names() -> set[str]:
+    from pathtwt.wsi.readers import names
+
+    return set(names())
+
+
+def _strings_in(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [text for element in node.elts for text in _strings_in(element)]
+    return []
+
+
+def reader_names_compared(path: Path) -> list[str]:
+    """'path:line: code' of each comparison, ``case`` or dict key that holds a reader's name."""
+    names = _reader_names()
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.MatchValue):
+            operands = [node.value]
+        elif isinstance(node, ast.Dict):
+            operands = [key for key in node.keys if key is not None]
+        else:
+            continue
+        if any(text in names for operand in operands for text in _strings_in(operand)):
+            hits.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name}:{node.lineno}: "
+                        f"{ast.unparse(node)[:80]}")
+    return hits
+
+
+def test_no_reader_name_is_compared_outside_the_readers_table():
+    files = [p for p in package_files() if p.suffix == ".py" and p != READER_TABLE]
+    scanned = {str(p.relative_to(ROOT)) for p in files}
+    # the modules that once compared reader names are among the scanned files
+    assert {"pathtwt/wsi/slides.py", "pathtwt/wsi/supertiles.py", "pathtwt/wsi/formats.py"} <= scanned
+    found = [hit for path in files if str(path.relative_to(ROOT)) not in READER_NAME_COMPARED
+             for hit in reader_names_compared(path)]
+    assert not found, ("slide reader names compared outside pathtwt/wsi/readers.py (give the reader's row a field "
+                       "and read it):\n" + "\n".join(found))
+    for rel, reason in READER_NAME_COMPARED.items():
+        assert reason.strip() and reader_names_compared(ROOT / rel), f"{rel} compares no reader name: drop its exception"
+
+
+def test_the_reader_scan_sees_comparisons_cases_and_keys_only(tmp_path):
+    code = tmp_path / "a.py"
+    code.write_text('"""openslide"""\n'                       # 1 docstring: prose
+                    'if slide.reader == "tiffslide":\n'        # 2
+                    '    pass\n'
+                    'ok = r not in ("image", "x")\n'           # 4
+                    'D = {"ome-zarr": 1}\n'                    # 5
+                    'match r:\n'
+                    '    case "openslide":\n'                  # 7
+                    '        pass\n'
+                    'S = "openslide"\n'                        # 9 a plain value: a format's reader, a logger
+                    'T = kind == "images"\n')                  # 10 another word
+    assert [int(hit.split(":")[1]) for hit in reader_names_compared(code)] == [2, 4, 5, 7]

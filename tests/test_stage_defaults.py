@@ -152,11 +152,11 @@ def test_check_config_command_refuses_it(tmp_path, capsys):
 
 def test_the_decode_key_is_the_commands_flag():
     # extract.decode in the config and `pathtwt extract --decode` offer the same choices
-    # (pathtwt.wsi.decoding's) and default
+    # (pathtwt.features.decoding's) and default
     import argparse
 
     from pathtwt.cli import extract
-    from pathtwt.wsi.decoding import DECODE_CHOICES
+    from pathtwt.features.decoding import DECODE_CHOICES
 
     parser = argparse.ArgumentParser()
     extract.add_arguments(parser)
@@ -164,3 +164,19 @@ def test_the_decode_key_is_the_commands_flag():
     node = SCHEMA["extract"]["properties"]["decode"]
     assert tuple(flag.choices) == tuple(node["enum"]) == DECODE_CHOICES
     assert flag.default == node["default"] == _defaults("extract")["decode"]
+
+
+def test_extract_defaults_are_one_table():
+    # pathtwt extract's flags, the options object and the schema's extract section read
+    # pathtwt.features.options.EXTRACT_DEFAULTS; a GPU's batch is sized from the device
+    from pathtwt.features.options import EXTRACT_DEFAULTS, ExtractOptions
+
+    table = dataclasses.asdict(EXTRACT_DEFAULTS)
+    assert table == {"batch_size": None, "decode": "auto", "device": "auto"}
+    cli = _defaults("extract")
+    assert {k: cli[k] for k in table} == table
+    assert {k: _schema_defaults("extract")[k] for k in table} == table
+    options = ExtractOptions()
+    assert options.batch_size == table["batch_size"] and options.decode == table["decode"]
+    assert options.resolved_batch_size("cpu") == 32
+    assert ExtractOptions(batch_size=7).resolved_batch_size("cuda:0") == 7

@@ -38,9 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tile embedding: concat(CLS, mean of patch tokens) (2 x width, the paper's) or the CLS token alone "
         "(1 x width, as TRIDENT)",
     )
+    from pathtwt.features.options import EXTRACT_DEFAULTS
     from pathtwt.models.defaults import FORWARD_BATCH_SIZE
 
-    parser.add_argument("--batch-size", type=int, default=FORWARD_BATCH_SIZE, help="tiles per forward pass")
+    parser.add_argument("--batch-size", type=_batch_size, default=EXTRACT_DEFAULTS.batch_size, metavar="N|auto",
+                        help=f"tiles per forward pass (default auto: {FORWARD_BATCH_SIZE} on a CPU; on a GPU sized "
+                        "from its memory, 256 or 512 from 40 GiB, halved at run time if a pass does not fit)")
     add_device_argument(parser)
     add_precision_argument(parser)
     add_workers_argument(parser, "tile-reading processes")
@@ -62,14 +65,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_progress_argument(parser)
 
 
-def add_decode_argument(parser: argparse.ArgumentParser) -> None:
-    from pathtwt.wsi.decoding import DECODE_CHOICES
+def _batch_size(text: str) -> int | None:
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a batch size: give a whole number >= 1 or auto")
+    return value
 
-    parser.add_argument("--decode", default="cpu", choices=DECODE_CHOICES,
-                        help="how the native tiles of tiled TIFF slides are decoded: cpu (in the reading processes), "
-                        "gpu (nvJPEG batches, cut and shrunk on the job's GPU by spawned reading processes; an error "
-                        "without CUDA), auto (gpu where "
-                        "the model runs on CUDA and a GPU decoder is installed, else cpu)")
+
+def add_decode_argument(parser: argparse.ArgumentParser) -> None:
+    from pathtwt.features.decoding import DECODE_CHOICES
+    from pathtwt.features.options import EXTRACT_DEFAULTS
+
+    parser.add_argument("--decode", default=EXTRACT_DEFAULTS.decode, choices=DECODE_CHOICES,
+                        help="where the native tiles of JPEG-tiled slides are decoded: cpu (the reading processes "
+                        "decode, cut and resize), gpu (the reading processes send the compressed tiles; the job's "
+                        "GPU decodes them in batches with nvImageCodec, or torchvision's nvJPEG, cuts and shrinks "
+                        "them; an error without CUDA), auto (gpu where the model runs on CUDA and a GPU decoder is "
+                        "installed, else cpu; default: %(default)s)")
 
 
 def add_precision_argument(parser: argparse.ArgumentParser) -> None:
@@ -98,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
 
     from pathtwt.devices import use_device
     from pathtwt.errors import PathtwtError
-    from pathtwt.features.extract import extract_many, jobs_from_lists, read_manifest
+    from pathtwt.features.extract import extract_many
+    from pathtwt.features.jobs import jobs_from_lists, read_manifest
+    from pathtwt.features.options import ExtractOptions
 
     if args.manifest and (args.slides or args.coords or args.out):
         raise PathtwtError("give either --manifest or SLIDE --coords --out, not both")
@@ -108,23 +127,23 @@ def run(args: argparse.Namespace) -> int:
     folders = [str(job.out) for job in jobs if job.out.is_dir()]
     if folders:
         raise PathtwtError(f"--out {folders[0]}: is a folder; give the features file to write, e.g. {folders[0]}/SLIDE.h5")
-    for value, option in ((args.threads, "--threads"), (args.batch_size, "--batch-size")):
-        if value is not None and value < 1:
-            raise PathtwtError(f"{option} must be >= 1, got {value}")
+    if args.threads is not None and args.threads < 1:
+        raise PathtwtError(f"--threads must be >= 1, got {args.threads}")
     if args.workers is not None and args.workers < 0:
         raise PathtwtError(f"--workers must be >= 0 (0 reads tiles in the main process), got {args.workers}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from pathtwt.wsi.decoding import resolve_decode
+    from pathtwt.features.decoding import resolve_decode
 
     device = use_device(args.device)
-    decode = resolve_decode(args.decode, device)  # `gpu` without CUDA: one line before any model loads
+    resolve_decode(args.decode, device)  # `gpu` without CUDA: one line before any model loads
     backbone, autocast = load_backbone(args, device)
-    summaries = extract_many(
-        jobs, backbone, batch_size=args.batch_size, workers=args.workers,
-        progress=show_progress(args), skip_existing=args.skip_existing, failures=args.failures,
-        embedding=args.embedding, force=args.force, bf16_autocast=autocast, decode=decode,
+    options = ExtractOptions(
+        batch_size=args.batch_size, workers=args.workers, decode=args.decode, embedding=args.embedding,
+        progress=show_progress(args), skip_existing=args.skip_existing, failures=args.failures, force=args.force,
+        bf16_autocast=autocast,
     )
+    summaries = extract_many(jobs, backbone, options)
     for summary in summaries:
         print(json.dumps(summary))
     return 0

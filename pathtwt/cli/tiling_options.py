@@ -11,7 +11,7 @@ from typing import Any
 def add_tissue_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of how tiles are chosen and the slide is opened (all but --mpp and
     --tile-size)."""
-    from pathtwt.wsi.formats import READERS
+    from pathtwt.wsi.readers import names as reader_names
     from pathtwt.wsi.tiling import DEFAULT_MIN_TISSUE
     from pathtwt.wsi.tiling import TILING_DEFAULTS as D
     from pathtwt.wsi.tissue import TissueParams
@@ -40,8 +40,8 @@ def add_tissue_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"resolution of the tissue mask in um/px (default {TissueParams.mask_mpp})",
     )
     parser.add_argument(
-        "--reader", choices=("auto", *READERS), default="auto",
-        help="slide reader (default auto: JPEG/PNG images by the image reader, other files OpenSlide, then tiffslide); recorded so extraction reopens it the same way",
+        "--reader", choices=("auto", *reader_names()), default="auto",
+        help="slide reader (default auto: JPEG/PNG images by the image reader, an OME-Zarr folder by its reader, other files OpenSlide, then tiffslide); recorded so extraction reopens it the same way",
     )
     parser.add_argument(
         "--channels", default=None, metavar="I,J,K",

@@ -288,9 +288,9 @@ def default_workers(device: str, streaming: bool) -> int:
     if not streaming:
         return 0
     if not str(device).startswith("cuda"):
-        from pathtwt.features.extract import default_workers as cpu_readers
+        from pathtwt.devices import reading_workers
 
-        return cpu_readers()
+        return reading_workers()
     from pathtwt.devices import available_cores
 
     from pathtwt.compress.ranks import _env_int

@@ -86,10 +86,12 @@ def with_mil_heads(schema: dict) -> dict:
 def stage_defaults() -> dict[tuple[str, ...], dict[str, Any]]:
     """Schema section -> the defaults its keys take from the stage that runs them, each
     written once beside its stage: a cohort's ``tiling`` (``pathtwt tile``), ``compress``
-    (``pathtwt compress``), ``discovery`` and ``extract`` (the forward-pass batch size)."""
+    (``pathtwt compress``), ``discovery`` (the forward-pass batch size) and ``extract``
+    (``pathtwt extract``)."""
     from dataclasses import asdict
 
     from pathtwt.compress.defaults import COMPRESS_DEFAULTS
+    from pathtwt.features.options import EXTRACT_DEFAULTS
     from pathtwt.models.defaults import FORWARD_BATCH_SIZE
     from pathtwt.wsi.tiling import TILING_DEFAULTS
 
@@ -98,7 +100,7 @@ def stage_defaults() -> dict[tuple[str, ...], dict[str, Any]]:
         ("cohorts", "additionalProperties", "tiling"): asdict(TILING_DEFAULTS),
         ("compress",): {k: compress[k] for k in SCHEMA_COMPRESS_KEYS},
         ("discovery",): {"tokens": COMPRESS_DEFAULTS.tokens, "batch_size": FORWARD_BATCH_SIZE},
-        ("extract",): {"batch_size": FORWARD_BATCH_SIZE},
+        ("extract",): asdict(EXTRACT_DEFAULTS),
     }
 
 

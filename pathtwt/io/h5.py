@@ -143,6 +143,15 @@ def read_coords(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, dict[s
     return coords, tissue, attrs
 
 
+def count_coords(path: str | os.PathLike) -> int:
+    """How many tiles a coords file lists (0 where it cannot be read: its extraction says why)."""
+    try:
+        with h5py.File(path, "r") as h5:
+            return int(h5["coords"].shape[0])
+    except (OSError, KeyError):
+        return 0
+
+
 def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
     with h5py.File(path, "r") as h5:
         return _plain_attrs(h5)

@@ -93,8 +93,41 @@ class AutoPrecision:
             stack.enter_context(explicit_attention(model))
         return stack
 
+    def job_context(self, device: Any, model: torch.nn.Module):
+        """:meth:`context` for a whole job of forward passes: also the weights autocast
+        would cast to bf16 on every forward (those of linear and convolution layers) cast
+        once, for the job (:func:`weights_cast_once`)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.context(device, model))
+        if self.bf16:
+            stack.enter_context(weights_cast_once(model))
+        return stack
+
     def attrs(self) -> dict[str, Any]:
         return {"precision": "bf16-autocast" if self.bf16 else "fp32", "precision_check": self.note}
+
+
+@contextlib.contextmanager
+def weights_cast_once(model: nn.Module) -> Iterator[nn.Module]:
+    """Within the block, the fp32 weights and biases of ``model``'s linear and convolution
+    layers are bf16 copies. Autocast casts exactly these to bf16 at every forward (linear
+    and convolution are on its bf16 list, and a bf16 tensor is left as it is), so the
+    outputs are bit for bit those of plain autocast, without a cast of every weight per
+    forward pass (on a GPU, a kernel per weight per batch). The model's first parameter is
+    left alone: it sets the dtype inputs are given (:func:`pathtwt.models.embedding.embed_tiles`)."""
+    first = next(model.parameters(), None)
+    swapped: list[tuple[nn.Parameter, torch.Tensor]] = []
+    try:
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d)):
+                for param in module.parameters(recurse=False):
+                    if param is not first and param.dtype == torch.float32:
+                        swapped.append((param, param.data))
+                        param.data = param.data.to(torch.bfloat16)
+        yield model
+    finally:
+        for param, data in swapped:
+            param.data = data
 
 
 def check_bf16_on(model: torch.nn.Module, x: torch.Tensor, num_prefix_tokens: int, *, where: str,

@@ -105,6 +105,20 @@ class TileTransform:
         )
         return torch.from_numpy(self.normalise(resized))
 
+    def _constants(self, device: Any) -> tuple[Any, Any]:
+        """The mean and 1/std as tensors on ``device``, made once per device (a batch loop
+        on a GPU would otherwise copy them over at every batch)."""
+        import torch
+
+        cache = self.__dict__.setdefault("_on_device", {})
+        key = str(device)
+        if key not in cache:
+            cache[key] = (torch.from_numpy(self.mean).to(device), torch.from_numpy(self.inv_std).to(device))
+        return cache[key]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_on_device"}
+
     def normalise_batch(self, images: Any, device: Any = "cpu", *, channels_first: bool = False):
         """uint8 tiles (B, S, S, 3) at the input size (a tensor, as extraction's workers send
         them) -> float32 (B, 3, S, S) on ``device``: the arithmetic of :meth:`normalise`
@@ -115,8 +129,7 @@ class TileTransform:
         import torch
 
         x = torch.as_tensor(images).to(device, non_blocking=True)
-        mean = torch.from_numpy(self.mean).to(x.device)
-        inv_std = torch.from_numpy(self.inv_std).to(x.device)
+        mean, inv_std = self._constants(x.device)
         if channels_first:
             return (x.float() - mean.view(1, -1, 1, 1)) * inv_std.view(1, -1, 1, 1)
         return ((x.float() - mean) * inv_std).permute(0, 3, 1, 2).contiguous()

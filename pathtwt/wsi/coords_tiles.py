@@ -1,6 +1,6 @@
 """Tiles named by a coords file (``pathtwt tile`` output), read back from their slide.
 
-The one reader of that format: extraction (:class:`pathtwt.features.extract.TileDataset`),
+The one reader of that format: extraction's reading processes (:mod:`pathtwt.features.reading`),
 streamed training (:class:`pathtwt.compress.training_tiles.SlideTiles`) and the calibration
 draw (:mod:`pathtwt.compress.calibration`) all go through :class:`TileGeometry`, so they
 resolve the slide path, check the required attributes, reopen the slide (reader, channel
@@ -54,7 +54,6 @@ class TileGeometry:
     patch_size: int
     open_options: dict[str, Any] = field(default_factory=dict)
     coords_file: str = ""
-    decode: str = "cpu"  # the native-tile decoder, resolved once: pathtwt.wsi.decoding.resolve_decode
 
     @classmethod
     def from_attrs(cls, coords_file: str | os.PathLike, attrs: Mapping[str, Any], *,
@@ -65,16 +64,12 @@ class TileGeometry:
         slide = Path(slide_path) if slide_path is not None else resolve_slide_path(coords_file, attrs)
         return cls(slide_path=slide, patch_size_level0=int(attrs["patch_size_level0"]), read_level=int(attrs["read_level"]),
                    patch_size=int(attrs["patch_size"]), open_options=open_options_from_attrs(attrs),
-                   coords_file=str(coords_file), decode=decode)
+                   coords_file=str(coords_file))
 
     def open(self) -> Slide:
         """The slide, reopened exactly as it was tiled (same reader, so ``read_level`` indexes
         the same levels; same channel map; the level-0 mpp as fallback)."""
-        from pathtwt.wsi.decoding import decoder
-
-        slide = open_slide(self.slide_path, **self.open_options)
-        slide.decoder = decoder(self.decode)
-        return slide
+        return open_slide(self.slide_path, **self.open_options)
 
     def read(self, slide: Slide, x: int, y: int, size: int | None = None) -> np.ndarray:
         """uint8 (P, P, 3) tile at level-0 (x, y) of the opened ``slide``: P is the tiling's
@@ -82,39 +77,18 @@ class TileGeometry:
         input size)."""
         return self.read_many(slide, [(x, y)], size)[0]
 
-    def read_many(self, slide: Slide, xy: Any, size: int | None = None) -> list[np.ndarray]:
+    def read_many(self, slide: Slide, xy: Any, size: int | None = None, out: np.ndarray | None = None) -> Any:
         """:meth:`read` for each level-0 (x, y) of ``xy``, as few regions
-        (:meth:`~pathtwt.wsi.slides.Slide.read_tiles`: each native tile decoded once).
-        With the GPU decoder, a JPEG-tiled level is decoded, cut and shrunk on the GPU and
-        only the finished tiles come back to the host."""
-        if self.decode == "gpu":
-            finished = _tiles_from_the_device(slide, xy, self, size)
-            if finished is not None:
-                return finished
+        (:meth:`~pathtwt.wsi.slides.Slide.read_tiles`: each native tile decoded once). With
+        ``out`` (N, P, P, 3) uint8 and no ``size``, the tiles are written there."""
+        if out is not None and size is None:
+            return slide.read_tiles(xy, self.patch_size_level0, self.read_level, self.patch_size, out=out)
         tiles = slide.read_tiles(xy, self.patch_size_level0, self.read_level, self.patch_size)
         if size is None or self.patch_size == int(size):
             return tiles
         import cv2
 
         return [cv2.resize(t, (int(size), int(size)), interpolation=cv2.INTER_AREA) for t in tiles]
-
-
-def _tiles_from_the_device(slide: Slide, xy: Any, geometry: TileGeometry, size: int | None) -> list[np.ndarray] | None:
-    """:meth:`TileGeometry.read_many` on the process's GPU decoder
-    (:func:`pathtwt.wsi.jpeg_tiles.read_tiles_on_device`, the same pixels as the CPU path
-    within the decoders' tolerance), shrunk to ``size`` there too; None where the level is
-    not JPEG-tiled or the model input is larger (the CPU reads and enlarges those)."""
-    from pathtwt.wsi.jpeg_tiles import area_resize, process_gpu_decoder, read_tiles_on_device
-
-    if size is not None and int(size) > geometry.patch_size:
-        return None
-    batch = read_tiles_on_device(slide, xy, geometry.patch_size_level0, geometry.read_level, geometry.patch_size,
-                                 process_gpu_decoder())
-    if batch is None:
-        return None
-    if size is not None and int(size) != geometry.patch_size:
-        batch = area_resize(batch, int(size))
-    return list(batch.cpu().numpy())
 
 
 class CoordsTileReader:
@@ -166,19 +140,6 @@ def reader_worker_init(_worker_id: int) -> None:
 
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
-    _decode_on_the_jobs_gpu()
-
-
-def _decode_on_the_jobs_gpu() -> None:
-    """A reading process that decodes on the GPU uses the job's GPU (its dataset's
-    ``decode_device``, e.g. cuda:1), not the first one visible: a spawned process starts
-    on device 0, and with several jobs on one machine that GPU is another job's."""
-    import torch
-
-    info = torch.utils.data.get_worker_info()
-    device = getattr(getattr(info, "dataset", None), "decode_device", None)
-    if device is not None and str(device).startswith("cuda:"):
-        torch.cuda.set_device(torch.device(str(device)))
 
 
 @contextlib.contextmanager

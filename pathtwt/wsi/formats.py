@@ -12,11 +12,10 @@ beyond the end of the file means the copy was cut short.
 
 :data:`FORMATS` is the one table of slide formats: each format's suffixes, the reader
 that opens it, whether its tiles are read natively (:mod:`pathtwt.wsi.native_tiles`) and
-whether the workflow looks for it by default. :data:`READERS` (the openers, tried in their
-order by ``open_slide``), every suffix list of the package (:data:`SLIDE_SUFFIXES`,
-:data:`WORKFLOW_SUFFIXES`) and the reader choices of ``pathtwt tile`` are read from it; a
-new format is one row here (and, for a new reader, one entry in
-``pathtwt.wsi.slides.OPENERS``).
+whether the workflow looks for it by default. Every suffix list of the package
+(:data:`SLIDE_SUFFIXES`, :data:`WORKFLOW_SUFFIXES`) is read from it; a new format is one
+row here (and, for a new reader, its handle module and one row of
+:data:`pathtwt.wsi.readers.READERS`, which holds what each reader does).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
 
 from pathtwt.errors import SlideError
 
@@ -34,7 +32,7 @@ from pathtwt.errors import SlideError
 class SlideFormat:
     name: str
     suffixes: tuple[str, ...]
-    reader: str  # the opener (pathtwt.wsi.slides.OPENERS) that reads it by default
+    reader: str  # the name of the reader (pathtwt.wsi.readers.READERS) that reads it by default
     native_tiles: bool  # its tiled pages are decoded natively, each native tile once
     workflow_default: bool = True  # a cohort folder is searched for it by default (`extensions`)
     folder: bool = False  # the slide is a folder (a zarr store), not a file
@@ -53,18 +51,12 @@ FORMATS: tuple[SlideFormat, ...] = (
     SlideFormat("OME-Zarr (NGFF)", (".zarr",), "ome-zarr", False, workflow_default=False, folder=True),
 )
 
-# the openers, in the order ``open_slide`` tries them for a file no format names
-READERS: tuple[str, ...] = ("openslide", "tiffslide", "image", "ome-zarr")
-
 # every suffix a slide file may have (a folder given to `pathtwt predict`)
 SLIDE_SUFFIXES: tuple[str, ...] = tuple(s for f in FORMATS for s in f.suffixes)
 # the suffixes a cohort folder is searched for by default (schema.yaml: a cohort's `extensions`)
 WORKFLOW_SUFFIXES: tuple[str, ...] = tuple(s for f in FORMATS if f.workflow_default for s in f.suffixes)
 # a slide name in a clinical table may carry one of these too (a GDC download's archive)
 ARCHIVE_SUFFIXES: tuple[str, ...] = (".zip",)
-
-# OpenSlide vendors whose levels are the TIFF's own tiled pages, one to one
-_NATIVE_OPENSLIDE_VENDORS = ("aperio", "generic-tiff")
 
 
 def format_of(path: str | Path) -> SlideFormat | None:
@@ -78,16 +70,6 @@ def is_folder_slide(path: str | Path) -> bool:
     named = format_of(path)
     return named is not None and named.folder and Path(path).is_dir()
 
-
-def native_tiles_for(reader: str, properties: Mapping[str, Any]) -> bool:
-    """Whether a slide opened by ``reader`` may be read through its native tiles: tiffslide
-    reads the TIFF's own pyramid; OpenSlide's levels are the TIFF's pages only for the
-    vendors above (an NDPI, SCN or Philips TIFF lays its levels out otherwise)."""
-    if reader == "tiffslide":
-        return True
-    if reader == "openslide":
-        return str(properties.get("openslide.vendor", "")) in _NATIVE_OPENSLIDE_VENDORS
-    return False
 
 # The conversion advice shared by the formats pathtwt has no reader for.
 CONVERT = (

@@ -27,6 +27,7 @@ from pathtwt.errors import SlideError
 # File signatures of the formats this reader opens (a suffix can lie; the bytes do not).
 SIGNATURES = {b"\xff\xd8\xff": "JPEG", b"\x89PNG\r\n\x1a\n": "PNG"}
 SUFFIXES = (".jpg", ".jpeg", ".png")
+DPI_KEY = "image.dpi"  # the property with the dpi the file states (its pixel size: 25400 / dpi um)
 
 
 def image_format(path: str | Path) -> str | None:
@@ -102,7 +103,7 @@ class ImageHandle:
         self.properties: dict[str, Any] = {"image.format": fmt, "image.mode": mode}
         dpi = info.get("dpi")
         if dpi:
-            self.properties["image.dpi"] = float(dpi[0])
+            self.properties[DPI_KEY] = float(dpi[0])
 
     def read_region(self, location: tuple[int, int], level: int, size: tuple[int, int], as_array: bool = True) -> np.ndarray:
         if self._pixels is None:

@@ -9,10 +9,11 @@ of regions out of them with numpy.
 The decode seam: a level decodes a list of native tiles with ONE call,
 ``decoder(page, indices) -> list[np.ndarray]`` (each (tile length, tile width, 3) uint8),
 :func:`decode_native_tiles` by default (tifffile's own codecs: imagecodecs, the same
-libjpeg-turbo OpenSlide uses, so the pixels are OpenSlide's). Another decoder (a batch
-JPEG decoder on a GPU, say) is passed as ``NativeLevel(page, decoder=...)``, or set on a
-slide as ``slide.decoder`` (named by :func:`pathtwt.wsi.decoding.resolve_decode`); it must
-raise on a stream it cannot decode or fall back itself.
+libjpeg-turbo OpenSlide uses, so the pixels are OpenSlide's). Another decoder is passed as
+``NativeLevel(page, decoder=...)``, or set on a slide as ``slide.decoder``; it must raise on
+a stream it cannot decode or fall back itself. (Decoding on a GPU does not go through this
+seam: the reading processes ship the compressed streams, :mod:`pathtwt.wsi.jpeg_streams`,
+and the process that owns the GPU decodes them.)
 
 :func:`native_page` says whether a slide level can be read this way at all: a tiled,
 8-bit, three-sample, interleaved (chunky) page whose size is the reader's level size.

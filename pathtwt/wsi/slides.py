@@ -3,7 +3,10 @@
 ``open_slide(path)`` tries OpenSlide first (Aperio, Hamamatsu, MIRAX, DICOM, generic
 tiled TIFF, ...) and falls back to tiffslide for TIFF variants OpenSlide refuses
 (single-level stripped TIFFs included); plain JPEG and PNG images are read as one-level
-slides (:mod:`pathtwt.wsi.images`). ``reader=`` forces one of them. Either way the result is a :class:`Slide` context
+slides (:mod:`pathtwt.wsi.images`), OME-Zarr folders by :mod:`pathtwt.wsi.ome_zarr`.
+``reader=`` forces one of them. What differs between the readers (where a region starts,
+who pads it, native tiles, the pixel-size key, the order they are tried in) is one row
+each in :mod:`pathtwt.wsi.readers`. Either way the result is a :class:`Slide` context
 manager with one API: level geometry, microns per pixel (mpp) and RGB ``read_region`` /
 ``read_tile`` returning numpy arrays.
 
@@ -24,14 +27,18 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from pathtwt.errors import SlideError
-from pathtwt.wsi.decoding import decoder
-from pathtwt.wsi.formats import READERS, refuse_associated_image, refuse_unsupported, truncation_note
+from pathtwt.wsi import readers
+from pathtwt.wsi.formats import format_of, refuse_associated_image, refuse_unsupported, truncation_note
 from pathtwt.wsi.reader_notes import capture_reader_messages
+from pathtwt.wsi.readers import NotThisReader, SlideHandle, SlideReader
+
+# (the title of the reader that said a file is none of its formats, what it said)
+Refusal = tuple[str, str]
 
 # Plausible microns per pixel for a slide scan. Values outside this range come from
 # placeholder TIFF resolution tags (e.g. 72 dpi => 352.8 um/px) and are treated as absent.
@@ -93,21 +100,33 @@ def _mpp_from_ome(props: Mapping[str, Any]) -> float | None:
     return None if value is None or scale is None else value * scale
 
 
+def _reader_mpp(reader: SlideReader) -> tuple[str, Callable[[Mapping[str, Any]], float | None]]:
+    key = str(reader.mpp_key)
+
+    def mpp(props: Mapping[str, Any]) -> float | None:
+        value = _as_float(props.get(key))
+        return 25400.0 / value if value is not None and reader.mpp_in_dpi else value
+
+    return key, mpp
+
+
 def mpp_from_properties(props: Mapping[str, Any]) -> tuple[float | None, str | None]:
-    """Level-0 microns per pixel from slide metadata, in order of trust:
-    ``openslide.mpp-x``, ``aperio.MPP``, ``tiff.XResolution`` with its unit,
-    ``tiffslide.mpp-x``, DICOM pixel spacing, OME-XML ``PhysicalSizeX``, a plain image's
-    dpi (JFIF, PNG pHYs). Returns (mpp, key) or (None, None);
+    """Level-0 microns per pixel from slide metadata, in order of trust: the readers' own
+    keys trusted above the file's tags (``openslide.mpp-x``), ``aperio.MPP``,
+    ``tiff.XResolution`` with its unit, the other readers' own keys (``tiffslide.mpp-x``, a
+    plain image's dpi from JFIF or PNG pHYs, ``ome-zarr.mpp-x``: :mod:`pathtwt.wsi.readers`),
+    DICOM pixel spacing, OME-XML ``PhysicalSizeX``. Returns (mpp, key) or (None, None);
     implausible values (outside [MPP_MIN, MPP_MAX]) are skipped."""
+    own = [r for r in readers.READERS if r.mpp_key]
     candidates = (
-        ("openslide.mpp-x", lambda p: _as_float(p.get("openslide.mpp-x"))),
+        *(_reader_mpp(r) for r in own if r.mpp_over_tags),
         ("aperio.MPP", lambda p: _as_float(p.get("aperio.MPP"))),
         ("tiff.XResolution", _mpp_from_tiff_resolution),
-        ("tiffslide.mpp-x", lambda p: _as_float(p.get("tiffslide.mpp-x"))),
+        # one reader's properties never hold another reader's key: their order among
+        # themselves does not matter
+        *(_reader_mpp(r) for r in own if not r.mpp_over_tags),
         ("dicom.PixelSpacing", _mpp_from_dicom),
         ("ome.PhysicalSizeX", _mpp_from_ome),
-        ("image.dpi", lambda p: 25400.0 / p["image.dpi"] if _as_float(p.get("image.dpi")) else None),
-        ("ome-zarr.mpp-x", lambda p: _as_float(p.get("ome-zarr.mpp-x"))),  # pathtwt.wsi.ome_zarr.MPP_KEY
     )
     for key, getter in candidates:
         mpp = getter(props)
@@ -125,18 +144,19 @@ class Slide:
     def __init__(
         self,
         path: Path,
-        handle: Any,
-        reader: str,
+        handle: SlideHandle,
+        reader: SlideReader,
         mpp: float,
         mpp_source: str,
         channel_map: tuple[int, int, int] | None = None,
     ):
         self.path = path
-        self.reader = reader  # "openslide" | "tiffslide" | "image" (JPEG, PNG: pathtwt.wsi.images)
+        self.reader_spec = reader  # its row of pathtwt.wsi.readers.READERS
+        self.reader = reader.name  # recorded in the coords file, so extraction reopens it the same way
         self.channel_map = channel_map  # source channels shown as R, G, B; None for RGB slides
         self.mpp = float(mpp)  # level-0 microns per pixel
         self.mpp_source = mpp_source  # metadata key, or "fallback"
-        self._handle = handle
+        self._handle: SlideHandle | None = handle
         self.level_count: int = int(handle.level_count)
         self.level_dimensions: list[tuple[int, int]] = [(int(w), int(h)) for w, h in handle.level_dimensions]
         self.level_downsamples: list[float] = [float(d) for d in handle.level_downsamples]
@@ -148,7 +168,7 @@ class Slide:
         # the native-tile view of each read level (pathtwt.wsi.native_tiles), opened on first use
         self._native: dict[int, Any] = {}
         self._tif: Any = None
-        self.decoder: Any = decoder("cpu")  # how native tiles are decoded (the decode seam)
+        self.decoder: Any = None  # how native tiles are decoded (the decode seam; None: tifffile's codecs)
 
     # -- context manager -------------------------------------------------------------
     def __enter__(self) -> "Slide":
@@ -196,9 +216,9 @@ class Slide:
             raise self._decode_error(exc, x, y, level, w, h) from None
 
     def _read_raw(self, x: int, y: int, level: int, w: int, h: int) -> np.ndarray:
-        if self.reader == "openslide":
+        if self.reader_spec.pads:
             return self._to_rgb(np.asarray(self._handle.read_region((x, y), level, (w, h))))
-        return self._read_tiffslide(x, y, level, w, h)
+        return self._read_clipped(x, y, level, w, h)
 
     def _decode_error(self, exc: BaseException, x: int, y: int, level: int, w: int, h: int) -> SlideError:
         notes = "".join(f"; {n}" for n in self.reader_notes[:3])
@@ -208,9 +228,10 @@ class Slide:
             "re-export or exclude it"
         )
 
-    def _read_tiffslide(self, x: int, y: int, level: int, w: int, h: int) -> np.ndarray:
-        # tiffslide pads out-of-bounds reads with black; read the in-bounds part and
-        # place it on white so both readers agree.
+    def _read_clipped(self, x: int, y: int, level: int, w: int, h: int) -> np.ndarray:
+        # A reader that does not pad as OpenSlide does (tiffslide pads with black, the
+        # image and OME-Zarr handles not at all): read the in-bounds part, which starts at
+        # the truncated level pixel, and place it on the slide's fill so every reader agrees.
         ds = self.level_downsamples[level]
         lw, lh = self.level_dimensions[level]
         lx, ly = int(math.floor(x / ds)), int(math.floor(y / ds))
@@ -245,17 +266,20 @@ class Slide:
         interp = cv2.INTER_AREA if side > patch_size else cv2.INTER_LINEAR
         return cv2.resize(region, (patch_size, patch_size), interpolation=interp)
 
-    def read_tiles(self, xy: Any, patch_size_level0: int, read_level: int, patch_size: int) -> list[np.ndarray]:
+    def read_tiles(self, xy: Any, patch_size_level0: int, read_level: int, patch_size: int,
+                   out: np.ndarray | None = None) -> Any:
         """:meth:`read_tile` for each level-0 (x, y) of ``xy``, with the same pixels, read as
         few regions as the layout allows (:mod:`pathtwt.wsi.supertiles`): each native tile
-        under the batch is decoded once. The reader messages are collected once."""
+        under the batch is decoded once. The reader messages are collected once. ``out``
+        (N, patch_size, patch_size, 3) uint8 receives the tiles (and is returned) instead of
+        a list."""
         from pathtwt.wsi import supertiles
 
         xy = np.asarray(xy, dtype=np.int64).reshape(-1, 2)
         if self._handle is None:
             raise SlideError(f"{self.path}: slide is closed")
         if not len(xy):
-            return []
+            return [] if out is None else out
         ds = self.level_downsamples[read_level]
         side = max(1, int(round(patch_size_level0 / ds)))
         origins, exact = supertiles.level_origins(xy, ds, self.reader)
@@ -264,7 +288,7 @@ class Slide:
             with capture_reader_messages(self.reader_notes):
                 if native is not None:
                     regions = native.regions(supertiles.boxes(origins, side))
-                elif exact and self.reader != "image":
+                elif exact and self.reader_spec.bands:
                     regions = []
                     for start, end in supertiles.runs(origins, side):
                         x, y = (int(v) for v in xy[start])
@@ -275,7 +299,7 @@ class Slide:
         except Exception as exc:  # the reader libraries raise many types on corrupt data
             x0, y0, w, h = supertiles.bounding_box(xy, int(patch_size_level0))
             raise self._decode_error(exc, x0, y0, read_level, int(round(w / ds)), int(round(h / ds))) from None
-        return [_fit(region, patch_size) for region in regions]
+        return fit_regions(regions, patch_size, out)
 
     def native_level(self, level: int) -> Any:
         """The :class:`~pathtwt.wsi.native_tiles.NativeLevel` of ``level`` (its native tiles
@@ -285,10 +309,9 @@ class Slide:
         return self._native[level]
 
     def _open_native(self, level: int) -> Any:
-        from pathtwt.wsi.formats import native_tiles_for
         from pathtwt.wsi.native_tiles import NativeLevel, native_page
 
-        if self.channel_map is not None or not native_tiles_for(self.reader, self.properties):
+        if self.channel_map is not None or not self.reader_spec.native_tiles(self.properties):
             return None
         import tifffile
 
@@ -298,18 +321,41 @@ class Slide:
             page = native_page(self._tif, level, self.level_dimensions[level])
         except Exception:  # noqa: BLE001 - not a TIFF tifffile reads: the reader's own path
             return None
-        return None if page is None else NativeLevel(page, decoder=self.decoder, fill=self.fill)
+        if page is None:
+            return None
+        return NativeLevel(page, fill=self.fill) if self.decoder is None else \
+            NativeLevel(page, decoder=self.decoder, fill=self.fill)
 
 
-def _fit(region: np.ndarray, patch_size: int) -> np.ndarray:
-    """A read region resized to (patch_size, patch_size) as :meth:`Slide.read_tile` does."""
-    side = region.shape[0]
-    if side == patch_size and region.shape[1] == patch_size:
-        return np.ascontiguousarray(region)
+def fit_regions(regions: list[np.ndarray], patch_size: int, out: np.ndarray | None = None) -> Any:
+    """Read regions resized to (patch_size, patch_size) as :meth:`Slide.read_tile` does:
+    larger ones shrunk together with cv2.INTER_AREA's pixels
+    (:func:`pathtwt.wsi.area_shrink.shrink`), smaller ones enlarged (INTER_LINEAR). Into
+    ``out`` (N, patch_size, patch_size, 3) when given, else a list."""
     import cv2
 
-    interp = cv2.INTER_AREA if side > patch_size else cv2.INTER_LINEAR
-    return cv2.resize(np.ascontiguousarray(region), (patch_size, patch_size), interpolation=interp)
+    from pathtwt.wsi.area_shrink import shrink
+
+    size = (patch_size, patch_size)
+    if out is not None and regions and all(r.shape[0] > patch_size and r.shape[1] > patch_size and
+                                          r.shape == regions[0].shape for r in regions):
+        shrink(list(regions), patch_size, out=out)  # the usual batch: straight into ``out``
+        return out
+    tiles: list[np.ndarray] = [np.ascontiguousarray(r) for r in regions]
+    larger = [k for k, r in enumerate(regions) if r.shape[0] > patch_size and r.shape[1] > patch_size]
+    for shape in {regions[k].shape for k in larger}:  # one shape in a batch, as a rule
+        same = [k for k in larger if regions[k].shape == shape]
+        for k, tile in zip(same, shrink([regions[k] for k in same], patch_size)):
+            tiles[k] = tile
+    for k, region in enumerate(regions):
+        if region.shape[:2] != size and k not in larger:
+            interp = cv2.INTER_AREA if max(region.shape[:2]) > patch_size else cv2.INTER_LINEAR
+            tiles[k] = cv2.resize(tiles[k], size, interpolation=interp)
+    if out is None:
+        return tiles
+    for tile, dst in zip(tiles, out):
+        dst[...] = tile
+    return out
 
 
 def _one_line(exc: BaseException) -> str:
@@ -344,73 +390,59 @@ def map_channels(arr: np.ndarray, channel_map: tuple[int, int, int]) -> np.ndarr
     return np.ascontiguousarray(rgb.astype(np.uint8))
 
 
-def _open_image(path: Path) -> Any:
-    from pathtwt.wsi.images import ImageHandle
-
-    return ImageHandle(path)
-
-
-def _open_tiffslide(path: Path) -> Any:
-    import tiffslide
-
-    return tiffslide.TiffSlide(str(path))
-
-
-# reader name (pathtwt.wsi.formats.READERS, a format's `reader`) -> path -> handle with
-# level_count, level_dimensions, level_downsamples, properties, read_region and close;
-# OpenSlide is opened in _open_handle, which tells its refusal apart
-def _open_ome_zarr(path: Path) -> Any:
-    from pathtwt.wsi.ome_zarr import OmeZarrHandle
-
-    return OmeZarrHandle(path)
-
-
-OPENERS: dict[str, Any] = {"tiffslide": _open_tiffslide, "image": _open_image, "ome-zarr": _open_ome_zarr}
-
-
-def _open_handle(path: Path, reader: str | None, notes: list[str]) -> tuple[Any, str, str]:
-    """(handle, reader name, why OpenSlide refused the file or "")."""
-    import openslide
-
-    from pathtwt.wsi.formats import format_of
-    from pathtwt.wsi.images import image_format
-
-    # JPEG and PNG (told by their bytes, not the suffix): neither slide library reads them
-    if reader == "image" or (reader is None and image_format(path) is not None):
-        return _open_image(path), "image", ""
+def _readers_for(path: Path, reader: str | None) -> tuple[SlideReader, ...]:
+    """The readers to try on ``path``, in turn: the one named; else the one the file's
+    bytes call for (JPEG and PNG, which neither slide library reads); else its format's
+    reader and the readers tried after it; else every reader ``open_slide`` tries."""
+    if reader is not None:
+        return (readers.reader_named(reader),)
+    claimed = readers.claimed_by(path)
+    if claimed is not None:
+        return (claimed,)
+    tried = readers.tried_in_order()
     named = format_of(path)
-    if reader is None and named is not None and named.reader not in ("openslide", "image"):
-        reader = named.reader  # a format only its own opener reads
-    if reader is not None and reader not in ("openslide", "tiffslide"):
-        try:
-            return OPENERS[reader](path), reader, ""
-        except SlideError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the opener's own errors, in one line
-            raise SlideError(f"{path}: {reader} cannot open it ({type(exc).__name__}: {_one_line(exc)})") from None
+    row = readers.reader_named(named.reader) if named is not None else None
+    if row is None or row.claims is not None:  # no format, or the bytes belie the suffix
+        return tried
+    return tried[tried.index(row):] if row in tried else (row,)
 
-    first: BaseException | None = None
-    if reader in (None, "openslide"):
+
+def _open_handle(path: Path, reader: str | None, notes: list[str]) -> tuple[SlideHandle, SlideReader, Refusal | None]:
+    """(handle, its reader, what a reader that declined the file said, or None)."""
+    *before, last = _readers_for(path, reader)
+    refused: Refusal | None = None
+    # OpenSlide alone tells "none of my formats" (NotThisReader) from failing on a file it
+    # reads; only then is the next reader asked, and the last one's failure is reported
+    # beside what OpenSlide said
+    for row in before:
         try:
-            return openslide.OpenSlide(str(path)), "openslide", ""
-        except (openslide.OpenSlideError, openslide.OpenSlideUnsupportedFormatError) as os_exc:
-            if reader == "openslide":
-                raise SlideError(
-                    f"{path}: OpenSlide cannot open it ({_one_line(os_exc)}); use reader tiffslide or auto"
-                ) from None
-            first = os_exc
+            return row.opener(path), row, None
+        except NotThisReader as exc:
+            refused = refused or (row.title, str(exc))
     try:
-        return _open_tiffslide(path), "tiffslide", _one_line(first) if first else ""
-    except Exception as ts_exc:  # tifffile raises assorted errors on non-TIFF input
-        raise SlideError(_refusal(path, first, ts_exc, notes)) from None
+        return last.opener(path), last, refused
+    except SlideError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the readers raise many types; each said in one line
+        raise SlideError(_open_failure(path, last, exc, refused, named=reader is not None, notes=notes)) from None
 
 
-def _refusal(path: Path, openslide_exc: BaseException | str | None, tiffslide_exc: BaseException, notes: list[str]) -> str:
-    """One line for a file neither reader can open: both readers' reasons, the readers'
-    log lines, and whether the file is truncated (or not a slide at all)."""
-    reasons = [f"OpenSlide: {_one_line(openslide_exc) if isinstance(openslide_exc, BaseException) else openslide_exc}"] \
-        if openslide_exc else []
-    reasons.append(f"tiffslide: {type(tiffslide_exc).__name__}: {_one_line(tiffslide_exc)}")
+def _open_failure(path: Path, row: SlideReader, exc: BaseException, refused: Refusal | None, *, named: bool,
+                  notes: list[str]) -> str:
+    if isinstance(exc, NotThisReader) and named:
+        others = ", ".join(r.name for r in readers.tried_in_order() if r is not row)
+        return f"{path}: {row.title} cannot open it ({exc}); use reader {others} or auto"
+    if row.tried:  # no reader opens the file: say whether it is cut short, damaged or no slide
+        return _refusal(path, refused, row, exc, notes)
+    return f"{path}: {row.name} cannot open it ({type(exc).__name__}: {_one_line(exc)})"
+
+
+def _refusal(path: Path, refused: Refusal | None, reader: SlideReader, exc: BaseException, notes: list[str]) -> str:
+    """One line for a file no reader can open: what the reader that declined it said, the
+    last reader's error, the readers' log lines, and whether the file is truncated (or not
+    a slide at all)."""
+    reasons = [f"{refused[0]}: {refused[1]}"] if refused else []
+    reasons.append(f"{reader.title}: {type(exc).__name__}: {_one_line(exc)}")
     reasons += notes[:3]
     state = truncation_note(path)
     try:
@@ -427,11 +459,11 @@ def _refusal(path: Path, openslide_exc: BaseException | str | None, tiffslide_ex
     )
 
 
-def _check_pixels(slide: Slide, openslide_refusal: str) -> None:
+def _check_pixels(slide: Slide, refused: Refusal | None) -> None:
     """Make sure the image is colour (or has a channel map), then decode a small region
     at the centre of level 0 and of the coarsest level."""
     _check_colour(slide)
-    why = f" (OpenSlide refused it: {openslide_refusal})" if openslide_refusal else ""
+    why = f" ({refused[0]} refused it: {refused[1]})" if refused else ""
     for level in sorted({0, slide.level_count - 1}):
         lw, lh = slide.level_dimensions[level]
         if lw < 2 or lh < 2:
@@ -462,13 +494,13 @@ def _check_colour(slide: Slide) -> None:
     except (tifffile.TiffFileError, OSError, ValueError, IndexError):
         samples, bits, photometric = 3, 8, 2
     if slide.channel_map is not None:
-        if slide.reader == "openslide":
+        if slide.reader_spec.renders_rgb:
             if samples < 3 or bits != 8 or int(photometric) in (0, 1):
                 raise SlideError(
-                    f"{slide.path}: OpenSlide turns its {samples} channel(s) into RGB itself; "
-                    "a channel map needs reader tiffslide (or auto)"
+                    f"{slide.path}: {slide.reader_spec.title} turns its {samples} channel(s) into RGB itself; "
+                    f"a channel map needs reader {readers.raw_channel_reader().name} (or auto)"
                 )
-            samples = 3  # OpenSlide always delivers RGB(A)
+            samples = 3  # such a reader always delivers RGB(A)
         if any(not 0 <= c < samples for c in slide.channel_map) or bits not in (8, 16):
             raise SlideError(
                 f"{slide.path}: channel map {list(slide.channel_map)} does not fit its {samples} channel(s) of "
@@ -521,8 +553,8 @@ def open_slide(
     missing, unreadable, corrupt, not RGB (and no ``channel_map``), or has no usable mpp
     and no ``mpp_fallback``.
 
-    ``reader``: None (JPEG/PNG: the image reader; else OpenSlide, then tiffslide),
-    "openslide", "tiffslide" or "image" to force one;
+    ``reader``: None (JPEG/PNG: the image reader; an OME-Zarr folder: its reader; else
+    OpenSlide, then tiffslide) or a name of :mod:`pathtwt.wsi.readers` to force one;
     the level list (and so a coords file's ``read_level``) belongs to the reader.
     ``channel_map``: three channel indices (or "i,j,k") shown as R, G, B, for
     fluorescence or multiplexed slides stored with interleaved channels.
@@ -530,14 +562,15 @@ def open_slide(
     path = Path(path)
     if reader in ("", "auto"):
         reader = None
-    if reader is not None and reader not in READERS:
-        raise SlideError(f"{path}: reader {reader!r} is unknown; use auto, {', '.join(READERS)}")
+    if reader is not None and reader not in readers.names():
+        raise SlideError(f"{path}: reader {reader!r} is unknown; use auto, {', '.join(readers.names())}")
     if not path.exists():
         raise SlideError(f"{path}: slide file not found")
     refuse_unsupported(path)
     channels = _check_channel_map(path, channel_map)
     if channels is not None and reader is None:
-        reader = "tiffslide"  # the raw channels: OpenSlide would hand over its own RGB rendering
+        # the raw channels: OpenSlide would hand over its own RGB rendering
+        reader = readers.raw_channel_reader().name
     notes: list[str] = []
     with capture_reader_messages(notes):
         slide = _open_checked(path, reader, channels, notes)
@@ -546,21 +579,21 @@ def open_slide(
 
 
 def _open_checked(path: Path, reader: str | None, channels: tuple[int, int, int] | None, notes: list[str]) -> Slide:
-    handle, reader, openslide_refusal = _open_handle(path, reader, notes)
+    handle, spec, refused = _open_handle(path, reader, notes)
     # mpp is resolved after the pixel check: a corrupt file should say so, not ask for an mpp
     try:
-        slide = Slide(path, handle, reader, mpp=math.nan, mpp_source="", channel_map=channels)
+        slide = Slide(path, handle, spec, mpp=math.nan, mpp_source="", channel_map=channels)
     except Exception as exc:  # tiffslide parses lazily: unsupported (or truncated) layouts surface here
         handle.close()
-        if openslide_refusal:
-            raise SlideError(_refusal(path, openslide_refusal, exc, notes)) from None
+        if refused:
+            raise SlideError(_refusal(path, refused, spec, exc, notes)) from None
         raise SlideError(
-            f"{path}: {reader} cannot read its layout ({type(exc).__name__}: {_one_line(exc)}); "
+            f"{path}: {spec.name} cannot read its layout ({type(exc).__name__}: {_one_line(exc)}); "
             "convert it to a pyramidal TIFF with interleaved channels or exclude it"
         ) from None
     try:
         refuse_associated_image(path, str(slide.properties.get("tiff.ImageDescription", "")), slide.dimensions)
-        _check_pixels(slide, openslide_refusal)
+        _check_pixels(slide, refused)
     except BaseException:
         slide.close()
         raise
@@ -573,11 +606,9 @@ def _resolve_mpp(slide: Slide, mpp_fallback: float | None) -> Slide:
         mpp, source = mpp_from_properties(slide.properties)
         if mpp is None:
             if mpp_fallback is None:
-                what = "the image file states no pixel size" if slide.reader == "image" else \
-                    "no plausible microns-per-pixel in the slide metadata"
                 raise SlideError(
-                    f"{path}: {what}; set the cohort's `mpp_fallback` config key (or pass --slide-mpp) "
-                    "to the scan resolution in um/px"
+                    f"{path}: {slide.reader_spec.no_mpp}; set the cohort's `mpp_fallback` config key "
+                    "(or pass --slide-mpp) to the scan resolution in um/px"
                 )
             fallback = _as_float(mpp_fallback)
             if fallback is None or not MPP_MIN <= fallback <= MPP_MAX:

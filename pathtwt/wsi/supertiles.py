@@ -8,7 +8,8 @@ the first that applies (:func:`plan`):
   once and each tile is cut from them.
 - ``regions``: tiles start on whole level pixels but the level has no native view
   (MIRAX, DICOM, NDPI's stripped JPEG, ...): tiles side by side in a row (a "run") are
-  read as one region of the slide's own reader and cut.
+  read as one region of the slide's own reader and cut (or each on its own where a region
+  is a slice of an image held decoded: ``SlideReader.bands``, :mod:`pathtwt.wsi.readers`).
 - ``tiles``: OpenSlide places a tile at a fractional level pixel (a level whose downsample
   is not a whole number, e.g. 4.016): one read per tile, exactly as a single tile is read,
   since OpenSlide's fractional placement cannot be cut from a larger region.
@@ -22,13 +23,16 @@ from typing import Sequence
 
 import numpy as np
 
+from pathtwt.wsi.readers import Placement, reader_named
+
 
 def level_origins(xy: np.ndarray, downsample: float, reader: str) -> tuple[np.ndarray, bool]:
-    """(level-pixel top-left corners (N, 2) int64, whether they are exact). tiffslide
-    truncates level-0 / downsample; OpenSlide places the region at the exact quotient, so
-    its corners are exact only when the quotient is whole."""
+    """(level-pixel top-left corners (N, 2) int64, whether they are exact) of regions read
+    by the reader named ``reader``, as its :class:`~pathtwt.wsi.readers.Placement` says:
+    truncating readers start at level-0 / downsample rounded down; OpenSlide places the
+    region at the exact quotient, so its corners are exact only when the quotient is whole."""
     xy = np.asarray(xy, dtype=np.int64).reshape(-1, 2)
-    if reader == "openslide":
+    if reader_named(reader).placement is Placement.QUOTIENT:
         q = xy / float(downsample)
         whole = np.round(q)
         return whole.astype(np.int64), bool(np.all(whole == q))

@@ -27,7 +27,7 @@ if config["extract"]["per_slide_jobs"]:
             **get_failure_table_output("{slide}"),
         params:
             model=get_model_args,
-            batch_size=config["extract"]["batch_size"],
+            batch_size=config["extract"]["batch_size"] or "auto",
             device=get_rule_device("extract"),
             decode=config["extract"]["decode"],
             failures=get_failures_arg,
@@ -76,7 +76,7 @@ else:
             **get_failure_table_output("cohort"),
         params:
             model=get_model_args,
-            batch_size=config["extract"]["batch_size"],
+            batch_size=config["extract"]["batch_size"] or "auto",
             device=get_rule_device("extract"),
             decode=config["extract"]["decode"],
             failures=get_failures_arg,

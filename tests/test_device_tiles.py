@@ -1,0 +1,287 @@
+"""The GPU path of extraction, driven on a CPU: a reading process ships the complete JPEG
+streams of the native tiles under a batch and a cut plan; the embedding process decodes
+them (the host decoder standing in for nvImageCodec), cuts every tile with one gather and
+shrinks it. The tiles equal the CPU path's, and every fault is one log line or one slide's
+failure, never a crash."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+import torch
+
+from pathtwt.features import device_tiles
+from pathtwt.features.device_tiles import DeviceTiles, UndecodableTile, area_resize, cut, host_decode
+from pathtwt.features.gpu_decoders import make_decoder
+from pathtwt.features.reading import Band, BatchReader, SlideRead, plan_bands
+from pathtwt.features.ring import Ring, RingSize
+from pathtwt.wsi import jpeg_streams
+from pathtwt.wsi.coords_tiles import TileGeometry
+from pathtwt.wsi.cut_plan import CutPlan, LevelGrid, natives_under
+from pathtwt.wsi.jpeg_streams import ADOBE_RGB, StreamHeader, pack_streams, splice, tile_streams
+from pathtwt.wsi.native_tiles import decode_native_tiles
+
+CMU = "CMU-1-Small-Region.svs"
+
+
+def _max_diff(a, b) -> int:
+    a = a.cpu().numpy() if hasattr(a, "cpu") else np.asarray(a)
+    return int(np.abs(a.astype(np.int16) - np.asarray(b).astype(np.int16)).max())
+
+
+@pytest.fixture(scope="module")
+def cmu(shared_slides) -> Path:
+    return shared_slides / CMU
+
+
+@pytest.fixture(scope="module")
+def bach_tiff(tmp_path_factory, shared_bach) -> Path:
+    """A two-level JPEG-tiled TIFF of two BACH images side by side, cut to a size that is
+    no multiple of the 256 px tiles (edge tiles), levels as separate pages as OpenSlide's
+    generic TIFF reader expects."""
+    import cv2
+    import imagecodecs
+
+    files = sorted(shared_bach.glob("*.jpeg"))[:2]
+    image = np.concatenate([imagecodecs.imread(p)[:1300, :1400] for p in files], axis=1)  # 1300 x 2800
+    half = cv2.resize(image, (image.shape[1] // 2, image.shape[0] // 2), interpolation=cv2.INTER_AREA)
+    path = tmp_path_factory.mktemp("jpeg") / "bach.tif"
+    with tifffile.TiffWriter(path) as tw:
+        for level, subfiletype in ((image, 0), (half, 1)):  # 1: a reduced-resolution level
+            tw.write(level, tile=(256, 256), compression="jpeg", photometric="rgb", subfiletype=subfiletype,
+                     resolution=(1e4 / 0.25, 1e4 / 0.25), resolutionunit="CENTIMETER")
+    return path
+
+
+def _geometry(slide: Path, side: int, size: int) -> TileGeometry:
+    return TileGeometry(slide_path=slide, patch_size_level0=side, read_level=0, patch_size=size)
+
+
+def _messages(slide: Path, xy, side: int, size: int, batch: int, input_size: int | None = None):
+    """What a reading process sends for ``xy`` in batches of ``batch`` (one band), and the ring."""
+    input_size = input_size or size
+    ring = Ring(RingSize.for_job(1, batch, input_size * input_size * 3, batch * 4 * 65536))
+    reader = BatchReader(ring, input_size, lambda t: t, ship_bytes=True)
+    read = SlideRead(0, _geometry(slide, side, size), np.asarray(xy, np.int64))
+    band = Band(0, 0, tuple((i, min(i + batch, len(xy))) for i in range(0, len(xy), batch)))
+    messages = list(reader.band(read, band, iter(range(ring.size.slots))))
+    reader.close()
+    return messages, ring
+
+
+def test_spliced_rgb_streams_decode_to_tifffiles_and_openslides_pixels(cmu):
+    import openslide
+
+    with tifffile.TiffFile(cmu) as tif:
+        page = tif.pages[0]
+        assert int(page.photometric) == 2 and page.jpegtables  # Aperio's RGB JPEG, tables apart
+        indices = list(range(len(page.dataoffsets)))
+        ours = [host_decode(s) for s in tile_streams(page, indices)]
+        reference = decode_native_tiles(page, indices)
+        assert max(_max_diff(a, b) for a, b in zip(ours, reference)) == 0
+        across = -(-page.imagewidth // page.tilewidth)
+        with openslide.OpenSlide(str(cmu)) as slide:
+            for index in (0, across - 1, across + 3):  # the last of the first row is an edge tile
+                x, y = (index % across) * page.tilewidth, (index // across) * page.tilelength
+                w, h = min(page.tilewidth, page.imagewidth - x), min(page.tilelength, page.imagelength - y)
+                seen = np.asarray(slide.read_region((x, y), 0, (w, h)))[..., :3]
+                assert _max_diff(ours[index][:h, :w], seen) <= device_tiles.TOLERANCE
+        # why the Adobe marker is spliced in: a decoder takes three-component JPEGs for YCbCr
+        raw = tile_streams(page, [0])[0].replace(ADOBE_RGB, b"", 1)
+        assert _max_diff(host_decode(raw), reference[0]) > 50
+
+
+def test_splice_joins_tables_and_stream():
+    tables = b"\xff\xd8" + b"\xff\xdb\x00\x03\x07" + b"\xff\xd9"
+    stream = b"\xff\xd8" + b"\xff\xda\x00\x02" + b"\x12\x34" + b"\xff\xd9"
+    assert splice(tables, stream) == b"\xff\xd8\xff\xdb\x00\x03\x07\xff\xda\x00\x02\x12\x34\xff\xd9"
+    assert splice(None, stream) == stream
+    assert splice(None, stream, rgb=True) == b"\xff\xd8" + ADOBE_RGB + stream[2:]
+    assert splice(None, splice(None, stream, rgb=True), rgb=True).count(b"Adobe") == 1
+    with pytest.raises(ValueError, match="SOI"):
+        splice(tables, b"\x00\x00" + stream)
+
+
+def test_streams_are_packed_into_the_slot_with_one_read_each(cmu, tmp_path):
+    import os
+
+    with tifffile.TiffFile(cmu) as tif:
+        page = tif.pages[0]
+        header = StreamHeader.of_page(page)
+        want = tile_streams(page, [3, 4, 9])
+        arena = memoryview(bytearray(200_000))
+        fd = os.open(cmu, os.O_RDONLY)
+        try:
+            offsets, lengths = pack_streams(page, header, [3, 4, 9], fd, arena)
+            assert [bytes(arena[o:o + n]) for o, n in zip(offsets, lengths)] == want
+            assert pack_streams(page, header, list(range(40)), fd, memoryview(bytearray(50_000))) is None  # too small
+        finally:
+            os.close(fd)
+        # a file cut short: the read comes up short and says so
+        short = tmp_path / "short.svs"
+        short.write_bytes(cmu.read_bytes()[: int(page.dataoffsets[9]) + 10])
+        fd = os.open(short, os.O_RDONLY)
+        try:
+            with pytest.raises(OSError, match="truncated"):
+                pack_streams(page, header, [9], fd, arena)
+        finally:
+            os.close(fd)
+
+
+def test_natives_under_are_the_tiles_a_square_overlaps():
+    grid = LevelGrid(width=1000, height=700, tile_width=256, tile_height=256)  # 4 x 3 native tiles
+    assert grid.across == 4
+    assert natives_under(grid, [(0, 0)], 256).tolist() == [0]
+    assert natives_under(grid, [(200, 200)], 100).tolist() == [0, 1, 4, 5]
+    assert natives_under(grid, [(900, 600), (-50, -50)], 200).tolist() == [0, 11]  # clipped to the level
+    assert natives_under(grid, [(2000, 2000)], 64).tolist() == []  # wholly outside
+
+
+def test_cut_and_shrink_give_the_slides_read_tile(cmu):
+    """The gather cut from decoded native tiles, then area_resize: the pixels of
+    Slide.read_tile, edges off the slide filled white, for whole and fractional factors
+    and an enlargement."""
+    from pathtwt.wsi.slides import open_slide
+
+    xy = np.array([(0, 0), (448, 224), (1500, 2500), (2000, 2800)])  # the last runs off the slide
+    with tifffile.TiffFile(cmu) as tif, open_slide(cmu) as slide:
+        page = tif.pages[0]
+        grid = LevelGrid.of_page(page)
+        for side, size in ((448, 224), (267, 224), (224, 224), (200, 224)):
+            natives = natives_under(grid, xy, side)
+            decoded = np.stack(decode_native_tiles(page, natives) + [np.full((240, 240, 3), 255, np.uint8)])
+            stack = torch.from_numpy(decoded)  # the natives, then the fill tile
+            plan = CutPlan(grid, natives, xy, side, size)
+            tiles = area_resize(cut(stack, plan), size)
+            assert tiles.shape == (len(xy), size, size, 3) and tiles.dtype == torch.uint8
+            for tile, (x, y) in zip(tiles, xy):
+                # whole factors: cv2's pixels; a fractional factor sums in another order (one grey
+                # level, rarely); enlarging: cv2's fixed-point bilinear (one grey level)
+                limit = 0 if side % size == 0 else 1
+                assert _max_diff(tile, slide.read_tile(int(x), int(y), side, 0, size)) <= limit, (side, x, y)
+
+
+def test_area_resize_matches_cv2():
+    import cv2
+
+    rng = np.random.default_rng(0)
+    # a halving rounds half up (cv2's 2x2 fast path), other factors half to even
+    for side, size, tolerance in ((448, 224, 0), (224, 56, 0), (256, 224, 1), (300, 224, 1), (267, 224, 1),
+                                  (200, 224, 1)):
+        batch = rng.integers(0, 256, (2, side, side, 3), dtype=np.uint8)
+        ours = area_resize(torch.from_numpy(batch), size).numpy()
+        interp = cv2.INTER_AREA if side > size else cv2.INTER_LINEAR
+        theirs = np.stack([cv2.resize(t, (size, size), interpolation=interp) for t in batch])
+        assert _max_diff(ours, theirs) <= tolerance, side
+
+
+def test_a_bands_batches_share_their_native_tiles_on_the_device(bach_tiff):
+    """Neighbouring batches of a band lie over the same native tiles: the reader ships each
+    once and the device keeps what the next batch needs; the tiles are the CPU path's."""
+    from pathtwt.wsi.slides import open_slide
+
+    xy = np.array([(x, y) for y in range(0, 1000, 224) for x in range(0, 2600, 224)])
+    messages, ring = _messages(bach_tiff, xy, 224, 224, batch=16)
+    made = DeviceTiles(ring, "cpu", 224, decoder=make_decoder("host", "cpu"))
+    tiles = torch.cat([made.batch(m) for m in messages])
+    shipped = sum(len(m.fresh) for m in messages)
+    needed = len(natives_under(LevelGrid(2800, 1300, 256, 256), xy, 224))
+    assert all(m.kind == "bytes" for m in messages)
+    assert shipped == needed == made.counts.decoded and made.counts.reused > 0  # each native tile once
+    with open_slide(bach_tiff) as slide:
+        expected = slide.read_tiles(xy, 224, 0, 224)
+    assert max(_max_diff(a, b) for a, b in zip(tiles, expected)) == 0
+
+
+def test_bands_span_enough_native_rows_that_few_tiles_are_read_twice():
+    xy = np.array([(x, y) for y in range(0, 224 * 100, 224) for x in range(0, 224 * 10, 224)])
+    read = SlideRead(0, _geometry(Path("x.tif"), 224, 224), xy, band_rows=24 * 256)
+    bands = plan_bands(read, 32, 0, xy[:, 1])
+    tops = [int(xy[b.batches[0][0], 1]) for b in bands]
+    heights = [int(xy[b.batches[-1][1] - 1, 1]) - t for b, t in zip(bands, tops)]
+    assert len(bands) == 3 and min(heights[:-1]) >= 24 * 256
+    assert [s for b in bands for s in b.batches] == [(i, min(i + 32, len(xy))) for i in range(0, len(xy), 32)]
+    # a level without native tiles: bands of a fixed number of batches
+    plain = plan_bands(SlideRead(0, read.geometry, xy), 32, 5, None)
+    assert [b.number for b in plain][:2] == [5, 6] and len(plain[0].batches) == 8
+
+
+def _damaged_copy(source: Path, dest: Path, index: int, how: str) -> None:
+    shutil.copy(source, dest)
+    with tifffile.TiffFile(dest) as tif:
+        offset, count = int(tif.pages[0].dataoffsets[index]), int(tif.pages[0].databytecounts[index])
+    with open(dest, "r+b") as fh:
+        if how == "truncated":  # the stream's second half zeroed: decodes with a warning on the host
+            fh.seek(offset + count // 2)
+            fh.write(b"\x00" * (count // 2 - 2))
+        else:
+            fh.seek(offset + 2)
+            fh.write(bytes(range(256)) * 2)  # the header destroyed: no decoder reads it
+
+
+def test_a_stream_the_gpu_decoder_refuses_is_decoded_on_the_host_with_one_line(bach_tiff, caplog):
+    xy = np.array([(x, 0) for x in range(0, 1400, 224)])
+    messages, ring = _messages(bach_tiff, xy, 224, 224, batch=3)
+
+    def refusing(streams):  # a GPU decoder that refuses every other stream
+        return [None if k % 2 else torch.from_numpy(host_decode(s)) for k, s in enumerate(streams)]
+
+    made = DeviceTiles(ring, "cpu", 224, decoder=refusing)
+    with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
+        tiles = torch.cat([made.batch(m) for m in messages])
+    from pathtwt.wsi.slides import open_slide
+
+    with open_slide(bach_tiff) as slide:
+        assert max(_max_diff(a, b) for a, b in zip(tiles, slide.read_tiles(xy, 224, 0, 224))) == 0
+    assert made.counts.host_streams > 1
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0]
+
+
+def test_a_native_tile_no_decoder_reads_fails_its_slide(bach_tiff, tmp_path):
+    damaged = tmp_path / "garbage.tif"
+    _damaged_copy(bach_tiff, damaged, 1, "garbage")
+    messages, ring = _messages(damaged, np.array([(0, 0), (224, 0), (448, 0)]), 224, 224, batch=3)
+    made = DeviceTiles(ring, "cpu", 224, decoder=make_decoder("host", "cpu"))
+    with pytest.raises(UndecodableTile, match="cannot decode a native tile at level 0"):
+        made.batch(messages[0])
+
+
+def test_pixels_off_the_host_decoders_send_the_slide_to_the_cpu_path(bach_tiff, caplog):
+    """A GPU decoder whose pixels differ from libjpeg's (say it ignored the colour-space
+    marker) is caught on the slide's first stream: the readers are told to send that slide
+    as finished tiles, and what is already in flight is decoded on the host."""
+    xy = np.array([(x, 0) for x in range(0, 1400, 224)])
+    messages, ring = _messages(bach_tiff, xy, 224, 224, batch=3)
+    told = []
+
+    def off(streams):
+        return [torch.from_numpy(np.clip(host_decode(s).astype(np.int16) + 9, 0, 255).astype(np.uint8)) for s in streams]
+
+    made = DeviceTiles(ring, "cpu", 224, decoder=off, use_tiles=told.append)
+    with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
+        tiles = torch.cat([made.batch(m) for m in messages])
+    from pathtwt.wsi.slides import open_slide
+
+    with open_slide(bach_tiff) as slide:
+        assert max(_max_diff(a, b) for a, b in zip(tiles, slide.read_tiles(xy, 224, 0, 224))) == 0
+    assert told == [0] and made.counts.pages_to_cpu == {0}
+    assert len([r for r in caplog.records if "differ from libjpeg" in r.getMessage()]) == 1
+
+
+def test_levels_that_are_not_jpeg_tiled_come_as_finished_tiles(tmp_path):
+    image = np.random.default_rng(1).integers(0, 256, (512, 512, 3), dtype=np.uint8)
+    path = tmp_path / "lzw.tif"
+    tifffile.imwrite(path, image, tile=(256, 256), compression="lzw", photometric="rgb",
+                     resolution=(1e4 / 0.5, 1e4 / 0.5), resolutionunit="CENTIMETER")
+    messages, ring = _messages(path, np.array([(0, 0), (256, 256)]), 256, 256, batch=2)
+    assert [m.kind for m in messages] == ["tiles"]
+    made = DeviceTiles(ring, "cpu", 256)
+    tiles = made.batch(messages[0]).numpy()
+    assert np.array_equal(tiles[0], image[:256, :256]) and np.array_equal(tiles[1], image[256:, 256:])
+    assert jpeg_streams.is_jpeg_tiled(tifffile.TiffFile(path).pages[0]) is False
