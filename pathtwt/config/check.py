@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import glob
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -619,9 +620,19 @@ def check_pixel_sizes(config: Mapping[str, Any], cohort: str, paths: Mapping[str
         )
 
 
+def study_name(config: Mapping[str, Any], config_files: Iterable[str | os.PathLike]) -> str:
+    """The study's name: its ``study`` key, else the name of the last config file (its
+    characters outside letters, digits, ``_.-`` as ``-``); its results lie in results/NAME."""
+    if config.get("study"):
+        return str(config["study"])
+    files = [Path(f) for f in config_files]
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", files[-1].stem if files else "").strip("-.")
+    return stem or "study"
+
+
 def load_and_check(paths: Iterable[str | os.PathLike], *, require_slides: bool = True) -> tuple[dict, dict[str, LabelTable]]:
     """Merge config files (later ones override keys of earlier ones, as Snakemake's
-    --configfile does), validate, and check the tables."""
+    --configfile does), validate (the study named, :func:`study_name`), and check the tables."""
     merged: dict = {}
     names = []
     for path in paths:
@@ -632,6 +643,7 @@ def load_and_check(paths: Iterable[str | os.PathLike], *, require_slides: bool =
         names.append(str(path))
     source = " + ".join(names)
     config = validate_schema(merged, source=source)
+    config["study"] = study_name(config, names)
     return config, check_config(config, source=source, require_slides=require_slides)
 
 
