@@ -100,11 +100,9 @@ def _subcommand_modules() -> set[str]:
     return {f"pathtwt.cli.{m}" for m in COMMANDS.values()}
 
 
-# Imports of one subcommand by another that the rework of `predict`'s extraction removes
-# (predict still takes the backbone loading and --precision from `extract`). Listed so the
-# rule holds for everything else meanwhile; the test fails once such an import is gone, so
-# that its entry goes too.
-PENDING_SUBCOMMAND_IMPORTS = {("pathtwt.cli.predict", "pathtwt.cli.extract")}
+# Imports of one subcommand by another still to be removed (none); the test fails once such
+# an import is gone, so that its entry goes too.
+PENDING_SUBCOMMAND_IMPORTS: set[tuple[str, str]] = set()
 
 
 def test_no_subcommand_imports_another():

@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 
 from pathtwt.cli.options import (
-    add_device_argument, add_normalisation_arguments, add_progress_argument, add_workers_argument, backbone_help,
-    show_progress,
+    add_decode_argument, add_device_argument, add_extract_batch_argument, add_normalisation_arguments,
+    add_precision_argument, add_progress_argument, add_workers_argument, backbone_help, backbone_request, show_progress,
 )
 # a folder given as SLIDE: its files (and OME-Zarr stores) of every slide format
 from pathtwt.models.recipes import DEFAULT_RECIPE, RECIPES
@@ -25,9 +25,7 @@ HELP = ("tile, embed and classify new slides with a backbone variant and one or 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pathtwt.cli.extract import add_precision_argument
     from pathtwt.cli.tiling_options import add_tissue_arguments
-    from pathtwt.models.defaults import FORWARD_BATCH_SIZE
 
     parser.add_argument("slides", nargs="+", metavar="SLIDE", help="slide files, or folders of slides")
     parser.add_argument("--backbone", required=True, help=backbone_help())
@@ -54,8 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if "--roi" in action.option_strings:  # here it may also name a folder, for several slides
             action.help = ("QuPath GeoJSON of the regions to tile (as pathtwt tile --roi), or a folder of "
                            "<slide_id>.geojson files, one per slide (a slide without one is tiled whole) (default: none)")
-    parser.add_argument("--batch-size", type=int, default=FORWARD_BATCH_SIZE, help="tiles per forward pass")
+    add_extract_batch_argument(parser)
     add_precision_argument(parser)
+    add_decode_argument(parser)
     add_device_argument(parser)
     add_workers_argument(parser, "tile-reading processes")
     add_progress_argument(parser)
@@ -124,10 +123,10 @@ def run(args: argparse.Namespace) -> int:
         coords_dir = Path(args.coords_dir) if args.coords_dir else features_dir / "coords"
         todo = {s: p for s, p in slides.items() if not (features_dir / f"{s}.h5").is_file()}
         if todo:
-            from pathtwt.cli.extract import load_backbone
+            from pathtwt.features.backbone import load_backbone
             from pathtwt.models.recipes import embedding_dim
 
-            backbone, autocast = load_backbone(args, device)
+            backbone, autocast = load_backbone(backbone_request(args), device)
             # refuse a mismatched head before any slide is tiled or embedded
             for head in heads:
                 check_applicable(head, dim=embedding_dim(backbone.spec.embed_dim, embedding), backbone=backbone.spec.name,
@@ -170,7 +169,9 @@ def _tile_and_extract(args, request, todo, coords_dir, features_dir, backbone, a
     from dataclasses import replace
 
     from pathtwt.errors import PathtwtError
-    from pathtwt.features.extract import ExtractJob, extract_many
+    from pathtwt.features.extract import extract_many
+    from pathtwt.features.jobs import ExtractJob
+    from pathtwt.features.options import ExtractOptions
     from pathtwt.wsi.tile_job import write_tiles
 
     jobs = []
@@ -187,5 +188,6 @@ def _tile_and_extract(args, request, todo, coords_dir, features_dir, backbone, a
             raise PathtwtError(f"{slide_path}: no tissue tile ({tiling.attrs['status']} at {request.mpp:g} um/px, "
                                f"{request.tile_size} px tiles); check it with pathtwt tile --thumbnail")
         jobs.append(ExtractJob(Path(slide_path), coords, features_dir / f"{slide_id}.h5"))
-    extract_many(jobs, backbone, batch_size=args.batch_size, workers=args.workers, progress=show_progress(args),
-                 embedding=embedding, bf16_autocast=autocast)
+    extract_many(jobs, backbone, ExtractOptions(batch_size=args.batch_size, workers=args.workers, decode=args.decode,
+                                                embedding=embedding, progress=show_progress(args),
+                                                bf16_autocast=autocast))
