@@ -14,6 +14,8 @@ SHARED_SLIDES = SHARED / "data" / "slides"
 SHARED_TILES = SHARED / "data" / "tiles"
 SHARED_VIT_S = SHARED / "weights" / "vit_s14_imgfocus.safetensors"
 SHARED_BACH = SHARED / "data" / "bach" / "images"
+# the shipped configs name ../shared as it lies beside the checkout: true where that is SHARED
+SHARED_BESIDE_REPO = SHARED.exists() and SHARED.resolve() == (REPO.parent / "shared").resolve()
 
 
 def _need(path: Path) -> Path:

@@ -5,16 +5,16 @@ single tiles and batches; with numba (the compiled passes) and without (OpenCV i
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 
+from conftest import SHARED_BACH
 from pathtwt.wsi import area_shrink
 
 SIZE = 224
-BACH = sorted((Path(__file__).resolve().parents[2] / "shared" / "data" / "bach" / "images").glob("*.jpeg"))[:3]
+BACH = sorted(SHARED_BACH.glob("*.jpeg"))[:3]
 needs_bach = pytest.mark.skipif(len(BACH) < 3, reason="../shared/data/bach/images/*.jpeg are absent")
 HAS_NUMBA = importlib.util.find_spec("numba") is not None
 SHAPES = [(256, 256), (267, 267), (300, 300), (448, 448), (500, 500), (267, 300), (300, 267), (224, 300), (449, 224)]

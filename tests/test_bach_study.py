@@ -16,7 +16,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from conftest import SHARED, _need
+from conftest import SHARED, SHARED_BESIDE_REPO, _need
 from pathtwt.config import check
 from pathtwt.errors import ConfigError
 from test_workflow_dag import job_counts, snakemake
@@ -58,7 +58,7 @@ def check_cohort(config: dict) -> dict:
 
 
 def test_bach_yaml_checks_and_plans_the_study(bach, tmp_path):
-    if not (REPO.parent / "shared").exists():
+    if not SHARED_BESIDE_REPO:
         pytest.skip("config/bach.yaml names ../shared, which is not beside this checkout")
     res = subprocess.run([str(PATHTWT), "check-config", "config/bach.yaml"], cwd=REPO, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -136,18 +136,18 @@ def test_an_external_cohort_drops_in_by_yaml_alone(bach, tmp_path):
     }
     mil = [line for line in plan.stdout.splitlines() if "pathtwt train-mil" in line]
     assert len(mil) == n * 3 * 5 and all("--seed 0 " in line for line in mil)  # a job per head and fold
-    assert all("--external bach-external=results/features/vit-s14-imgfocus/" in line for line in mil)
+    assert all("--external bach-external=results/grown/features/vit-s14-imgfocus/" in line for line in mil)
     # its label table has no split column: every image is tested
     table = check.check_config(check.validate_schema(grown, source="t"), source="t")["bach-external"]
     assert set(table.splits) == {"test"} and len(table.slide_ids) == 8
 
     # the affected stages on the real files: the external cohort's labels and tiles
     work = tmp_path / "w2"
-    targets = ["results/labels/bach-external.csv"] + [
-        f"results/tiles/bach-external/{p.stem}.h5" for p in sorted((ext / "images").iterdir())[:2]
+    targets = ["results/grown/labels/bach-external.csv"] + [
+        f"results/grown/tiles/bach-external/{p.stem}.h5" for p in sorted((ext / "images").iterdir())[:2]
     ]
     snakemake(work, *targets, "--cores", "1", "--configfile", str(grown_path))  # --configfile takes several
-    labels = pd.read_csv(work / "results/labels/bach-external.csv")
+    labels = pd.read_csv(work / targets[0])
     assert set(labels.split) == {"test"} and len(labels) == 8
     import h5py
 
@@ -164,7 +164,7 @@ def test_a_local_run_schedules_on_job_events_not_every_second(bach, tmp_path):
     sids = sorted(p.stem for p in (bach / "images").iterdir())[:4]
 
     def run(workdir: Path, *extra: str) -> tuple[str, int]:
-        tiles = [f"results/tiles/bach/{sid}.h5" for sid in sids]
+        tiles = [f"results/bach/tiles/bach/{sid}.h5" for sid in sids]
         res = snakemake(workdir, *tiles, "--cores", "1", "--verbose", "--configfile", str(cfg_path), *extra)
         assert all((workdir / t).exists() for t in tiles)
         log = res.stdout + res.stderr
@@ -190,12 +190,12 @@ def test_a_local_run_keeps_its_bookkeeping_jobs_in_process(bach, tmp_path):
                                   draw_split={"folds": 3, "holdout": 0.25, "seed": 0})
     cfg_path = tmp_path / "small.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    res = snakemake(tmp_path / "run", "results/calibration/vit-s14-imgfocus.coords.txt", "--cores", "2", "--verbose",
+    res = snakemake(tmp_path / "run", "results/small/calibration/vit-s14-imgfocus.coords.txt", "--cores", "2", "--verbose",
                     "--configfile", str(cfg_path))
     log = res.stdout + res.stderr
     assert "local bookkeeping jobs (run: blocks) run in this process, not in spawned ones" in log
     assert "rule calibration_list" in log and "spawned job" not in log  # Snakemake logs each job it spawns
-    listed = (tmp_path / "run" / "results/calibration/vit-s14-imgfocus.coords.txt").read_text().split()
+    listed = (tmp_path / "run" / "results/small/calibration/vit-s14-imgfocus.coords.txt").read_text().split()
     assert listed and all(p.endswith(".h5") and (tmp_path / "run" / p).is_file() for p in listed)
     table = check.cohort_label_table(check.validate_schema(cfg, source="t"), "bach")
     assert {Path(p).stem for p in listed} == {s for s, sp in zip(table.slide_ids, table.splits) if sp == "compress"}

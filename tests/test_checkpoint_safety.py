@@ -47,7 +47,7 @@ def test_load_torch_file_refuses_a_pickle_that_runs_code(tmp_path):
 
 def test_train_mil_refuses_a_planted_resume_file(tmp_path, capsys):
     from pathtwt.cli import main
-    from pathtwt.mil.synthetic import write_planted_cohort
+    from planted_cohorts import write_planted_cohort
 
     cohort = write_planted_cohort(tmp_path / "c", task="metastasis", splits={"train": 8, "val": 4, "test": 4},
                                   n_classes=2, dim=8, strength=6.0, bag_size=(5, 10))

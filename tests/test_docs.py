@@ -52,10 +52,14 @@ def _pages() -> list[Path]:
     return pages + sorted(included - set(pages))
 
 
+GENERATED = re.compile(r"^<!-- pathtwt: [^>]*: begin -->$.*?^<!-- pathtwt: [^>]*: end -->$", re.M | re.S)
+
+
 def _code_blocks(path: Path) -> list[str]:
-    """The contents of the fenced code blocks of a Markdown file."""
+    """The contents of the fenced code blocks of a Markdown file, outside the references
+    generated from the parsers and the schema (their usage lines are not commands)."""
     blocks, fence, lines = [], None, []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in GENERATED.sub("", path.read_text(encoding="utf-8")).splitlines():
         match = FENCE.match(line)
         if fence is None and match:
             fence, lines = match.group(1), []
@@ -201,6 +205,23 @@ def test_site_builds_strict_with_every_page_of_the_nav(site):
         assert built.exists(), f"{page} is in the nav but was not built"
 
 
+def test_the_committed_references_are_current(tmp_path):
+    """docs/configuration.md and docs/cli.md hold the references the code generates now, so
+    they read on GitHub as on the site; after changing a key, flag or help text, run
+    `python docs/hooks/reference.py`."""
+    hook = _hook()
+    stale = [p.name for p in hook.stale_pages()]
+    assert not stale, f"{stale} are stale: run python docs/hooks/reference.py"
+    cli = (DOCS / "cli.md").read_text(encoding="utf-8")
+    assert "| `--attention-slides` | `ATTENTION_SLIDES` |" in cli and "==SUPPRESS==" not in cli
+    assert "| `report.attention_slides` | integer | `1` |" in (DOCS / "configuration.md").read_text(encoding="utf-8")
+    # a page whose block says other than the code is stale, and regenerating it mends it
+    for name in hook.COMMITTED:
+        (tmp_path / name).write_text((DOCS / name).read_text(encoding="utf-8").replace("| `--", "| `--x", 1))
+    assert sorted(p.name for p in hook.stale_pages(tmp_path)) == ["cli.md"]
+    assert hook.expected_pages(tmp_path)[tmp_path / "cli.md"] == cli
+
+
 def test_configuration_reference_holds_every_schema_key(site):
     html = (site / "configuration" / "index.html").read_text(encoding="utf-8")
     hook = _hook()
@@ -220,7 +241,8 @@ def test_cli_reference_holds_every_subcommand_and_flag(site):
         if path == "pathtwt":
             continue
         assert f"<code>{path}</code>" in html, f"the command-line reference lacks {path}"
-        for flag in _flags(parser) - {"-h", "--help"}:
+        hidden = {s for a in parser._actions if a.help == argparse.SUPPRESS for s in a.option_strings}
+        for flag in _flags(parser) - {"-h", "--help"} - hidden:
             assert f"<code>{flag}</code>" in html, f"the command-line reference lacks {path} {flag}"
 
 

@@ -127,7 +127,7 @@ def test_compress_killed_and_rerun(calibration_images, tmp_path):
 def test_train_mil_killed_and_rerun(tmp_path):
     """ABMIL on fabricated features, resume state saved every epoch: killed after an
     epoch, twice; the rerun resumes and must give the same checkpoint and metrics."""
-    from pathtwt.mil.synthetic import write_planted_cohort
+    from planted_cohorts import write_planted_cohort
 
     cohort = write_planted_cohort(tmp_path / "cohort", task="metastasis", splits={"train": 12, "val": 4, "test": 4},
                                   dim=8, strength=6.0, bag_size=(10, 20), seed=0)

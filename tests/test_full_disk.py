@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from fault_injection import assert_nothing_looks_finished, compare_trees, pathtwt_command, subprocess_env, visible_files
+from planted_cohorts import write_planted_cohort
 from small_disk import mount_small_disk
 from wsi_writers import he_image, pyramid, write_generic_tiff
 
@@ -39,8 +40,6 @@ def disk(tmp_path):
 def study(tmp_path_factory):
     """Three small slides tiled and embedded on an ordinary disk, their calibration tiles,
     and a planted MIL cohort: the inputs of every stage, and clean outputs to compare with."""
-    from pathtwt.mil.synthetic import write_planted_cohort
-
     root = tmp_path_factory.mktemp("study")
     slides = [write_generic_tiff(root / f"{name}.tiff", pyramid(he_image(1024, 1024, seed=30 + i)), 0.5)
               for i, name in enumerate("abc")]

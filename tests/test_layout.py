@@ -94,6 +94,37 @@ def test_only_cli_imports_cli():
     assert not bad, "\n".join(bad)
 
 
+def _subcommand_modules() -> set[str]:
+    from pathtwt.cli import COMMANDS
+
+    return {f"pathtwt.cli.{m}" for m in COMMANDS.values()}
+
+
+# Imports of one subcommand by another still to be removed (none); the test fails once such
+# an import is gone, so that its entry goes too.
+PENDING_SUBCOMMAND_IMPORTS: set[tuple[str, str]] = set()
+
+
+def test_no_subcommand_imports_another():
+    """Each cli module parses and calls; what two subcommands share lives in a shared cli
+    module (options, tiling_options) or in the stage packages, never in a subcommand."""
+    subcommands = _subcommand_modules()
+    found = {(m, t) for m, ts in GRAPH.items() if m in subcommands for t in ts if t in subcommands}
+    assert found - PENDING_SUBCOMMAND_IMPORTS == set(), "a subcommand imports another:\n" + "\n".join(
+        f"{m} -> {t}" for m, t in sorted(found - PENDING_SUBCOMMAND_IMPORTS))
+    gone = PENDING_SUBCOMMAND_IMPORTS - found
+    assert not gone, f"no longer imported, remove from PENDING_SUBCOMMAND_IMPORTS: {sorted(gone)}"
+
+
+def test_the_workflow_imports_no_command_line_module():
+    """The rules call `pathtwt` subcommands; their helpers use the package's stages, not
+    its command line."""
+    root = PACKAGE.parent
+    offenders = [str(p.relative_to(root)) for p in [root / "Snakefile", *sorted((root / "workflow").rglob("*.smk"))]
+                 if re.search(r"\bpathtwt\.cli\b", p.read_text())]
+    assert not offenders, f"the workflow imports pathtwt.cli: {offenders}"
+
+
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Every strongly connected group of two or more modules (Tarjan), each as the sorted
     list of its modules: a group is a set of modules every one of which reaches every other
@@ -195,3 +226,13 @@ def test_the_checker_sees_function_level_and_string_imports(tmp_path):
 def test_library_code_names_no_machine_path():
     offenders = [str(p.relative_to(PACKAGE.parent)) for p in MODULES.values() if "../shared" in p.read_text() or "\"shared\"" in p.read_text()]
     assert not offenders, f"library code hard-codes ../shared: {offenders}"
+
+
+def test_tests_reach_the_shared_files_only_through_conftest():
+    """conftest.py alone builds the path of the real test files (honouring PATHTWT_SHARED);
+    a test that built ../shared itself would miss them wherever they lie elsewhere."""
+    tests = Path(__file__).resolve().parent
+    built = re.compile(r"""/\s*["']shared["']|parents\[2\]|environ\.get\(\s*["']PATHTWT_SHARED""")
+    offenders = [p.name for p in sorted(tests.glob("*.py"))
+                 if p.name not in ("conftest.py", Path(__file__).name) and built.search(p.read_text())]
+    assert not offenders, f"these tests build the ../shared path themselves; use conftest's SHARED_*: {offenders}"

@@ -24,7 +24,7 @@ K = 3
 def cohort(tmp_path_factory):
     """30 planted grading bags (3 classes, 16-d) in K folds by patient (2 slides each) with
     a 20 % compression hold-out, and an external cohort of 6 bags."""
-    from pathtwt.mil.synthetic import write_planted_cohort
+    from planted_cohorts import write_planted_cohort
 
     root = tmp_path_factory.mktemp("cv")
     main_cohort = write_planted_cohort(root / "main", task="grading", splits={"all": 40}, dim=16, n_classes=3,
@@ -174,3 +174,26 @@ def test_the_report_pools_out_of_fold_with_the_spread_over_folds_and_the_hold_ou
     assert "pooled out-of-fold predictions of all slides" in notes and "whole groups" in notes
     assert f"main: {K} folds over {n_cv} slides" in notes and "compression-only hold-out" in notes
     assert "mean of the fold heads' class probabilities" in notes
+
+
+def test_the_report_shows_out_of_fold_attention_captioned_so(cohort):
+    from pathtwt.mil.summary import read_predictions
+    from pathtwt.report.attention import attention_figures
+    from pathtwt.report.tables import task_sections
+
+    results = cohort / "attention-report"
+    for f in range(K):
+        train(cohort, "abmil", f, results=results)
+    section = task_sections(results, {"grading": "qwk"}, {})[0]
+    figs, notes = attention_figures(results, results / "report", "grading", section["rows"], 1)
+    # each class's surest right slide over all folds' out-of-fold predictions
+    right = []
+    for f in range(K):
+        p = read_predictions(run_dir("bb", "uncompressed", "grading", "abmil", 0, f, str(results)))["test"]
+        right += [(-probs[y], s, y, f) for s, y, pred, probs in zip(p["slide_id"], p["label"], p["prediction"], p["probs"])
+                  if pred == y]
+    best = {y: (s, f) for _, s, y, f in sorted(right, reverse=True)}  # the surest wins, written last
+    assert best and len(figs) == len(best) and bool(notes) == (len(best) < 3)  # a class with no right slide: a note
+    for (src, caption), (y, (slide, fold)) in zip(figs, sorted(best.items())):
+        assert src == f"figures/attention_grading_{slide}.png" and (results / "report" / src).is_file()
+        assert caption.startswith(f"grading, class {y}: slide {slide}, tested out of fold (by the heads of fold {fold}, ")

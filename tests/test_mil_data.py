@@ -10,7 +10,7 @@ from pathtwt.cli import main
 from pathtwt.errors import ConfigError, NumericsError
 from pathtwt.io.h5 import write_features
 from pathtwt.mil.data import load_bag, parse_external, prepare_data
-from pathtwt.mil.synthetic import write_planted_cohort
+from planted_cohorts import write_planted_cohort
 
 
 @pytest.fixture()

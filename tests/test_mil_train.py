@@ -44,7 +44,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    from pathtwt.mil.synthetic import write_planted_cohort
+    from planted_cohorts import write_planted_cohort
 
     root = tmp_path_factory.mktemp("planted")
     return {task: write_planted_cohort(root / task, **spec) for task, spec in PLANTED.items()}
@@ -52,7 +52,7 @@ def planted(tmp_path_factory):
 
 @pytest.fixture()
 def small(tmp_path):
-    from pathtwt.mil.synthetic import write_planted_cohort
+    from planted_cohorts import write_planted_cohort
 
     return write_planted_cohort(tmp_path / "small", **SMALL)
 
@@ -139,7 +139,7 @@ def test_nan_loss_names_epoch_step_and_slide(small, tmp_path, monkeypatch):
 
 
 def test_cli_train_and_summarize(small, tmp_path, capsys):
-    from pathtwt.mil.synthetic import write_planted_cohort
+    from planted_cohorts import write_planted_cohort
 
     ext = write_planted_cohort(tmp_path / "ext", **{**SMALL, "splits": {"test": 5}, "seed": 9})
     runs = []

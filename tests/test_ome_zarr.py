@@ -14,10 +14,12 @@ from pathtwt.cli import main  # noqa: E402
 from pathtwt.errors import SlideError  # noqa: E402
 from pathtwt.io.h5 import read_coords  # noqa: E402
 from pathtwt.wsi.fingerprint import slide_fingerprint  # noqa: E402
-from pathtwt.wsi.ome_zarr import MPP_KEY, write_ome_zarr  # noqa: E402
+from pathtwt.wsi.ome_zarr import MPP_KEY  # noqa: E402
 from pathtwt.wsi.slides import open_slide  # noqa: E402
+from conftest import SHARED_SLIDES  # noqa: E402
+from wsi_writers import write_ome_zarr  # noqa: E402
 
-CMU = Path(__file__).resolve().parents[2] / "shared" / "data" / "slides" / "CMU-1-Small-Region.svs"
+CMU = SHARED_SLIDES / "CMU-1-Small-Region.svs"
 pytestmark = pytest.mark.skipif(not CMU.is_file(), reason="../shared/data/slides/CMU-1-Small-Region.svs is absent")
 
 

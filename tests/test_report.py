@@ -43,24 +43,33 @@ def _metrics(test: float, ext: float) -> dict:
     return {"format": "pathtwt-mil-metrics/1", "n_classes": N_CLASSES, "cohorts": cohorts}
 
 
+def _prediction(cohort: str, i: int, y: int, variant: str, head: str, seed: int) -> int:
+    """A run's prediction of slide i: right on most slides, off by a grade on a seed-dependent few."""
+    if cohort == "grading-external" and (variant, head, seed) in SINGLE_CLASS:
+        return 2
+    return y if (i + seed) % 3 else min(y + 1, N_CLASSES - 1)
+
+
 def _predictions(variant: str, head: str, seed: int) -> str:
-    """predictions.csv of a run: right on most slides, off by a grade on a seed-dependent few."""
+    """predictions.csv of a run."""
     lines = ["slide_id,cohort,label,prediction," + ",".join(f"prob_{c}" for c in range(N_CLASSES))]
     for cohort, labels in LABELS.items():
         for i, y in enumerate(labels):
-            pred = 2 if cohort == "grading-external" and (variant, head, seed) in SINGLE_CLASS else (
-                y if (i + seed) % 3 else min(y + 1, N_CLASSES - 1))
-            probs = [0.9 if c == pred else 0.02 for c in range(N_CLASSES)]
+            pred = _prediction(cohort, i, y, variant, head, seed)
+            # the head is surer of later slides: the attention figures pick the surest right one
+            top = 0.5 + 0.05 * i
+            probs = [top if c == pred else (1 - top) / (N_CLASSES - 1) for c in range(N_CLASSES)]
             lines.append(f"{cohort}_s{i},{cohort},{y},{pred}," + ",".join(map(str, probs)))
     return "\n".join(lines) + "\n"
 
 
-def _features(path: Path, precision: str, n_tiles: int, rate: float | None) -> None:
+def _features(path: Path, precision: str, n_tiles: int, rate: float | None, device: str = "cpu") -> None:
     with h5py.File(_mk(path), "w") as h5:
         h5.create_dataset("features", data=np.zeros((n_tiles, 4), np.float32))
         h5.attrs["precision"], h5.attrs["n_tiles"] = precision, n_tiles
-        if rate is not None:
-            h5.attrs["tiles_per_second"], h5.attrs["torch_threads"] = rate, 1
+        if rate is not None:  # as `pathtwt extract` records its timing and conditions
+            h5.attrs["extract_seconds"], h5.attrs["torch_threads"] = n_tiles / rate, 1
+            h5.attrs["device"], h5.attrs["gpu_name"] = device, ""
 
 
 def _fabricate(results: Path, random_init: bool = True) -> None:
@@ -73,31 +82,41 @@ def _fabricate(results: Path, random_init: bool = True) -> None:
             run = results / "mil" / "vit-s14-tiny" / variant / "grading" / head / f"seed{seed}"
             write_json_atomic(run / "metrics.json", _metrics(t, e))
             (run / "predictions.csv").write_text(_predictions(variant, head, seed))
-            with h5py.File(_mk(run / "attention" / "test.h5"), "w") as h5:
-                for slide, n in (("slide_a", 3), ("slide_c", 1)):
-                    g = h5.create_group(slide)
-                    g.create_dataset("attention", data=np.array([0.1, 0.5, 0.4][:n], np.float32) * (seed + 1))
-                    g.create_dataset("coords", data=np.array([[0, 0], [112, 0], [112, 112]][:n], np.int64))
-                    g.attrs["label"], g.attrs["prediction"] = 3, 2
+            _attention(run / "attention" / "test.h5",
+                       [(f"test_s{i}", y, _prediction("test", i, y, variant, head, seed)) for i, y in enumerate(LABELS["test"])],
+                       uniform=(variant, head) == ("twt-6", "transmil"))
     write_json_atomic(
         results / "models" / "vit-s14-tiny" / "twt-6" / "model.json",
         {"method": "twt", "timm_kwargs": {"depth": 6}, "params": 1_234_567, "macs_per_tile": 2_500_000_000,
          "teacher_weights_sha256": None, "provenance": {"teacher": "vit-s14-tiny", "teacher_source": "random init",
                                                         "options": {"distill": {"precision": "bf16"}}}},
     )
-    # twt-6: 30 tiles at 10/s and 10 tiles at 50/s -> weighted mean 20 tiles/s
+    # twt-6: one job (cohort) of two slides, 30 tiles in 3 s and 10 tiles in 0.2 s (12.5 tiles/s), and one of
+    # 10 tiles at 47.5/s: the median of the jobs is 30 tiles/s
     _features(results / "features" / "vit-s14-tiny" / "twt-6" / "grading" / "s1.h5", "bf16-autocast", 30, 10.0)
     _features(results / "features" / "vit-s14-tiny" / "twt-6" / "grading" / "s2.h5", "bf16-autocast", 10, 50.0)
+    _features(results / "features" / "vit-s14-tiny" / "twt-6" / "grading-external" / "s3.h5", "bf16-autocast", 10, 47.5)
     _features(results / "features" / "vit-s14-tiny" / "uncompressed" / "grading" / "s1.h5", "fp32", 30, None)
     # An unfinished run (no metrics.json yet) and a temporary file must both be ignored.
     (results / "mil" / "vit-s14-tiny" / "twt-6" / "grading" / "abmil" / "seed9").mkdir(parents=True)
     _png(results / "discovery" / "vit-s14-tiny" / "similarity.png")
     write_json_atomic(results / "discovery" / "vit-s14-tiny" / "similarity.json",
                       {"figure": "similarity.png", "caption": "SIDE-CAPTION of the similarity"})
-    _png(results / "thumbnails" / "grading" / "slide_a.png")
-    with h5py.File(_mk(results / "tiles" / "grading" / "slide_a.h5"), "w") as h5:
+    _png(results / "thumbnails" / "grading" / "test_s5.png")
+    with h5py.File(_mk(results / "tiles" / "grading" / "test_s5.h5"), "w") as h5:
         h5.attrs["level0_width"], h5.attrs["level0_height"] = 448, 448
     _png(results / "thumbnails" / "grading" / ".slide_b.png.tmp-x.png")
+
+
+def _attention(path: Path, slides: list[tuple[str, int, int]], uniform: bool = False) -> None:
+    """An attention file as `pathtwt train-mil` writes it: three tiles per slide, one of
+    them holding most of the attention (all alike with ``uniform``)."""
+    with h5py.File(_mk(path), "w") as h5:
+        for slide, label, pred in slides:
+            g = h5.create_group(slide)
+            g.create_dataset("attention", data=np.array([0.34, 0.33, 0.33] if uniform else [0.1, 0.8, 0.1], np.float32))
+            g.create_dataset("coords", data=np.array([[0, 0], [112, 0], [112, 112]], np.int64))
+            g.attrs["label"], g.attrs["prediction"] = label, pred
 
 
 def _mk(path: Path) -> Path:
@@ -169,7 +188,7 @@ def test_report_tables_hold_mean_std_delta_and_cost(report):
     assert "attention matmuls" in page and "QK^T" in page
     assert "SIDE-CAPTION of the similarity" in page
     assert (out / "figures" / "similarity_vit-s14-tiny.png").is_file()
-    assert (out / "figures" / "thumb_grading_slide_a.png").is_file()
+    assert (out / "figures" / "thumb_grading_test_s5.png").is_file()
     assert not list((out / "figures").glob("*slide_b*"))
 
 
@@ -237,20 +256,117 @@ def test_precision_and_throughput_columns(report):
     cells = {(c[1], c[2]): dict(zip(header, c)) for c in body}
     twt = cells[("twt-6", "abmil")]
     assert twt["Extracted"] == "bf16-autocast" and twt["Distilled"] == "bf16"
-    assert twt["tiles/s"] == "20.0"  # (30 x 10 + 10 x 50) / 40
+    assert twt["tiles/s"] == "30.0"  # the median of the two jobs, 12.5 and 47.5 tiles/s
     teacher = cells[("uncompressed (teacher)", "abmil")]
     assert teacher["Extracted"] == "fp32" and teacher["Distilled"] == "-" and teacher["tiles/s"] == "-"
-    # the threads the rates were measured with stand under the table
-    assert "on 1 CPU thread per job (the files' `torch_threads`)" in (report[1] / "grading.md").read_text()
+    # the measurement states its conditions under the table, and the CSV has the spread
+    md = (report[1] / "grading.md").read_text()
+    assert "median over a variant's extraction jobs (one per cohort; 2 per variant)" in md
+    assert "on cpu with 1 CPU thread per job" in md and "not comparable" not in md
+    record = _records(report[1])[("twt-6", "abmil")]
+    assert float(record["tiles_per_second_min"]) == 12.5 and float(record["tiles_per_second_max"]) == 47.5
+    assert record["tiles_per_second_jobs"] == "2" and record["extraction_devices"] == "cpu"
 
 
-def test_attention_shows_every_variant_on_one_fixed_slide_per_cohort(report):
+def test_throughput_of_one_job_or_of_other_devices_is_said_to_be_not_comparable(tmp_path):
+    results, out = tmp_path / "results", tmp_path / "report"
+    _fabricate(results)
+    (results / "features" / "vit-s14-tiny" / "twt-6" / "grading-external" / "s3.h5").unlink()
+    assert main(["report", "--results", str(results), "--out", str(out), "--metric", "grading=qwk"]) == 0
+    header, body = _body(out)
+    twt = next(dict(zip(header, c)) for c in body if c[1] == "twt-6")
+    assert twt["tiles/s"] == "12.5 (not comparable)"  # one job: a single timing ranks nothing
+    assert "Marked not comparable: a variant was timed in a single extraction job" in (out / "grading.md").read_text()
+
+    # two jobs each, but the teacher's on a GPU: the variants' rates do not compare
+    _features(results / "features" / "vit-s14-tiny" / "twt-6" / "grading-external" / "s3.h5", "bf16-autocast", 10, 47.5)
+    for cohort in ("grading", "grading-external"):
+        _features(results / "features" / "vit-s14-tiny" / "uncompressed" / cohort / "s1.h5", "fp32", 30, 900.0,
+                  device="cuda:0")
+    assert main(["report", "--results", str(results), "--out", str(out), "--metric", "grading=qwk"]) == 0
+    header, body = _body(out)
+    rates = {c[1]: dict(zip(header, c))["tiles/s"] for c in body}
+    assert rates["twt-6"] == "30.0 (not comparable)" and rates["uncompressed (teacher)"] == "900.0 (not comparable)"
+    assert "extracted on different devices or CPU threads" in (out / "grading.md").read_text()
+
+
+def _figure_captions(page: str) -> dict[str, str]:
+    """figure file -> caption text (tags dropped) of the page's MIL attention figures."""
+    import html
+    import re
+
+    found = re.findall(r'<img src="figures/(attention_[^"]+)"[^>]*><figcaption>(.*?)</figcaption>', page)
+    return {name: html.unescape(re.sub(r"<[^>]+>", "", caption)) for name, caption in found}
+
+
+def test_attention_shows_the_surest_right_slide_of_each_class(report):
     results, out = report
-    figs = sorted(p.name for p in (out / "figures").glob("attention_*.png"))
-    # one slide (the one with most tiles), one figure with every variant and head
-    assert figs == ["attention_grading_test_slide_a.png"]
+    captions = _figure_captions((out / "index.html").read_text())
+    # the teacher's ABMIL, seed 0, is right on test slides 1, 2, 4, 5 and 7 (classes 0, 1, 3, 3, 5), and
+    # surer of slide 5 than of slide 4
+    assert sorted(captions) == [f"attention_grading_test_s{i}.png" for i in (1, 2, 5, 7)]
+    assert sorted(p.name for p in (out / "figures").glob("attention_*.png")) == sorted(captions)
+    caption = captions["attention_grading_test_s5.png"]
+    assert caption.startswith("grading, class 3: slide test_s5, tested on the test split")
+    assert "the teacher's ABMIL head (seed 0) classified correctly with the highest probability (0.75)" in caption
+    assert "over the slide's tiling thumbnail." in caption
+    # twt-6 TransMIL's maps are flat: said in the caption
+    assert "near-uniform" in caption
     page = (out / "index.html").read_text()
-    assert "attention of every variant (columns) and head (rows)" in page and "tiling thumbnail." in page
+    assert "classified no slide of class 2, 4 of the test split correctly" in page
+
+
+def test_a_binary_task_shows_a_positive_slide(tmp_path):
+    from pathtwt.report.tables import write_report
+
+    results = tmp_path / "results"
+    labels = [0, 1, 0, 1, 1, 0]
+    run = results / "mil" / "vit-s14-tiny" / "uncompressed" / "metastasis" / "abmil" / "seed0"
+    write_json_atomic(run / "metrics.json", {"n_classes": 2, "cohorts": {"test": {"accuracy": 1.0, "n_slides": 6}}})
+    surest = [0.6, 0.7, 0.9, 0.95, 0.8, 0.55]  # the head's probability of the (right) class of each slide
+    rows = [f"m{i},test,{y},{y},{1 - p if y else p},{p if y else 1 - p}" for i, (y, p) in enumerate(zip(labels, surest))]
+    (run / "predictions.csv").write_text("slide_id,cohort,label,prediction,prob_0,prob_1\n" + "\n".join(rows) + "\n")
+    _attention(run / "attention" / "test.h5", [(f"m{i}", y, y) for i, y in enumerate(labels)])
+    page = write_report(results, tmp_path / "report", metrics={"metastasis": "accuracy"}, attention_slides=1).read_text()
+    captions = _figure_captions(page)
+    assert sorted(captions) == ["attention_metastasis_m2.png", "attention_metastasis_m3.png"]
+    assert captions["attention_metastasis_m3.png"].startswith("metastasis, class 1: slide m3, tested on the test split")
+
+
+def test_a_near_uniform_map_keeps_the_tissue_visible():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pathtwt.report.attention import draw_panel, near_uniform
+
+    tissue = np.zeros((40, 40, 3), np.uint8)
+    tissue[..., 1] = 160  # a green thumbnail of a 448-px slide, four tiles of 224 px
+    coords = np.array([[0, 0], [224, 0], [0, 224], [224, 224]])
+    centre = {}
+    for name, scores in (("flat", [0.26, 0.25, 0.25, 0.24]), ("peaked", [0.91, 0.03, 0.03, 0.03])):
+        fig, ax = plt.subplots(figsize=(2, 2), dpi=50)
+        ax.set_axis_off()
+        fig.subplots_adjust(0, 0, 1, 1)
+        _, flat = draw_panel(ax, np.array(scores), coords, (tissue, 40 / 448, 40 / 448))
+        fig.canvas.draw()
+        pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(int)
+        plt.close(fig)
+        h, w = pixels.shape[:2]
+        centre[name] = (flat, pixels[h // 4, w // 4])  # the first tile
+    assert near_uniform([0.26, 0.25, 0.25, 0.24]) and not near_uniform([0.91, 0.03, 0.03, 0.03])
+    flat, rgb = centre["flat"]
+    assert flat and rgb[1] - rgb[0] > 80 and rgb[1] - rgb[2] > 80  # still the green tissue, lightly tinted
+    flat, rgb = centre["peaked"]
+    assert not flat and rgb[0] > 150  # the most attended tile in the colour map's top colour
+
+
+def test_notes_are_rendered_from_markdown_not_pasted(report):
+    page = (report[1] / "index.html").read_text()
+    text = page.split("<style>")[0] + page.split("</style>")[1]
+    assert "<code>torch_threads</code>" in text and "<code>precision</code>" in text
+    assert "`" not in text  # no Markdown code span is shown with its backticks
 
 
 def test_no_random_init_variant_is_said_under_the_table(tmp_path):
@@ -392,3 +508,25 @@ def test_report_tables_fit_a_1280_px_window_with_cohorts_in_their_own_tables(rep
     assert any("tiles/s" in t and "Params (M)" in t for t in tables)  # cost columns kept, in their own table
     style = page.split("<style>")[1].split("</style>")[0]
     assert "max-width:1500px" not in style and "body{" in style and "max-width" not in style.split("body{")[1].split("}")[0]
+
+
+def test_the_report_shows_only_what_its_study_names(report, tmp_path):
+    """A results folder can hold runs its config has since dropped (a variant, a head, a
+    task): the workflow names its own, and the report leaves the rest out."""
+    results, _ = report
+    stale = results / "mil" / "vit-s14-tiny" / "twt-6" / "old-task" / "abmil" / "seed0"
+    write_json_atomic(stale / "metrics.json", _metrics(0.5, 0.5))
+    out = tmp_path / "r"
+    try:
+        assert main(["report", "--results", str(results), "--out", str(out), "--metric", "grading=qwk",
+                     "--tasks", "grading", "--variants", "uncompressed", "twt-6", "--heads", "abmil"]) == 0
+    finally:
+        import shutil
+
+        shutil.rmtree(stale.parent.parent.parent)
+    assert set(_records(out)) == {("uncompressed", "abmil"), ("twt-6", "abmil"), ("chance", "-")}
+    assert not (out / "old-task.csv").exists()
+    page = (out / "index.html").read_text()
+    assert "old-task" not in page and "random-init (floor)" not in page and "transmil" not in page
+    captions = _figure_captions(page)
+    assert captions and all("transmil" not in c for c in captions.values())

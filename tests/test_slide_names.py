@@ -63,6 +63,7 @@ def study_config(root: Path) -> dict:
     calibration, discovery and compression read the odd coords files, one extraction job
     per variant, an attention head, heatmaps of the test slides."""
     return {
+        "study": "odd",
         "demo": {"enabled": False},
         "cohorts": {"odd": {
             "slides": str(root / "slides"), "labels": str(root / "labels.csv"), "extensions": [".svs", ".jpeg"],
@@ -93,7 +94,7 @@ def test_the_workflow_runs_slides_named_as_labs_name_them(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     # nothing a name spelt ran: no file PWNED anywhere a job could have made it
     assert not [p for p in tmp_path.rglob("PWNED*")] and not list(REPO.glob("PWNED*"))
-    results = work / "results"
+    results = work / "results" / "odd"
     for name, _, _ in ODD_NAMES:
         for path in (results / "tiles" / "odd" / f"{name}.h5", results / "thumbnails" / "odd" / f"{name}.png",
                      *(results / "features" / "vit-s14-tiny" / v / "odd" / f"{name}.h5"
@@ -119,7 +120,7 @@ def test_the_workflow_runs_slides_named_as_labs_name_them(tmp_path):
     per_slide["extract"]["per_slide_jobs"] = True
     cfg.write_text(yaml.safe_dump(per_slide, allow_unicode=True))
     plan = snakemake(tmp_path / "plan", "-n", "-p", "--configfile", str(cfg), "--forceall", "all_tiles",
-                     *[f"results/features/vit-s14-tiny/uncompressed/odd/{name}.h5" for name, _, _ in ODD_NAMES])
+                     *[f"results/odd/features/vit-s14-tiny/uncompressed/odd/{name}.h5" for name, _, _ in ODD_NAMES])
     commands = [shlex.split(line.split("Shell command: ", 1)[1]) for line in (plan.stdout + plan.stderr).splitlines()
                 if "Shell command: pathtwt tile " in line or "Shell command: pathtwt extract " in line]
     slide_args = {"tile": [], "extract": []}

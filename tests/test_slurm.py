@@ -229,13 +229,13 @@ def test_workflow_runs_through_slurm(cluster, tmp_path):
     slides = ["s0", "s1", "s2"]
     n_tiles = 0
     for slide in slides:
-        with h5py.File(tmp_path / "results/tiles" / COHORT / f"{slide}.h5", "r") as h5:
+        with h5py.File(tmp_path / "results/test/tiles" / COHORT / f"{slide}.h5", "r") as h5:
             assert h5.attrs["status"] in ("ok", "no_tissue")
             assert h5.attrs["patch_size"] == 224 and h5["coords"].shape[1] == 2
             assert str(h5.attrs["slide_path"]).endswith(f"{slide}.tiff")
             n_tiles += h5["coords"].shape[0]
             coords = h5["coords"][()]
-        assert (tmp_path / "results/thumbnails" / COHORT / f"{slide}.png").stat().st_size > 0
+        assert (tmp_path / "results/test/thumbnails" / COHORT / f"{slide}.png").stat().st_size > 0
     assert n_tiles > 0
     # the cluster job computed what the command computes here
     subprocess.run([pathtwt, "tile", str(slides_dir / "s2.tiff"), "--out", str(tmp_path / "local.h5"),
@@ -287,7 +287,7 @@ def test_compress_job_runs_two_data_parallel_ranks_through_slurm(cluster, tmp_pa
                      "audition_steps": 0, "augment": False, "extra_args": "--workers 0"},
     }
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(config))
-    target = "results/models/vit-s14-tiny/twt-2/model.json"
+    target = "results/test/models/vit-s14-tiny/twt-2/model.json"
     cmd = [
         str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path), target,
         "--configfile", str(tmp_path / "test.yaml"),
@@ -306,7 +306,7 @@ def test_compress_job_runs_two_data_parallel_ranks_through_slurm(cluster, tmp_pa
     log = res.stdout + res.stderr
     assert res.returncode == 0, log[-4000:] + "\n--- slurmctld ---\n" + cluster.log_text()[-2000:]
 
-    compress_log = (tmp_path / "logs/compress/vit-s14-tiny/twt-2.log").read_text()
+    compress_log = (tmp_path / "logs/test/compress/vit-s14-tiny/twt-2.log").read_text()
     assert "6 optimiser steps of 4 tiles (4 x 1 accumulated, 2 rank(s) x 2)" in compress_log
     meta = json.loads((tmp_path / target).read_text())
     assert meta["name"] == "vit-s14-tiny/twt-2" and meta["distillation"]["steps"] == 6

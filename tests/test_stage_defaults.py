@@ -110,8 +110,15 @@ def test_the_demo_config_gives_the_commands_its_settings():
             config["mil"]["landmarks"]) == (1, 128, 4, 16)
 
 
+def check_extra_args(config, source):
+    """The check as `pathtwt check-config` runs it, with the parsers' own flags."""
+    from pathtwt.cli.check_config import command_flags
+    from pathtwt.config.extra_args import check_extra_args
+
+    check_extra_args(config, source=source, flags_of=command_flags)
+
+
 def test_check_config_refuses_an_unknown_extra_args_flag():
-    from pathtwt.cli.extra_args import check_extra_args
 
     config = validate_schema({"compress": {"extra_args": "--workers 0 --audition-step=5"},
                               "mil": {"extra_args": "--lr 2e-4 --dropout 0.1"}}, source="c.yaml")
@@ -135,6 +142,12 @@ def test_check_config_command_refuses_it(tmp_path, capsys):
     assert main(["check-config", "--no-slides", str(REPO / "config" / "config.yaml"), str(bad)]) != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "compress.extra_args: --augmentation is not a flag" in err
+    # the form the workflow runs: only the words, with the config named
+    assert main(["check-config", "--source", "study.yaml", "--extra-args", "mil=--lr 1e-4 --hiden-dim 8"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("study.yaml: key mil.extra_args: --hiden-dim is not a flag of pathtwt train-mil; fix it "
+                        "(see pathtwt train-mil --help) or use the mil key of that name")
+    assert main(["check-config", "--extra-args", "mil=--lr 1e-4 --hidden-dim 8"]) == 0
 
 
 def test_the_decode_key_is_the_commands_flag():

@@ -220,3 +220,20 @@ def test_top_level_help_names_every_mil_head(capsys):
         main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "ABMIL, TransMIL or meanpool" in out
+
+
+def test_a_study_is_named_by_its_key_or_its_config_file(tmp_path, capsys):
+    from pathtwt.config.check import study_name
+
+    assert study_name({"study": None}, ["config/config.yaml", "studies/My Cohort (v2).yaml"]) == "My-Cohort-v2"
+    assert study_name({"study": "bach-5fold"}, ["config/bach.yaml"]) == "bach-5fold"
+    with pytest.raises(ConfigError, match="key study: 'a/b' does not match"):
+        validate_schema({"study": "a/b"}, source="c.yaml")
+    # check-config says where a study's results go; the demo config names itself
+    assert main(["check-config", "--no-slides", str(REPO / "config" / "config.yaml")]) == 0
+    assert "study demo: its results and report go to results/demo/" in capsys.readouterr().out
+    unnamed = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    del unnamed["study"]
+    (tmp_path / "my-study.yaml").write_text(yaml.safe_dump(unnamed))
+    assert main(["check-config", "--no-slides", str(tmp_path / "my-study.yaml")]) == 0
+    assert "study my-study: its results and report go to results/my-study/" in capsys.readouterr().out

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import SHARED_VIT_S
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 
@@ -105,8 +107,11 @@ def test_paper_study_plans_in_full(paper):
     assert counts["report"] == 1
     # one merged failures table per extracted (backbone variant, cohort), from per-job tables
     assert counts["merge_failures"] == counts["extract"]
-    assert "--failures results/failures/h0-mini/twt-4/panda/jobs/cohort.tsv" in res.stdout
-    assert "demo_slides" not in counts and "results/tiles/grading/" not in res.stdout
+    # every output in the study's own folder, named after its config file
+    assert "--failures results/paper/failures/h0-mini/twt-4/panda/jobs/cohort.tsv" in res.stdout
+    assert "demo_slides" not in counts and "/tiles/grading/" not in res.stdout
+    assert "results/paper/report/index.html" in res.stdout and "logs/paper/report.log" in res.stdout
+    assert not re.search(r"(?<![\w/-])results(?!/paper\b)", res.stdout)
     # every compression method of the paper is planned
     for method in ("twt", "raptor", "wdpruning", "nose"):
         assert f"--method {method}" in res.stdout
@@ -114,7 +119,7 @@ def test_paper_study_plans_in_full(paper):
     # not CAMELYON17/16 or TCGA-PRAD)
     blocks = res.stdout.split("rule calibration_list:")[1:]
     assert len(blocks) == len(cfg["backbones"])
-    train = {f"results/tiles/panda/{s}.h5" for s in PAPER_DATA["panda"][3]["train"]}
+    train = {f"results/paper/tiles/panda/{s}.h5" for s in PAPER_DATA["panda"][3]["train"]}
     for block in blocks:
         assert set(re.search(r"input: (.*)", block).group(1).split(", ")) == train
     _assert_paper_compress_jobs(res.stdout, cfg)
@@ -132,9 +137,9 @@ def _assert_paper_compress_jobs(stdout: str, cfg: dict) -> None:
     assert len(jobs) == sum(len(b["variants"]) - 1 for b in cfg["backbones"].values())
     seen = set()
     for job in jobs:
-        backbone, variant = re.search(r"results/models/([^/\s]+)/([^/\s]+)/model.json", job).groups()
+        backbone, variant = re.search(r"results/paper/models/([^/\s]+)/([^/\s]+)/model.json", job).groups()
         command = job[job.index("ranks="):]
-        assert f"--train-coords results/calibration/{backbone}.coords.txt" in command
+        assert f"--train-coords results/paper/calibration/{backbone}.coords.txt" in command
         assert "--steps" not in command
         epochs = float(re.search(r"--epochs (\S+)", command).group(1))
         if variant in PAPER_EPOCHS:
@@ -192,16 +197,32 @@ def test_bad_label_table_stops_before_any_job(paper):
     assert "Job stats" not in res.stdout
 
 
+def _paper_with_mil(path: Path, **mil) -> Path:
+    """config/paper.yaml with some mil keys changed, written to ``path``."""
+    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    cfg["mil"].update(mil)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
 def test_a_config_error_names_the_configfile_given(paper, tmp_path):
     data, work = paper
-    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
-    cfg["mil"]["seeds"] = "zero"
-    bad = tmp_path / "study.yaml"
-    bad.write_text(yaml.safe_dump(cfg))
+    bad = _paper_with_mil(tmp_path / "study.yaml", seeds="zero")
     res = snakemake(work, "-n", "--configfile", str(bad), "--config", f"data_root={data}", check=False)
     out = res.stdout + res.stderr
     assert res.returncode != 0 and f"{bad} (with --config overrides): key mil.seeds" in out
     assert "config/config.yaml" not in out
+
+
+def test_a_wrong_extra_args_flag_stops_the_workflow_in_one_line(paper, tmp_path):
+    data, work = paper
+    bad = _paper_with_mil(tmp_path / "typo.yaml", extra_args="--lr 1e-4 --hiden-dim 64")
+    res = snakemake(work, "-n", "--configfile", str(bad), "--config", f"data_root={data}", check=False)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"Error: {bad} (with --config overrides): key mil.extra_args: --hiden-dim is not a flag of pathtwt train-mil; fix it "
+        "(see pathtwt train-mil --help) or use the mil key of that name")
+    assert _dry_run(work, _paper_with_mil(bad, extra_args="--lr 1e-4 --hidden-dim 64"), data).returncode == 0
 
 
 def test_a_missing_label_table_is_one_line_without_a_traceback_frame(paper, tmp_path):
@@ -246,11 +267,11 @@ def test_every_variant_is_probed_with_the_teacher_and_a_random_init_floor(paper,
     floor = [c for c in commands if "/random-init/set1" in c]
     assert len(floor) == 1 and "--backbone h0-mini --random-init" in floor[0]
     assert f"--split-file {tiles / 'split.csv'} --max-per-class 7" in floor[0]
-    assert any("--backbone results/models/h0-mini/twt-4 " in c and "/twt-4/set2" in c for c in commands)
+    assert any("--backbone results/probes/models/h0-mini/twt-4 " in c and "/twt-4/set2" in c for c in commands)
     teacher = [c for c in commands if "/uncompressed/set2" in c]
     assert len(teacher) == 1 and "--random-init" not in teacher[0] and "--split-file" not in teacher[0]
     # the report waits for every probe
-    assert "results/probes/h0-mini/random-init/set1/probe.json" in res.stdout.split("rule report:")[1]
+    assert "results/probes/probes/h0-mini/random-init/set1/probe.json" in res.stdout.split("rule report:")[1]
 
     # a probe set that must be there stops the workflow before any job, naming the key
     cfg["probes"]["absent"]["if_missing"] = "stop"
@@ -274,7 +295,7 @@ def test_a_cross_validated_cohort_plans_one_job_per_fold_and_lends_only_its_hold
     cfg["cohorts"]["bach"].update(slides=str(data / "slides"), labels=str(data / "labels.csv"), extensions=[".tif"],
                                   draw_split={"folds": 3, "holdout": 0.2, "seed": 0, "group_column": "patient"})
     cfg["tasks"]["bach"]["classes"] = 2
-    cfg["backbones"]["vit-s14-imgfocus"]["weights"] = str(REPO.parent / "shared" / "weights" / "vit_s14_imgfocus.safetensors")
+    cfg["backbones"]["vit-s14-imgfocus"]["weights"] = str(SHARED_VIT_S)
     cfg["variants"] = {"uncompressed": {"method": "none"}, "twt-6": {"method": "twt", "depth": 6}}
     path = tmp_path / "cv.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -297,7 +318,7 @@ def test_a_cross_validated_cohort_plans_one_job_per_fold_and_lends_only_its_hold
     block = res.stdout.split("rule extract:")[1]
     extracted = {Path(p).stem for p in re.search(r"input: (.*)", block).group(1).split(", ") if "/tiles/" in p}
     assert extracted == set(table.slide_ids) - held
-    runs = set(re.findall(r"results/mil/vit-s14-imgfocus/twt-6/bach/abmil/fold(\d)/seed0/metrics.json", res.stdout))
+    runs = set(re.findall(r"results/cv/mil/vit-s14-imgfocus/twt-6/bach/abmil/fold(\d)/seed0/metrics.json", res.stdout))
     assert runs == {"0", "1", "2"}
 
 

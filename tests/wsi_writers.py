@@ -3,6 +3,7 @@ for the format and reliability tests (helpers, not tests)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import cv2
@@ -198,3 +199,44 @@ def write_channel_pages(path: Path, channels: np.ndarray, mpp: float, *, levels:
             tif.write(small, subfiletype=1, tile=(256, 256), photometric="minisblack", compression="zlib",
                       **_resolution(mpp, ds))
     return path
+
+
+def write_ome_zarr(path: str | os.PathLike, levels: list[np.ndarray], mpp: float | None, *, chunk: int = 256,
+                   version: str = "0.4") -> Path:
+    """Write RGB uint8 (h, w, 3) ``levels`` (finest first, each a whole factor of level 0)
+    as an NGFF image (axes c, y, x, pixel size ``mpp`` micrometres or none): version 0.4 in
+    zarr v2, 0.5 in zarr v3 (metadata under "ome"). The folder appears whole (written
+    beside it, then renamed)."""
+    import shutil
+
+    import zarr
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    v3 = version == "0.5"
+    root = zarr.open_group(str(tmp), mode="w", zarr_format=3 if v3 else 2)
+    datasets = []
+    for i, level in enumerate(levels):
+        factor = levels[0].shape[1] / level.shape[1]
+        data = np.ascontiguousarray(np.moveaxis(np.asarray(level, np.uint8), -1, 0))
+        arr = root.create_array(str(i), shape=data.shape, chunks=(3, chunk, chunk), dtype="uint8",
+                                **({"dimension_names": ["c", "y", "x"]} if v3 else {}))
+        arr[...] = data
+        scale = [1.0, (mpp or 1.0) * factor, (mpp or 1.0) * factor]
+        datasets.append({"path": str(i), "coordinateTransformations": [{"type": "scale", "scale": scale}]})
+    unit = {"unit": "micrometer"} if mpp is not None else {}
+    multiscales = [{
+        "name": path.name, "datasets": datasets,
+        "axes": [{"name": "c", "type": "channel"}, {"name": "y", "type": "space", **unit},
+                 {"name": "x", "type": "space", **unit}],
+    }]
+    if v3:
+        root.attrs["ome"] = {"version": version, "multiscales": multiscales}
+    else:
+        multiscales[0]["version"] = version
+        root.attrs["multiscales"] = multiscales
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return path
+

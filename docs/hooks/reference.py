@@ -1,10 +1,17 @@
-"""MkDocs hook: the configuration and command-line references, generated at build time.
+"""The generated parts of the documentation, and the MkDocs hook that puts them in.
 
 The configuration reference is read from the schema the workflow validates against
 (``pathtwt/config/schema.yaml`` through :func:`pathtwt.config.check.load_schema`, so the
 tiling defaults are the ones ``pathtwt tile`` uses), the command-line reference from the
-argparse parsers of ``pathtwt.cli``. A page holds a marker line where its reference goes;
-nothing generated is committed, so neither page can drift from the code.
+argparse parsers of ``pathtwt.cli``. Both are committed in their pages
+(``docs/configuration.md``, ``docs/cli.md``) between a begin and an end marker line, so
+they read on GitHub as on the site; ``tests/test_docs.py`` fails when they are stale, and
+
+    .venv/bin/python docs/hooks/reference.py           # rewrites them from the code
+    .venv/bin/python docs/hooks/reference.py --check   # lists the stale ones, exit 1
+
+The list of refusals and the package layout (with source line numbers, which every edit
+moves) are filled in only when the site is built, at their marker lines.
 """
 
 from __future__ import annotations
@@ -13,11 +20,13 @@ import argparse
 import ast
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 CONFIG_MARKER = "<!-- pathtwt: configuration reference -->"
 CLI_MARKER = "<!-- pathtwt: command-line reference -->"
+DOCS = Path(__file__).resolve().parents[1]
 REFUSALS_MARKER = "<!-- pathtwt: refusals -->"
 LAYOUT_MARKER = "<!-- pathtwt: package layout -->"
 
@@ -26,8 +35,10 @@ LAYOUT_MARKER = "<!-- pathtwt: package layout -->"
 
 
 def _cell(text: Any) -> str:
-    """Text for one Markdown table cell: one line, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Text for one Markdown table cell: one line, pipes escaped, and a ``<`` outside code
+    spans written as an entity (``DIR/<slide_id>.h5`` is not an HTML tag)."""
+    parts = " ".join(str(text).split()).replace("|", "\\|").split("`")
+    return "`".join(part if i % 2 else part.replace("<", "&lt;") for i, part in enumerate(parts))
 
 
 def _type_of(node: dict) -> str:
@@ -108,10 +119,55 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, tuple[argparse.Arg
     return {}
 
 
+def _usage_item(action: argparse.Action, required: bool) -> str:
+    """One argument of a usage line: ``--flag VALUE``, ``NAME`` or a positional's choices."""
+    if not action.option_strings:
+        if action.metavar is not None:
+            text = action.metavar if isinstance(action.metavar, str) else " ".join(action.metavar)
+        else:
+            text = "{" + ",".join(map(str, action.choices)) + "}" if action.choices else action.dest
+        return {"*": f"[{text} ...]", "?": f"[{text}]", "+": f"{text} ..."}.get(action.nargs, text)
+    text = action.option_strings[0]
+    if action.nargs != 0:
+        text += " " + _metavar(action)
+        if action.nargs in ("+", "*"):
+            text += " ..."
+    return text if required else f"[{text}]"
+
+
 def _usage(parser: argparse.ArgumentParser) -> str:
-    formatter = parser.formatter_class(prog=parser.prog, width=88)
-    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups, prefix="")
-    return formatter.format_help().strip()
+    """The usage lines, written here rather than by argparse (whose layout changes between
+    Python versions), so the committed reference is the same wherever it is generated."""
+    grouped = {id(a): g for g in parser._mutually_exclusive_groups for a in g._group_actions}  # noqa: SLF001
+    items, positionals, seen = [], [], set()
+    for action in parser._actions:  # noqa: SLF001
+        group = grouped.get(id(action))
+        if action.help == argparse.SUPPRESS:
+            continue
+        if not action.option_strings:  # after the options, as argparse shows them
+            positionals.append(_usage_item(action, True))
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+                positionals.append("...")
+        elif group is None:
+            items.append(_usage_item(action, action.required))
+        elif id(group) not in seen:
+            seen.add(id(group))
+            inner = " | ".join(_usage_item(a, True) for a in group._group_actions)  # noqa: SLF001
+            items.append(f"({inner})" if group.required else f"[{inner}]")
+    items += positionals
+    # lines of at most 88 characters, never broken inside an argument, continued under the first
+    lines, indent = [parser.prog], " " * (len(parser.prog) + 1)
+    for item in items:
+        if len(lines[-1]) + 1 + len(item) > 88 and lines[-1].strip() != "":
+            lines.append(indent + item)
+        else:
+            lines[-1] += " " + item
+    return "\n".join(lines)
+
+
+def _metavar(action: argparse.Action) -> str:
+    metavar = action.metavar or ("{" + ",".join(map(str, action.choices)) + "}" if action.choices else action.dest.upper())
+    return metavar if isinstance(metavar, str) else " ".join(metavar)
 
 
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
@@ -130,15 +186,12 @@ def _command_section(path: str, parser: argparse.ArgumentParser, summary: str) -
     lines += ["```text", _usage(parser), "```", ""]
     rows = []
     for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.help == argparse.SUPPRESS:
             continue
         name = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.metavar or action.dest}`"
         value = ""
         if action.nargs != 0 and action.option_strings:
-            metavar = action.metavar or (
-                "{" + ",".join(map(str, action.choices)) + "}" if action.choices else action.dest.upper()
-            )
-            value = f"`{metavar if isinstance(metavar, str) else ' '.join(metavar)}`"
+            value = f"`{_metavar(action)}`"
             if action.nargs in ("+", "*"):
                 value += " ..."
         required = " (required)" if action.required and action.option_strings else ""
@@ -284,14 +337,68 @@ def include(match: re.Match) -> str:
     return LINK_INTO_DOCS.sub("](", text)
 
 
+# The references committed in their pages: page -> (marker, generator). The generated text
+# stands between "<!-- pathtwt: ...: begin -->" and "<!-- pathtwt: ...: end -->".
+COMMITTED = {"configuration.md": (CONFIG_MARKER, config_reference), "cli.md": (CLI_MARKER, cli_reference)}
+
+
+def _ends(marker: str) -> tuple[str, str]:
+    return marker.replace(" -->", ": begin -->"), marker.replace(" -->", ": end -->")
+
+
+def refreshed(markdown: str, marker: str, text: str) -> str:
+    """``markdown`` with the block between ``marker``'s begin and end lines set to ``text``."""
+    begin, end = _ends(marker)
+    pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.S)
+    if not pattern.search(markdown):
+        raise ValueError(f"no {begin} ... {end} block")
+    return pattern.sub(lambda _: f"{begin}\n{text}{end}", markdown, count=1)
+
+
+def expected_pages(docs: Path = DOCS) -> dict[Path, str]:
+    """Each committed reference page as it should read now."""
+    out = {}
+    for name, (marker, generate) in COMMITTED.items():
+        path = docs / name
+        out[path] = refreshed(path.read_text(encoding="utf-8"), marker, generate())
+    return out
+
+
+def stale_pages(docs: Path = DOCS) -> list[Path]:
+    return [path for path, text in expected_pages(docs).items() if path.read_text(encoding="utf-8") != text]
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs' signature)
     markdown = INCLUDE.sub(include, markdown)
-    if CONFIG_MARKER in markdown:
-        markdown = markdown.replace(CONFIG_MARKER, config_reference())
-    if CLI_MARKER in markdown:
-        markdown = markdown.replace(CLI_MARKER, cli_reference())
+    # the committed references, as the code reads now (the test keeps the committed copy equal)
+    for marker, generate in COMMITTED.values():
+        if _ends(marker)[0] in markdown:
+            markdown = refreshed(markdown, marker, generate())
     if REFUSALS_MARKER in markdown:
         markdown = markdown.replace(REFUSALS_MARKER, refusals_reference())
     if LAYOUT_MARKER in markdown:
         markdown = markdown.replace(LAYOUT_MARKER, layout_reference())
     return markdown
+
+
+def main(argv: list[str]) -> int:
+    check = argv == ["--check"]
+    if argv and not check:
+        print("usage: python docs/hooks/reference.py [--check]", file=sys.stderr)
+        return 2
+    if check:
+        stale = stale_pages()
+        for path in stale:
+            print(f"{path.relative_to(DOCS.parent)} is stale: run python docs/hooks/reference.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in expected_pages().items():
+        if path.read_text(encoding="utf-8") != text:
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(path)
+            print(f"wrote {path.relative_to(DOCS.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

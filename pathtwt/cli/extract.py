@@ -8,8 +8,9 @@ import json
 from pathtwt.models.recipes import DEFAULT_RECIPE, RECIPES
 
 from pathtwt.cli.options import (
-    add_device_argument, add_normalisation_arguments, add_progress_argument, add_threads_argument, add_workers_argument,
-    backbone_help, normalisation, show_progress,
+    add_decode_argument, add_device_argument, add_extract_batch_argument, add_normalisation_arguments,
+    add_precision_argument, add_progress_argument, add_threads_argument, add_workers_argument, backbone_help,
+    backbone_request, show_progress,
 )
 
 HELP = "embed every tile of a slide (or of each slide in a manifest) with a backbone into HDF5"
@@ -38,12 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tile embedding: concat(CLS, mean of patch tokens) (2 x width, the paper's) or the CLS token alone "
         "(1 x width, as TRIDENT)",
     )
-    from pathtwt.features.options import EXTRACT_DEFAULTS
-    from pathtwt.models.defaults import FORWARD_BATCH_SIZE
-
-    parser.add_argument("--batch-size", type=_batch_size, default=EXTRACT_DEFAULTS.batch_size, metavar="N|auto",
-                        help=f"tiles per forward pass (default auto: {FORWARD_BATCH_SIZE} on a CPU; on a GPU sized "
-                        "from its memory, 256 or 512 from 40 GiB, halved at run time if a pass does not fit)")
+    add_extract_batch_argument(parser)
     add_device_argument(parser)
     add_precision_argument(parser)
     add_workers_argument(parser, "tile-reading processes")
@@ -63,51 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "file fingerprint); only for a scan re-saved with the same geometry",
     )
     add_progress_argument(parser)
-
-
-def _batch_size(text: str) -> int | None:
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a batch size: give a whole number >= 1 or auto")
-    return value
-
-
-def add_decode_argument(parser: argparse.ArgumentParser) -> None:
-    from pathtwt.features.decoding import DECODE_CHOICES
-    from pathtwt.features.options import EXTRACT_DEFAULTS
-
-    parser.add_argument("--decode", default=EXTRACT_DEFAULTS.decode, choices=DECODE_CHOICES,
-                        help="where the native tiles of JPEG-tiled slides are decoded: cpu (the reading processes "
-                        "decode, cut and resize), gpu (the reading processes send the compressed tiles; the job's "
-                        "GPU decodes them in batches with nvImageCodec, or torchvision's nvJPEG, cuts and shrinks "
-                        "them; an error without CUDA), auto (gpu where the model runs on CUDA and a GPU decoder is "
-                        "installed, else cpu; default: %(default)s)")
-
-
-def add_precision_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
-                        help="auto: bf16 autocast over fp32 weights where the device has native bf16, kept "
-                        "only if the run's first 8 tiles agree with fp32 (cosine >= 0.999, else fp32; see the features "
-                        "files' precision_check), otherwise the backbone's default; bf16/fp16: weights cast")
-
-
-def load_backbone(args: argparse.Namespace, device):
-    """(backbone, bf16 autocast?) as --precision asks; shared with `pathtwt predict`, so a
-    slide embedded there gets the features `pathtwt extract` would write."""
-    from pathtwt.models.registry import create_backbone
-
-    # --precision as pathtwt.models.precision resolves it: on native bf16 hardware, auto is
-    # fp32 weights under bf16 autocast, guarded by the run's first tiles
-    backbone = create_backbone(
-        args.backbone, weights=args.weights, pretrained=not args.random_init, device=device,
-        precision=args.precision, **normalisation(args)
-    )
-    return backbone, backbone.bf16_autocast
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,11 +84,12 @@ def run(args: argparse.Namespace) -> int:
         raise PathtwtError(f"--workers must be >= 0 (0 reads tiles in the main process), got {args.workers}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    from pathtwt.features.backbone import load_backbone
     from pathtwt.features.decoding import resolve_decode
 
     device = use_device(args.device)
     resolve_decode(args.decode, device)  # `gpu` without CUDA: one line before any model loads
-    backbone, autocast = load_backbone(args, device)
+    backbone, autocast = load_backbone(backbone_request(args), device)
     options = ExtractOptions(
         batch_size=args.batch_size, workers=args.workers, decode=args.decode, embedding=args.embedding,
         progress=show_progress(args), skip_existing=args.skip_existing, failures=args.failures, force=args.force,

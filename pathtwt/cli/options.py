@@ -151,6 +151,56 @@ def add_normalisation_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def add_precision_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                        help="auto: bf16 autocast over fp32 weights where the device has native bf16, kept "
+                        "only if the run's first 8 tiles agree with fp32 (cosine >= 0.999, else fp32; see the features "
+                        "files' precision_check), otherwise the backbone's default; bf16/fp16: weights cast")
+
+
+def _batch_size(text: str) -> int | None:
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a batch size: give a whole number >= 1 or auto")
+    return value
+
+
+def add_extract_batch_argument(parser: argparse.ArgumentParser) -> None:
+    """Extraction's --batch-size (extract, predict): a number, or auto (the default)."""
+    from pathtwt.features.options import EXTRACT_DEFAULTS
+    from pathtwt.models.defaults import FORWARD_BATCH_SIZE
+
+    parser.add_argument("--batch-size", type=_batch_size, default=EXTRACT_DEFAULTS.batch_size, metavar="N|auto",
+                        help=f"tiles per forward pass (default auto: {FORWARD_BATCH_SIZE} on a CPU; on a GPU sized "
+                        "from its memory, 256 or 512 from 40 GiB, halved at run time if a pass does not fit)")
+
+
+def add_decode_argument(parser: argparse.ArgumentParser) -> None:
+    from pathtwt.features.decoding import DECODE_CHOICES
+    from pathtwt.features.options import EXTRACT_DEFAULTS
+
+    parser.add_argument("--decode", default=EXTRACT_DEFAULTS.decode, choices=DECODE_CHOICES,
+                        help="where the native tiles of JPEG-tiled slides are decoded: cpu (the reading processes "
+                        "decode, cut and resize), gpu (the reading processes send the compressed tiles; the job's "
+                        "GPU decodes them in batches with nvImageCodec, or torchvision's nvJPEG, cuts and shrinks "
+                        "them; an error without CUDA), auto (gpu where the model runs on CUDA and a GPU decoder is "
+                        "installed, else cpu; default: %(default)s)")
+
+
+def backbone_request(args: argparse.Namespace) -> Any:
+    """The extraction backbone --backbone, --weights, --random-init, --precision and
+    --mean/--std ask for (:class:`pathtwt.features.backbone.BackboneRequest`)."""
+    from pathtwt.features.backbone import BackboneRequest
+
+    return BackboneRequest(args.backbone, weights=args.weights, random_init=args.random_init,
+                           precision=args.precision, **normalisation(args))
+
+
 def normalisation(args: argparse.Namespace) -> dict[str, Any]:
     """``mean``/``std`` keyword arguments of ``create_backbone`` from --mean/--std."""
     return {"mean": getattr(args, "mean", None), "std": getattr(args, "std", None)}

@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 
 from pathtwt.cli.options import (
-    add_device_argument, add_normalisation_arguments, add_progress_argument, add_workers_argument, backbone_help,
-    show_progress,
+    add_decode_argument, add_device_argument, add_extract_batch_argument, add_normalisation_arguments,
+    add_precision_argument, add_progress_argument, add_workers_argument, backbone_help, backbone_request, show_progress,
 )
 # a folder given as SLIDE: its files (and OME-Zarr stores) of every slide format
 from pathtwt.models.recipes import DEFAULT_RECIPE, RECIPES
@@ -25,9 +25,7 @@ HELP = ("tile, embed and classify new slides with a backbone variant and one or 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pathtwt.cli.extract import add_precision_argument
-    from pathtwt.cli.tile import add_tissue_arguments
-    from pathtwt.models.defaults import FORWARD_BATCH_SIZE
+    from pathtwt.cli.tiling_options import add_tissue_arguments
 
     parser.add_argument("slides", nargs="+", metavar="SLIDE", help="slide files, or folders of slides")
     parser.add_argument("--backbone", required=True, help=backbone_help())
@@ -54,8 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if "--roi" in action.option_strings:  # here it may also name a folder, for several slides
             action.help = ("QuPath GeoJSON of the regions to tile (as pathtwt tile --roi), or a folder of "
                            "<slide_id>.geojson files, one per slide (a slide without one is tiled whole) (default: none)")
-    parser.add_argument("--batch-size", type=int, default=FORWARD_BATCH_SIZE, help="tiles per forward pass")
+    add_extract_batch_argument(parser)
     add_precision_argument(parser)
+    add_decode_argument(parser)
     add_device_argument(parser)
     add_workers_argument(parser, "tile-reading processes")
     add_progress_argument(parser)
@@ -102,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from pathtwt.explain.scores import score_bag
     from pathtwt.io.atomic import atomic_output
     from pathtwt.io.h5 import read_features
+    from pathtwt.cli.tiling_options import tile_request
     from pathtwt.wsi.tiling import TILING_DEFAULTS
 
     if Path(args.out).is_dir():
@@ -114,8 +114,9 @@ def run(args: argparse.Namespace) -> int:
         raise PathtwtError("--run: the runs predict different numbers of classes ("
                            + ", ".join(f"{h.run_dir}: {h.n_classes}" for h in heads) + "); give runs of one task")
     n_classes = classes.pop()
-    args.mpp = args.mpp or _common(heads, "target_mpp") or TILING_DEFAULTS.target_mpp
-    args.tile_size = args.tile_size or _common(heads, "patch_size") or TILING_DEFAULTS.tile_size
+    # the tiling of the heads' training features unless given
+    request = tile_request(args, mpp=args.mpp or _common(heads, "target_mpp") or TILING_DEFAULTS.target_mpp,
+                           tile_size=args.tile_size or _common(heads, "patch_size") or TILING_DEFAULTS.tile_size)
     embedding = args.embedding or _common(heads, "embedding_recipe") or DEFAULT_RECIPE
     roi_dir = Path(args.roi) if args.roi and Path(args.roi).is_dir() else None
     if args.roi and roi_dir is None and len(slides) > 1:
@@ -126,16 +127,16 @@ def run(args: argparse.Namespace) -> int:
         coords_dir = Path(args.coords_dir) if args.coords_dir else features_dir / "coords"
         todo = {s: p for s, p in slides.items() if not (features_dir / f"{s}.h5").is_file()}
         if todo:
-            from pathtwt.cli.extract import load_backbone
+            from pathtwt.features.backbone import load_backbone
             from pathtwt.models.recipes import embedding_dim
 
-            backbone, autocast = load_backbone(args, device)
+            backbone, autocast = load_backbone(backbone_request(args), device)
             # refuse a mismatched head before any slide is tiled or embedded
             for head in heads:
                 check_applicable(head, dim=embedding_dim(backbone.spec.embed_dim, embedding), backbone=backbone.spec.name,
                                  weights_sha256=backbone.weights_sha256 or "", recipe=embedding,
                                  where=f"--backbone {args.backbone} with --embedding {embedding}")
-            _tile_and_extract(args, todo, coords_dir, features_dir, backbone, autocast, embedding, roi_dir)
+            _tile_and_extract(args, request, todo, coords_dir, features_dir, backbone, autocast, embedding, roi_dir)
         rows = []
         for slide_id, path in slides.items():
             features_path = features_dir / f"{slide_id}.h5"
@@ -165,26 +166,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tile_and_extract(args, todo, coords_dir, features_dir, backbone, autocast, embedding, roi_dir) -> None:
-    """Tile the slides of ``todo`` (slide_id -> file) as `pathtwt tile` would, then embed
-    them together as `pathtwt extract` would (one bf16 check for the run, as there)."""
-    from pathtwt.cli.tile import write_tiles
+def _tile_and_extract(args, request, todo, coords_dir, features_dir, backbone, autocast, embedding, roi_dir) -> None:
+    """Tile the slides of ``todo`` (slide_id -> file) as ``request`` says (a slide's own
+    regions of interest where ``roi_dir`` has them), then embed them together as `pathtwt
+    extract` would (one bf16 check for the run, as there)."""
+    from dataclasses import replace
+
     from pathtwt.errors import PathtwtError
-    from pathtwt.features.extract import ExtractJob, extract_many
+    from pathtwt.features.extract import extract_many
+    from pathtwt.features.jobs import ExtractJob
+    from pathtwt.features.options import ExtractOptions
+    from pathtwt.wsi.tile_job import write_tiles
 
     jobs = []
     for slide_id, slide_path in todo.items():
-        tile_args = argparse.Namespace(**vars(args))
+        slide_request = request
         if roi_dir is not None:
             roi = roi_dir / f"{slide_id}.geojson"
-            tile_args.roi = str(roi) if roi.is_file() else None
-            if tile_args.roi is None:
+            slide_request = replace(request, roi=str(roi) if roi.is_file() else None)
+            if slide_request.roi is None:
                 print(f"pathtwt predict: {slide_id}: no {roi.name} in {roi_dir}; the whole slide is tiled", file=sys.stderr)
         coords = coords_dir / f"{slide_id}.h5"
-        tiling = write_tiles(tile_args, slide_path, coords)
+        tiling = write_tiles(slide_request, slide_path, coords)
         if not len(tiling.coords):
-            raise PathtwtError(f"{slide_path}: no tissue tile ({tiling.attrs['status']} at {args.mpp:g} um/px, "
-                               f"{args.tile_size} px tiles); check it with pathtwt tile --thumbnail")
+            raise PathtwtError(f"{slide_path}: no tissue tile ({tiling.attrs['status']} at {request.mpp:g} um/px, "
+                               f"{request.tile_size} px tiles); check it with pathtwt tile --thumbnail")
         jobs.append(ExtractJob(Path(slide_path), coords, features_dir / f"{slide_id}.h5"))
-    extract_many(jobs, backbone, batch_size=args.batch_size, workers=args.workers, progress=show_progress(args),
-                 embedding=embedding, bf16_autocast=autocast)
+    extract_many(jobs, backbone, ExtractOptions(batch_size=args.batch_size, workers=args.workers, decode=args.decode,
+                                                embedding=embedding, progress=show_progress(args),
+                                                bf16_autocast=autocast))

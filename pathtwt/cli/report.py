@@ -17,7 +17,8 @@ def _task_metric(text: str) -> tuple[str, str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results folder of the workflow (default results)")
+    parser.add_argument("--results", type=Path, default=Path("results"),
+                        help="results folder of the study: the workflow's results/STUDY (default results)")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default RESULTS/report)")
     parser.add_argument(
         "--metric", type=_task_metric, action="append", default=[], metavar="TASK=METRIC",
@@ -25,15 +26,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tasks not named use accuracy",
     )
     parser.add_argument("--attention-slides", type=int, default=1,
-                        help="fixed slides per evaluated cohort with attention heatmaps of every variant (default 1)")
+                        help="slides per class with the attention of every variant and head: those of the task's own "
+                        "cohort the teacher's first attention head classified correctly with the highest probability "
+                        "(default 1; 0: none)")
     parser.add_argument("--config", type=Path, action="append", default=[], metavar="FILE",
                         help="workflow config(s) whose tasks give the headline metrics (as --metric does); repeatable")
+    for name, what in (("tasks", "tasks"), ("backbones", "backbones"), ("variants", "backbone variants"),
+                       ("heads", "MIL heads")):
+        parser.add_argument(f"--{name}", nargs="+", default=None, metavar="NAME",
+                            help=f"report only these {what} (default: every one found under RESULTS; the workflow "
+                            "names its study's own)")
     parser.add_argument("--markdown", action="store_true",
                         help="also print the result tables of the docs (OUT/tables.md: per task, tile probe, fidelity, with the "
                         "commit and machine) to stdout, to be pasted as they are")
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathtwt.report.selection import Selection
     from pathtwt.report.tables import write_report
 
     out = args.out or args.results / "report"
@@ -44,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         config, _ = load_and_check(args.config, require_slides=False)
         metrics = {task: spec["metric"] for task, spec in config["tasks"].items()}
     metrics.update(dict(args.metric))
-    page = write_report(args.results, out, metrics=metrics, attention_slides=args.attention_slides)
+    selection = Selection.of(tasks=args.tasks, backbones=args.backbones, variants=args.variants, heads=args.heads)
+    page = write_report(args.results, out, metrics=metrics, attention_slides=args.attention_slides, selection=selection)
     if args.markdown:
         print((out / "tables.md").read_text(encoding="utf-8"), end="")
     else:

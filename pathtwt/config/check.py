@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import glob
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -712,9 +713,19 @@ def read_and_check_slides(config: Mapping[str, Any], tables: Mapping[str, LabelT
     return warnings + slide_reads.calibration_warnings(config, calibration_slides(config, tables), found)
 
 
+def study_name(config: Mapping[str, Any], config_files: Iterable[str | os.PathLike]) -> str:
+    """The study's name: its ``study`` key, else the name of the last config file (its
+    characters outside letters, digits, ``_.-`` as ``-``); its results lie in results/NAME."""
+    if config.get("study"):
+        return str(config["study"])
+    files = [Path(f) for f in config_files]
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", files[-1].stem if files else "").strip("-.")
+    return stem or "study"
+
+
 def load_and_check(paths: Iterable[str | os.PathLike], *, require_slides: bool = True) -> tuple[dict, dict[str, LabelTable]]:
     """Merge config files (later ones override keys of earlier ones, as Snakemake's
-    --configfile does), validate, and check the tables."""
+    --configfile does), validate (the study named, :func:`study_name`), and check the tables."""
     merged: dict = {}
     names = []
     for path in paths:
@@ -725,6 +736,7 @@ def load_and_check(paths: Iterable[str | os.PathLike], *, require_slides: bool =
         names.append(str(path))
     source = " + ".join(names)
     config = validate_schema(merged, source=source)
+    config["study"] = study_name(config, names)
     return config, check_config(config, source=source, require_slides=require_slides)
 
 

@@ -5,6 +5,8 @@ these two, so the layout is stated once).
     {results}/mil/{backbone}/{variant}/{task}/{head}/seed{n}/            one split
     {results}/mil/{backbone}/{variant}/{task}/{head}/fold{f}/seed{n}/    test fold f of k-fold CV
 
+where ``{results}`` is a study's results folder (``results/{study}`` in the workflow).
+
 A run folder holds ``metrics.json`` (written last: the run finished; it carries the
 config), ``predictions.csv`` and ``checkpoint.pt`` (the head with its config), so a
 folder describes itself. Torch-free: Snakemake imports it.
@@ -31,8 +33,7 @@ def run_dir(backbone: str, variant: str, task: str, head: str, seed: int | str, 
     templates of :mod:`pathtwt.io.layout`. Wildcard patterns are built by passing "{seed}"
     and the like."""
     template = layout.MIL_RUN_DIR if fold is None else layout.MIL_FOLD_RUN_DIR
-    path = template.format(backbone=backbone, variant=variant, task=task, head=head, seed=seed, fold=fold)
-    return str(results) + path[len("results"):]
+    return f"{results}/" + template.format(backbone=backbone, variant=variant, task=task, head=head, seed=seed, fold=fold)
 
 
 @dataclass(frozen=True)

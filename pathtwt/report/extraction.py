@@ -1,55 +1,73 @@
 """How each backbone variant was run: the precision its tile features were extracted in
 and its extraction throughput, read from the root attributes of its features files
 (``results/features/{backbone}/{variant}/{cohort}/{slide}.h5``), and the precision it was
-distilled in (``model.json``)."""
+distilled in (``model.json``).
+
+Throughput is a measurement only with its conditions: each cohort's extraction (one job
+per variant and cohort in the workflow's default) gives one tiles/s, and a variant's
+figure is the median of those jobs, on the device and CPU threads the files record. A
+variant timed in one job only, or variants timed on different devices or threads, are
+said to be not comparable: one job's time depends on whatever else ran on the machine,
+and must not rank variants."""
 
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
+
+# a variant's tiles/s is a median over at least this many extraction jobs, or not comparable
+MIN_JOBS = 2
 
 
-@dataclass
+@dataclass(frozen=True)
 class Extraction:
     precision: str  # "fp32", "bf16-autocast", ...; several joined with "/"; "-" when unknown
-    tiles_per_second: float | None  # mean over slides weighted by their tiles; None when not recorded
-    n_files: int
+    jobs: tuple[float, ...] = ()  # tiles/s of each timed extraction job (one per cohort), sorted
+    n_files: int = 0
     threads: tuple[int, ...] = ()  # the CPU threads the files were extracted with (torch_threads), sorted
+    devices: tuple[str, ...] = ()  # the GPU's name, or the torch device ("cpu"), sorted
+
+    @property
+    def tiles_per_second(self) -> float | None:
+        """The median over the jobs (None when nothing was timed)."""
+        return statistics.median(self.jobs) if self.jobs else None
+
+    @property
+    def conditions(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        return self.devices, self.threads
 
 
 def extraction_info(results: Path, backbone: str, variant: str) -> Extraction:
-    """Precision(s) and weighted mean tiles/s over every features file of the variant."""
-    import h5py
+    """Precision(s), and tiles/s of each cohort's extraction, of every features file of the variant."""
+    from pathtwt.features.throughput import extraction_throughput
 
     precisions: list[str] = []
-    threads: set[int] = set()
-    weighted, tiles, n_files = 0.0, 0, 0
-    for path in sorted((results / "features" / backbone / variant).glob("*/[!.]*.h5")):
-        try:
-            with h5py.File(path, "r") as h5:
-                attrs = h5.attrs
-                n_files += 1
-                p = attrs.get("precision")
-                if p is not None:
-                    p = p.decode() if isinstance(p, bytes) else str(p)
-                    if p not in precisions:
-                        precisions.append(p)
-                if attrs.get("torch_threads") is not None:
-                    threads.add(int(attrs["torch_threads"]))
-                n = int(attrs.get("n_tiles", h5["features"].shape[0] if "features" in h5 else 0))
-                # extraction records its wall seconds (reading + forward) per slide
-                rate = attrs.get("tiles_per_second")
-                seconds = attrs.get("extract_seconds")
-                if rate is None and seconds is not None and float(seconds) > 0:
-                    rate = n / float(seconds)
-                if rate is not None and n > 0 and float(rate) > 0:
-                    weighted += float(rate) * n
-                    tiles += n
-        except OSError:
-            continue  # an unreadable file is the extract job's problem, not the report's
-    return Extraction(precision="/".join(precisions) or "-", tiles_per_second=weighted / tiles if tiles else None,
-                      n_files=n_files, threads=tuple(sorted(threads)))
+    jobs, threads, devices, n_files = [], set(), set(), 0
+    for cohort in sorted(p for p in (results / "features" / backbone / variant).glob("[!.]*") if p.is_dir()):
+        job = extraction_throughput([cohort])
+        precisions += [p for p in job["precisions"] if p not in precisions]
+        n_files += job["slides"] + job["untimed"]
+        if job["tiles_per_s"] is not None:
+            jobs.append(job["tiles_per_s"])
+            threads.update(job["threads"])
+            devices.update(job["devices"])
+    return Extraction(precision="/".join(precisions) or "-", jobs=tuple(sorted(jobs)), n_files=n_files,
+                      threads=tuple(sorted(threads)), devices=tuple(sorted(devices)))
+
+
+def throughput_comparable(infos: Iterable[Extraction]) -> tuple[bool, str]:
+    """Whether the timed variants' tiles/s compare, and if not, why (one clause)."""
+    timed = [i for i in infos if i.jobs]
+    if any(len(i.jobs) < MIN_JOBS for i in timed):
+        return False, "a variant was timed in a single extraction job"
+    if any(not i.devices or not i.threads for i in timed):
+        return False, "the features files do not record the device or the CPU threads"
+    if len({i.conditions for i in timed}) > 1:
+        return False, "the variants were extracted on different devices or CPU threads"
+    return True, ""
 
 
 def distill_precision(results: Path, backbone: str, variant: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from pathtwt.errors import PathtwtError
 from pathtwt.io.layout import UNCOMPRESSED
 from pathtwt.models.registry import variant_depth
+from pathtwt.report.selection import EVERYTHING, Selection
 
 REFERENCES = (("teacher", "teacher (reference)"), ("constant", "constant (reference)"),
               ("random_init", "random-init (reference)"))
@@ -74,10 +75,12 @@ def _block_cells(m: dict[str, Any] | None, layers: list[int] | None, depth: int)
     return cells
 
 
-def read_models(results: Path) -> dict[str, list[tuple[str, dict[str, Any]]]]:
-    """backbone -> [(variant, model.json)] of every exported variant."""
+def read_models(results: Path, selection: Selection = EVERYTHING) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """backbone -> [(variant, model.json)] of every exported variant ``selection`` keeps."""
     out: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for path in sorted((results / "models").glob("*/*/model.json")):
+        if not selection.keeps(backbone=path.parent.parent.name, variant=path.parent.name):
+            continue
         try:
             meta = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -103,9 +106,10 @@ def _row(backbone: str, label: str, final: dict | None, initial: dict | None, n_
     return cells, record
 
 
-def fidelity_table(results: Path, cost_of: Callable[[str, str], Any]) -> tuple[list[str], list[list[str]], list[dict[str, Any]], list[str]]:
+def fidelity_table(results: Path, cost_of: Callable[[str, str], Any], selection: Selection = EVERYTHING,
+                   ) -> tuple[list[str], list[list[str]], list[dict[str, Any]], list[str]]:
     """(header, cells, CSV records, notes). ``cost_of(backbone, variant)`` gives params and MACs."""
-    models = read_models(results)
+    models = read_models(results, selection)
     body, records, notes = [], [], []
 
     def teacher_depth(backbone: str) -> int:

@@ -7,18 +7,49 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from pathtwt.explain.grid import attention_grid, grid_pitch, scale_scores
 from pathtwt.io.atomic import atomic_output
 from pathtwt.io.layout import UNCOMPRESSED
-from pathtwt.mil import heads as mil_heads
+from pathtwt.report.attention import attention_figures
+from pathtwt.report.selection import EVERYTHING, Selection
 
 THUMBNAILS_PER_COHORT = 3
+
+
+# The notes and captions are written once, in Markdown, for the Markdown tables and this
+# page alike; the page renders the inline parts they use (code spans, bold, links).
+_INLINE = re.compile(r"`([^`]+)`|\*\*([^*]+)\*\*|\[([^\]]+)\]\(([^)\s]+)\)")
+
+
+def inline_markdown(text: str) -> str:
+    """HTML of one line of Markdown: ``code``, **bold** and [links](url); everything else
+    escaped as text."""
+    out, end = [], 0
+    for m in _INLINE.finditer(text):
+        out.append(html.escape(text[end:m.start()]))
+        code, bold, label, href = m.groups()
+        if code is not None:
+            out.append(f"<code>{html.escape(code)}</code>")
+        elif bold is not None:
+            out.append(f"<strong>{html.escape(bold)}</strong>")
+        else:
+            out.append(f'<a href="{html.escape(href)}">{html.escape(label)}</a>')
+        end = m.end()
+    out.append(html.escape(text[end:]))
+    return "".join(out)
+
+
+def plain_text(text: str) -> str:
+    """The words of one line of Markdown, without its marks (an image's alt text)."""
+    return _INLINE.sub(lambda m: m.group(1) or m.group(2) or m.group(3), text)
+
+
+def _notes(notes: list[str]) -> list[str]:
+    return [f"<p class='note'>{inline_markdown(n)}</p>" for n in notes]
 
 
 def _copy_figure(src: Path, out: Path, name: str) -> str:
@@ -45,10 +76,12 @@ def _visible_pngs(folder: Path, pattern: str) -> list[Path]:
     return [p for p in sorted(folder.glob(pattern)) if not p.name.startswith(".")]
 
 
-def similarity_figures(results: Path, out: Path) -> list[tuple[str, str]]:
+def similarity_figures(results: Path, out: Path, selection: Selection = EVERYTHING) -> list[tuple[str, str]]:
     figs = []
     for png in _visible_pngs(results / "discovery", "*/similarity.png"):
         backbone = png.parent.name
+        if not selection.keeps(backbone=backbone):
+            continue
         caption = sidecar_caption(png, f"{backbone}: layer-similarity matrix with the discovered blocks.")
         figs.append((_copy_figure(png, out, f"similarity_{backbone}.png"), caption))
     return figs
@@ -63,141 +96,24 @@ def thumbnail_figures(results: Path, out: Path) -> list[tuple[str, str]]:
     return figs
 
 
-def analysis_figures(results: Path, out: Path) -> list[tuple[str, str]]:
+def analysis_figures(results: Path, out: Path, selection: Selection = EVERYTHING) -> list[tuple[str, str]]:
     figs = []
     for png in _visible_pngs(results / "analysis", "**/*.png"):
         rel = png.relative_to(results / "analysis")
+        # analysis/{backbone}/{name}/x.png, analysis/{backbone}/{variant}/{name}/x.png, or the
+        # eps sweep over every backbone (analysis/eps/x.png)
+        if rel.parts[0] != "eps" and not selection.keeps(
+                backbone=rel.parts[0], variant=rel.parts[1] if len(rel.parts) > 3 else None):
+            continue
         name = "analysis_" + "_".join(rel.parts)
         figs.append((_copy_figure(png, out, name), sidecar_caption(png, str(rel))))
-    return figs
-
-
-def _slide_background(results: Path, slide: str) -> tuple[np.ndarray, float, float] | None:
-    """The slide's tiling thumbnail and its scale (thumbnail px per level-0 px in x, y),
-    from ``results/thumbnails/*/{slide}.png`` and the coords file beside it."""
-    from PIL import Image
-
-    from pathtwt.io.h5 import read_attrs
-
-    for png in sorted((results / "thumbnails").glob(f"*/{slide}.png")):
-        coords = results / "tiles" / png.parent.name / f"{slide}.h5"
-        if not coords.is_file():
-            continue
-        try:
-            attrs = read_attrs(coords)
-            image = np.asarray(Image.open(png).convert("RGB"))
-            w, h = float(attrs["level0_width"]), float(attrs["level0_height"])
-        except (OSError, KeyError, ValueError):
-            continue
-        return image, image.shape[1] / w, image.shape[0] / h
-    return None
-
-
-def _run_dir(results: Path, row: Any, task: str) -> Path:
-    """The row's lowest-seed run folder (of fold 0 in a cross-validation)."""
-    from pathtwt.mil.layout import run_dir
-
-    fold = 0 if getattr(row, "folds", None) else None
-    return Path(run_dir(row.backbone, row.variant, task, row.head, row.seeds[0], fold, results=str(results)))
-
-
-def _fixed_slides(path: Path, n: int) -> list[str]:
-    """The slides of a cohort's attention file with most tiles (ties by name): the same
-    slides for every variant, since every run evaluates the same cohort."""
-    import h5py
-
-    with h5py.File(path, "r") as h5:
-        return sorted(h5, key=lambda s: (-len(h5[s]["attention"]), s))[:n]
-
-
-def attention_figures(results: Path, out: Path, task: str, rows: list, n_slides: int) -> list[tuple[str, str]]:
-    """Per evaluated cohort of the task, ``n_slides`` fixed slides (most tiles in the
-    teacher's run), each one figure with the per-tile attention of every variant (columns)
-    and head (rows), lowest seed, over the slide's thumbnail, with one colour bar."""
-    # a registered head without per-tile attention has nothing to draw
-    no_attention = set(mil_heads.names()) - set(mil_heads.attention_names())
-    rows = [r for r in rows if getattr(r, "role", "variant") != "chance" and r.seeds and r.head not in no_attention]
-    if n_slides <= 0 or not rows:
-        return []
-    import h5py
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ref = next((r for r in rows if r.variant == UNCOMPRESSED), rows[0])
-    # the reported cohorts only: the validation split chose the epoch
-    cohort_files = [p for p in _visible_pngs(_run_dir(results, ref, task) / "attention", "*.h5") if p.stem != "val"]
-    cohort_files.sort(key=lambda p: (p.stem != "test", p.stem))
-    variants = list(dict.fromkeys(r.variant for r in rows))
-    heads = list(dict.fromkeys(r.head for r in rows))
-    by_key = {(r.variant, r.head): r for r in rows}
-    figs = []
-    for cohort_file in cohort_files:
-        cohort = cohort_file.stem
-        for slide in _fixed_slides(cohort_file, n_slides):
-            background = _slide_background(results, slide)
-            # Panels as tall as the thumbnail is (square cells around a wide thumbnail
-            # left a blank band between the title and the panels), laid out by
-            # constrained layout so titles and colour bar take only their own room.
-            aspect = background[0].shape[0] / background[0].shape[1] if background is not None else 1.0
-            fig, axes = plt.subplots(len(heads), len(variants), squeeze=False, layout="constrained",
-                                     figsize=(3.2 * len(variants) + 0.8, (3.2 * aspect + 0.3) * len(heads) + 0.3))
-            im = None
-            label = None
-            for i, head in enumerate(heads):
-                for j, variant in enumerate(variants):
-                    ax = axes[i][j]
-                    ax.set_axis_off()
-                    row = by_key.get((variant, head))
-                    path = None if row is None else _run_dir(results, row, task) / "attention" / f"{cohort}.h5"
-                    if path is None or not path.is_file():
-                        ax.set_title(f"{variant} / {head}: no run", fontsize=8)
-                        continue
-                    with h5py.File(path, "r") as h5:
-                        if slide not in h5:
-                            ax.set_title(f"{variant} / {head}: slide not evaluated", fontsize=8)
-                            continue
-                        group = h5[slide]
-                        scores, coords = group["attention"][()], group["coords"][()]
-                        label, pred = group.attrs.get("label"), group.attrs.get("prediction")
-                    if len(scores) == 0:
-                        continue
-                    pitch = grid_pitch(coords)
-                    grid = attention_grid(coords, scale_scores(scores, "max"), pitch)
-                    x0, y0 = (int(v) for v in np.asarray(coords).min(axis=0))
-                    if background is not None:
-                        image, sx, sy = background
-                        ax.imshow(image)
-                        extent = (x0 * sx, (x0 + grid.shape[1] * pitch) * sx, (y0 + grid.shape[0] * pitch) * sy, y0 * sy)
-                        im = ax.imshow(grid, cmap="inferno", vmin=0, vmax=1, interpolation="nearest", alpha=0.7,
-                                       extent=extent)
-                    else:
-                        im = ax.imshow(grid, cmap="inferno", vmin=0, vmax=1, interpolation="nearest")
-                    ax.set_title(f"{variant} / {head}: predicted {pred}", fontsize=8)
-            if im is None:
-                plt.close(fig)
-                continue
-            fig.suptitle(f"{task}, {cohort} slide {slide} (label {label})", fontsize=9)
-            fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.025, label="attention / slide max")
-            name = f"attention_{task}_{cohort}_{slide}.png"
-            with atomic_output(out / "figures" / name) as tmp:
-                fig.savefig(tmp, dpi=90, bbox_inches="tight", format="png")
-            plt.close(fig)
-            seeds = sorted({by_key[k].seeds[0] for k in by_key})
-            figs.append((
-                f"figures/{name}",
-                f"{task}, {cohort} slide {slide} (label {label}): attention of every variant (columns) and head "
-                f"(rows), seed {'/'.join(map(str, seeds))}, each scaled to its own maximum on this slide, "
-                + ("over the slide's tiling thumbnail." if background is not None else "one square per tile (no thumbnail)."),
-            ))
     return figs
 
 
 HEATMAP_OUTPUTS = (("heatmap", ".heatmap.png"), ("top/bottom tiles", ".top_tiles.png"), ("QuPath GeoJSON", ".geojson"))
 
 
-def heatmaps_html(results: Path, out: Path) -> str:
+def heatmaps_html(results: Path, out: Path, selection: Selection = EVERYTHING) -> str:
     """A table linking the heatmaps `pathtwt heatmap` drew for the report (workflow
     `report: {heatmaps: N}`): results/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/,
     copied under figures/heatmaps/ so the report folder stands alone."""
@@ -207,7 +123,11 @@ def heatmaps_html(results: Path, out: Path) -> str:
         backbone, variant, task, head, cohort = png.relative_to(root).parts[:5]
         return task, cohort, png.name, backbone, variant != UNCOMPRESSED, variant, head
 
-    pngs = sorted((p for p in root.glob("*/*/*/*/*/*.heatmap.png") if not p.name.startswith(".")), key=order)
+    def shown(png: Path) -> bool:
+        backbone, variant, task, head = png.relative_to(root).parts[:4]
+        return not png.name.startswith(".") and selection.keeps(task=task, backbone=backbone, variant=variant, head=head)
+
+    pngs = sorted((p for p in root.glob("*/*/*/*/*/*.heatmap.png") if shown(p)), key=order)
     if not pngs:
         return ""
     body = []
@@ -225,8 +145,9 @@ def heatmaps_html(results: Path, out: Path) -> str:
         body.append([html.escape(x) for x in (task, cohort, slide, f"{backbone} / {variant}", head)] + [" | ".join(links)])
     head_row = "".join(f"<th>{h}</th>" for h in ("task", "cohort", "slide", "variant", "head", "files"))
     rows = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in body)
-    return ("<h2>Attention heatmaps</h2><p class='note'>Test slides (the first by slide id of each reported cohort) "
-            "drawn by <code>pathtwt heatmap</code> with each variant's head (lowest seed), the teacher's first: attention over the slide, "
+    return ("<h2>Attention heatmaps</h2><p class='note'>The first slides by id of each reported cohort "
+            "(of the task's own cohort, its test split; in a cross-validation, the slides the first fold's heads "
+            "tested out of fold; an external cohort, whole), drawn by <code>pathtwt heatmap</code> with each variant's head (lowest seed), the teacher's first: attention over the slide, "
             "the tiles of highest and lowest attention, and the tiles with their attention as QuPath objects.</p>"
             f"<div class='scroll'><table><thead><tr>{head_row}</tr></thead><tbody>{rows}</tbody></table></div>")
 
@@ -298,15 +219,16 @@ def _mil_tables_html(s: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _figures_html(title: str, figs: list[tuple[str, str]], wide: bool = False) -> str:
-    if not figs:
+def _figures_html(title: str, figs: list[tuple[str, str]], wide: bool = False, notes: list[str] = ()) -> str:
+    if not figs and not notes:
         return ""
     cls = " class='wide'" if wide else ""
     items = "".join(
-        f'<figure{cls}><img src="{html.escape(src)}" alt="{html.escape(cap)}"><figcaption>{html.escape(cap)}</figcaption></figure>'
+        f'<figure{cls}><img src="{html.escape(src)}" alt="{html.escape(plain_text(cap))}">'
+        f"<figcaption>{inline_markdown(cap)}</figcaption></figure>"
         for src, cap in figs
     )
-    return f"<h2>{html.escape(title)}</h2><div class='figs'>{items}</div>"
+    return f"<h2>{html.escape(title)}</h2>" + "".join(_notes(notes)) + f"<div class='figs'>{items}</div>"
 
 
 STYLE = """
@@ -333,7 +255,7 @@ figcaption{font-size:0.8em;color:#555}
 
 def render_html(
     results: Path, out: Path, *, sections: list[dict[str, Any]], teachers: list[str], counting: str,
-    attention_slides: int, tables: list[dict[str, Any]] | None = None,
+    attention_slides: int, tables: list[dict[str, Any]] | None = None, selection: Selection = EVERYTHING,
 ) -> str:
     """The page; ``tables`` are the backbone-level tables (tile probe, fidelity) shown
     after the MIL tables, each with a title, header, cells and notes."""
@@ -345,26 +267,28 @@ def render_html(
         "deviation over seeds with a bootstrap 95 % interval over slides; Δ: difference of the means against "
         "the uncompressed backbone with the same head; a highlighted cell is a run that predicted one class for "
         "every slide of the cohort.</p>",
-        "<h2>Teachers</h2><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in teachers) + "</ul>",
-        f"<p class='note'>{html.escape(counting)}</p>",
+        "<h2>Teachers</h2><ul>" + "".join(f"<li>{inline_markdown(t)}</li>" for t in teachers) + "</ul>",
+        *_notes([counting]),
     ]
-    attention = []
+    attention, attention_notes = [], []
     for s in sections:
         parts.append(f"<h2>Task: {html.escape(s['task'])} (headline metric {html.escape(s['metric'])})</h2>")
         parts.append(_mil_tables_html(s) if s["body"] else "<p>No finished runs yet.</p>")
-        parts += [f"<p class='note'>{html.escape(n)}</p>" for n in s.get("notes", [])]
-        attention += attention_figures(results, out, s["task"], s["rows"], attention_slides)
+        parts += _notes(s.get("notes", []))
+        figs, notes = attention_figures(results, out, s["task"], s["rows"], attention_slides)
+        attention += figs
+        attention_notes += notes
     for t in tables or []:
         parts.append(f"<h2>{html.escape(t['title'])}</h2>")
         for title, columns in backbone_table_parts(t["header"]):
             table = _table_html([t["header"][j] for j in columns], [[row[j] for j in columns] for row in t["body"]],
                                 css="names2", references=set(t.get("references", ())))
             parts.append((f"<h3>{html.escape(t['title'])}, {title}</h3>" if title else "") + f"<div class='scroll'>{table}</div>")
-        parts += [f"<p class='note'>{html.escape(n)}</p>" for n in t["notes"]]
-    parts.append(_figures_html("Layer similarity and discovered blocks", similarity_figures(results, out)))
-    parts.append(_figures_html("MIL attention", attention, wide=True))
-    parts.append(heatmaps_html(results, out))
+        parts += _notes(t["notes"])
+    parts.append(_figures_html("Layer similarity and discovered blocks", similarity_figures(results, out, selection)))
+    parts.append(_figures_html("MIL attention", attention, wide=True, notes=attention_notes))
+    parts.append(heatmaps_html(results, out, selection))
     parts.append(_figures_html("Tissue detection", thumbnail_figures(results, out)))
-    parts.append(_figures_html("Analyses", analysis_figures(results, out)))
+    parts.append(_figures_html("Analyses", analysis_figures(results, out, selection)))
     parts.append("</body></html>\n")
     return "\n".join(p for p in parts if p)

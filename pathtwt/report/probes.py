@@ -15,6 +15,7 @@ from typing import Any, Callable
 from pathtwt.errors import PathtwtError
 from pathtwt.io.layout import RANDOM_INIT
 from pathtwt.io.layout import UNCOMPRESSED as TEACHER
+from pathtwt.report.selection import EVERYTHING, Selection
 
 PROBES = (("logistic", "logistic"), ("knn", "kNN"))
 
@@ -27,12 +28,15 @@ class ProbeRow:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def find_probe_runs(results: Path) -> tuple[list[ProbeRow], list[str]]:
-    """Rows (teacher first, random-init last) and the probe sets, from every finished probe.json."""
+def find_probe_runs(results: Path, selection: Selection = EVERYTHING) -> tuple[list[ProbeRow], list[str]]:
+    """Rows (teacher first, random-init last) and the probe sets, from every finished
+    probe.json of a backbone and variant ``selection`` keeps."""
     rows: dict[tuple[str, str], ProbeRow] = {}
     sets: list[str] = []
     for path in sorted((results / "probes").glob("*/*/*/probe.json")):
         probe_set, variant, backbone = path.parent.name, path.parent.parent.name, path.parent.parent.parent.name
+        if not selection.keeps(backbone=backbone, variant=variant):
+            continue
         try:
             summary = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -61,10 +65,11 @@ def variant_label(variant: str) -> str:
     return {TEACHER: "uncompressed (teacher)", RANDOM_INIT: "random-init (floor)"}.get(variant, variant)
 
 
-def probe_table(results: Path, cost_of: Callable[[str, str], Any]) -> tuple[list[str], list[list[str]], list[dict[str, Any]]]:
+def probe_table(results: Path, cost_of: Callable[[str, str], Any],
+                selection: Selection = EVERYTHING) -> tuple[list[str], list[list[str]], list[dict[str, Any]]]:
     """(header, cells, CSV records) of the tile-probe table; empty when nothing was probed.
     ``cost_of(backbone, variant)`` gives a variant's params and MACs (random-init: the teacher's)."""
-    rows, sets = find_probe_runs(results)
+    rows, sets = find_probe_runs(results, selection)
     if not rows:
         return [], [], []
     costs = {(r.backbone, r.variant): cost_of(r.backbone, TEACHER if r.variant == RANDOM_INIT else r.variant) for r in rows}
@@ -104,10 +109,10 @@ def probe_table(results: Path, cost_of: Callable[[str, str], Any]) -> tuple[list
     return header, body, records
 
 
-def below_floor_notes(results: Path) -> list[str]:
+def below_floor_notes(results: Path, selection: Selection = EVERYTHING) -> list[str]:
     """One sentence per probe score under the random-init floor of the same backbone, probe
     set and probe, saying what it means."""
-    rows, sets = find_probe_runs(results)
+    rows, sets = find_probe_runs(results, selection)
     floors = {(r.backbone, s, p): _bacc(r.results.get(s), p)[0] for r in rows if r.variant == RANDOM_INIT
               for s in sets for p, _ in PROBES}
     notes = []
@@ -134,9 +139,9 @@ def below_floor_notes(results: Path) -> list[str]:
     return notes
 
 
-def probe_sets_note(results: Path) -> str:
+def probe_sets_note(results: Path, selection: Selection = EVERYTHING) -> str:
     """One sentence per probe set: where its tiles came from and how many were used."""
-    rows, sets = find_probe_runs(results)
+    rows, sets = find_probe_runs(results, selection)
     parts = []
     for s in sets:
         summary = next(r.results[s] for r in rows if s in r.results)

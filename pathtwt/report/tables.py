@@ -22,7 +22,9 @@ from pathtwt.errors import PathtwtError
 # the teacher, and its architecture with random weights (a reference row wherever it was run)
 from pathtwt.io.layout import RANDOM_INIT, UNCOMPRESSED
 from pathtwt.models.registry import variant_depth
+from pathtwt.report.extraction import Extraction, throughput_comparable
 from pathtwt.report.markdown import markdown_table
+from pathtwt.report.selection import EVERYTHING, Selection
 
 CHANCE = "chance"
 # Bootstrap resamples of each cohort's slides (seeded with 0) for the 95 % intervals.
@@ -69,8 +71,7 @@ class Cost:
     source: str = ""
     extracted: str = "-"  # precision of the features files
     distilled: str = "-"  # precision of the distillation (model.json)
-    tiles_per_second: float | None = None
-    extraction_threads: tuple[int, ...] = ()
+    extraction: Extraction = field(default_factory=lambda: Extraction(precision="-"))  # its timing and conditions
 
 
 @dataclass
@@ -134,8 +135,8 @@ def variant_cost(results: Path, backbone: str, variant: str) -> Cost:
     from pathtwt.report.extraction import distill_precision, extraction_info
 
     cost = _architecture_cost(results, backbone, variant)
-    info = extraction_info(results, backbone, variant)
-    cost.extracted, cost.tiles_per_second, cost.extraction_threads = info.precision, info.tiles_per_second, info.threads
+    cost.extraction = extraction_info(results, backbone, variant)
+    cost.extracted = cost.extraction.precision
     cost.distilled = distill_precision(results, backbone, variant) if cost.method not in ("none", RANDOM_INIT) else "-"
     return cost
 
@@ -364,7 +365,13 @@ def table_records(rows: list[Row], cohorts: list[str], metrics: list[str], metri
                     mean, std, k = r.folds.get((cohort, m), (math.nan, math.nan, 0))
                     rec[f"{cohort}_{m}_fold_mean"], rec[f"{cohort}_{m}_fold_std"], rec["n_folds"] = mean, std, k
         rec["params"], rec["macs_per_tile"] = r.cost.params, r.cost.macs
-        rec["tiles_per_second"] = r.cost.tiles_per_second
+        timing = r.cost.extraction
+        rec["tiles_per_second"] = timing.tiles_per_second  # the median over the jobs
+        rec["tiles_per_second_jobs"] = len(timing.jobs)
+        rec["tiles_per_second_min"] = min(timing.jobs) if timing.jobs else None
+        rec["tiles_per_second_max"] = max(timing.jobs) if timing.jobs else None
+        rec["extraction_devices"] = "/".join(timing.devices)
+        rec["extraction_threads"] = "/".join(map(str, timing.threads))
         records.append(rec)
     return records
 
@@ -393,6 +400,7 @@ def table_cells(rows: list[Row], cohorts: list[str], metrics: list[str], metric:
     """Human-readable header and cells (Markdown and HTML share them)."""
     cv = is_cross_validated(rows)
     header = table_header(cohorts, metrics, metric, cv)
+    comparable, _ = throughput_comparable(r.cost.extraction for r in rows)
     body = []
     for r in rows:
         chance = r.role == "chance"
@@ -400,7 +408,8 @@ def table_cells(rows: list[Row], cohorts: list[str], metrics: list[str], metric:
         cells = [r.backbone, row_label(r), r.head, "-" if chance else cost.extracted, "-" if chance else cost.distilled]
         cells.append("-" if chance else ("n/a" if cost.params is None else f"{cost.params / 1e6:.2f}"))
         cells.append("-" if chance else ("n/a" if cost.macs is None else f"{cost.macs / 1e9:.2f}"))
-        cells.append("-" if cost.tiles_per_second is None else f"{cost.tiles_per_second:.1f}")
+        rate = cost.extraction.tiles_per_second
+        cells.append("-" if rate is None else f"{rate:.1f}" + ("" if comparable else " (not comparable)"))
         for cohort in cohorts:
             n = r.values.get((cohort, "n_slides"), (math.nan, math.nan, 0))
             cells.append("n/a" if n[2] == 0 or math.isnan(n[0]) else str(int(n[0])))
@@ -428,13 +437,26 @@ def table_cells(rows: list[Row], cohorts: list[str], metrics: list[str], metric:
     return header, body
 
 
-def _threads_clause(rows: list[Row]) -> str:
-    """", on 1 CPU thread per job" when the features files record their threads."""
-    threads = sorted({t for r in rows for t in r.cost.extraction_threads})
-    if not threads:
-        return ""
-    shown = "/".join(map(str, threads))
-    return f", on {shown} CPU thread{'s' if threads != [1] else ''} per job (the files' `torch_threads`)"
+def throughput_note(rows: list[Row]) -> str:
+    """What the tiles/s column measured and under which conditions, or why it compares nothing."""
+    timed = list(dict.fromkeys(r.cost.extraction for r in rows if r.cost.extraction.jobs))
+    if not timed:
+        return "tiles/s: no features file of these variants records its extraction time (\"-\")."
+    comparable, why = throughput_comparable(timed)
+    jobs = sorted({len(t.jobs) for t in timed})
+    devices = sorted({d for t in timed for d in t.devices}) or ["a device not recorded"]
+    threads = sorted({n for t in timed for n in t.threads})
+    conditions = (f"on {' / '.join(devices)} with {'/'.join(map(str, threads)) or 'unrecorded'} CPU "
+                  f"thread{'' if threads == [1] else 's'} per job (the features files' `device`, `gpu_name` and "
+                  "`torch_threads`)")
+    text = ("tiles/s: the median over a variant's extraction jobs (one per cohort; "
+            f"{'/'.join(map(str, jobs))} per variant) of each job's tiles / wall seconds (reading, decoding and the "
+            f"forward passes), {conditions}; the CSV has each variant's slowest and fastest job. ")
+    if comparable:
+        return text + ("A job shares the machine with whatever else runs, so a difference within that spread ranks "
+                       "nothing; the MACs are the cost that compares variants.")
+    return text + (f"Marked not comparable: {why}, and one job's time depends on what else the machine ran, so these "
+                   "numbers must not rank the variants; the MACs are the cost that compares them.")
 
 
 def task_notes(rows: list[Row], cohorts: list[str], metric: str) -> list[str]:
@@ -458,10 +480,9 @@ def task_notes(rows: list[Row], cohorts: list[str], metric: str) -> list[str]:
     notes += [
         "Chance row: QWK 0, BAcc 1/C over the C classes present in the cohort, AUC 0.5, accuracy of always "
         "predicting the cohort's majority class. Extracted / Distilled: the precision of the features files "
-        "(their `precision` attribute) and of the distillation (model.json); tiles/s: the extraction throughput "
-        "recorded in the features files (mean over slides weighted by tiles; \"-\" where not recorded)"
-        + _threads_clause(rows) + ".",
+        "(their `precision` attribute) and of the distillation (model.json).",
     ]
+    notes.append(throughput_note(rows))
     flagged = [(r, c) for r in rows for c in cohorts if r.single_class.get(c, (0, 0))[0]]
     if flagged:
         listed = "; ".join(f"{r.backbone}/{r.variant}/{r.head} on {cohort_label(c)} ({r.single_class[c][0]} of "
@@ -579,8 +600,10 @@ def reference_rows(body: list[list[str]]) -> list[int]:
     return [i for i, cells in enumerate(body) if cells[1].endswith(("(reference)", "(teacher)", "(floor)"))]
 
 
-def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost]) -> list[dict[str, Any]]:
-    """The tile-probe and fidelity tables (``probes.*``, ``fidelity.*``), those that have rows."""
+def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost],
+                    selection: Selection = EVERYTHING) -> list[dict[str, Any]]:
+    """The tile-probe and fidelity tables (``probes.*``, ``fidelity.*``) of the backbones
+    and variants ``selection`` keeps, those that have rows."""
     from pathtwt.io.atomic import write_text_atomic
     from pathtwt.report.fidelity import fidelity_table
     from pathtwt.report.probes import below_floor_notes, probe_sets_note, probe_table
@@ -591,12 +614,12 @@ def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost]
         return costs[backbone, variant]
 
     tables = []
-    header, body, records = probe_table(results, cost_of)
+    header, body, records = probe_table(results, cost_of, selection)
     if body:
-        note = f"{PROBE_NOTE} {probe_sets_note(results)}"
-        tables.append({"name": "probes", "title": "Tile probe", "header": header, "body": body,
-                       "records": records, "notes": [note, *below_floor_notes(results)], "references": reference_rows(body)})
-    header, body, records, notes = fidelity_table(results, cost_of)
+        note = f"{PROBE_NOTE} {probe_sets_note(results, selection)}"
+        tables.append({"name": "probes", "title": "Tile probe", "header": header, "body": body, "records": records,
+                       "notes": [note, *below_floor_notes(results, selection)], "references": reference_rows(body)})
+    header, body, records, notes = fidelity_table(results, cost_of, selection)
     if body:
         tables.append({"name": "fidelity", "title": "Fidelity", "header": header, "body": body,
                        "records": records, "notes": [FIDELITY_NOTE, *notes], "references": reference_rows(body)})
@@ -607,10 +630,13 @@ def backbone_tables(results: Path, out: Path, costs: dict[tuple[str, str], Cost]
     return tables
 
 
-def task_sections(results: Path, metrics: dict[str, str], costs: dict[tuple[str, str], Cost]) -> list[dict[str, Any]]:
-    """One section per task: its rows, header, cells, notes and reference rows."""
-    runs = find_runs(results)
-    tasks = list(dict.fromkeys(list(metrics) + [r.task for r in runs]))
+def task_sections(results: Path, metrics: dict[str, str], costs: dict[tuple[str, str], Cost],
+                  selection: Selection = EVERYTHING) -> list[dict[str, Any]]:
+    """One section per task: its rows, header, cells, notes and reference rows (of the
+    runs ``selection`` keeps)."""
+    runs = [r for r in find_runs(results)
+            if selection.keeps(task=r.task, backbone=r.backbone, variant=r.variant, head=r.head)]
+    tasks = [t for t in dict.fromkeys(list(metrics) + [r.task for r in runs]) if selection.keeps(task=t)]
     if not tasks:
         raise PathtwtError(f"{results}: no finished MIL runs under mil/ and no task given; run the workflow first")
     sections = []
@@ -656,24 +682,25 @@ def readme_layout(config: Mapping[str, Any]) -> dict[str, tuple[list[str], list[
     return layout
 
 
-def write_report(results: str | Path, out: str | Path, *, metrics: dict[str, str], attention_slides: int = 3) -> Path:
+def write_report(results: str | Path, out: str | Path, *, metrics: dict[str, str], attention_slides: int = 1,
+                 selection: Selection = EVERYTHING) -> Path:
     """Write ``{task}.csv``, ``{task}.md``, ``tables.md`` (the tables of docs/results.md) and
-    ``index.html`` (with figures) into ``out``."""
+    ``index.html`` (with figures) into ``out``, of what ``selection`` keeps."""
     from pathtwt.io.atomic import write_text_atomic
     from pathtwt.report.html import render_html
     from pathtwt.report.markdown import readme_markdown, task_markdown
 
     results, out = Path(results), Path(out)
     costs: dict[tuple[str, str], Cost] = {}
-    sections = task_sections(results, metrics, costs)
+    sections = task_sections(results, metrics, costs, selection)
     for s in sections:
         write_text_atomic(out / f"{s['task']}.csv", csv_text(s["records"]))
         write_text_atomic(out / f"{s['task']}.md", task_markdown(s))
-    extra = backbone_tables(results, out, costs)
+    extra = backbone_tables(results, out, costs, selection)
     write_text_atomic(out / "tables.md", readme_markdown(sections, extra, results=results))
     html = render_html(
         results, out, sections=sections, teachers=teacher_lines(costs), counting=COUNTING_NOTE,
-        attention_slides=attention_slides, tables=extra,
+        attention_slides=attention_slides, tables=extra, selection=selection,
     )
     write_text_atomic(out / "index.html", html)
     return out / "index.html"

@@ -48,12 +48,6 @@ HOW_TO_WRITE = (
 )
 
 
-def is_ome_zarr(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder holding a zarr group or array (v2 or v3 metadata)."""
-    path = Path(path)
-    return path.is_dir() and any((path / name).is_file() for name in _METADATA)
-
-
 def _attributes(group: Any) -> Mapping[str, Any]:
     attrs = dict(group.attrs)
     # NGFF 0.5 (zarr v3) keeps its metadata under "ome"
@@ -181,44 +175,3 @@ def store_fingerprint(path: str | os.PathLike) -> tuple[int, str]:
             if name in _METADATA:
                 digest.update(file.read_bytes())
     return total, digest.hexdigest()
-
-
-def write_ome_zarr(path: str | os.PathLike, levels: list[np.ndarray], mpp: float | None, *, chunk: int = 256,
-                   version: str = "0.4") -> Path:
-    """Write RGB uint8 (h, w, 3) ``levels`` (finest first, each a whole factor of level 0)
-    as an NGFF image (axes c, y, x, pixel size ``mpp`` micrometres or none): version 0.4 in
-    zarr v2, 0.5 in zarr v3 (metadata under "ome"). For tests and conversions of small
-    images; the folder appears whole (written beside it, then renamed)."""
-    import shutil
-
-    import zarr
-
-    path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    v3 = version == "0.5"
-    root = zarr.open_group(str(tmp), mode="w", zarr_format=3 if v3 else 2)
-    datasets = []
-    for i, level in enumerate(levels):
-        factor = levels[0].shape[1] / level.shape[1]
-        data = np.ascontiguousarray(np.moveaxis(np.asarray(level, np.uint8), -1, 0))
-        arr = root.create_array(str(i), shape=data.shape, chunks=(3, chunk, chunk), dtype="uint8",
-                                **({"dimension_names": ["c", "y", "x"]} if v3 else {}))
-        arr[...] = data
-        scale = [1.0, (mpp or 1.0) * factor, (mpp or 1.0) * factor]
-        datasets.append({"path": str(i), "coordinateTransformations": [{"type": "scale", "scale": scale}]})
-    unit = {"unit": "micrometer"} if mpp is not None else {}
-    multiscales = [{
-        "name": path.name, "datasets": datasets,
-        "axes": [{"name": "c", "type": "channel"}, {"name": "y", "type": "space", **unit},
-                 {"name": "x", "type": "space", **unit}],
-    }]
-    if v3:
-        root.attrs["ome"] = {"version": version, "multiscales": multiscales}
-    else:
-        multiscales[0]["version"] = version
-        root.attrs["multiscales"] = multiscales
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
-    return path
-

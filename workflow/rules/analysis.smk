@@ -6,12 +6,12 @@
 
 rule analyze_norms:
     input:
-        calibration="results/calibration/{backbone}.h5",
+        calibration=study_path("calibration/{backbone}.h5"),
         weights=get_teacher_inputs,
     output:
-        summary="results/analysis/{backbone}/norms/norms_summary.json",
+        summary=study_path("analysis/{backbone}/norms/norms_summary.json"),
         figure=report(
-            "results/analysis/{backbone}/norms/norms.png",
+            study_path("analysis/{backbone}/norms/norms.png"),
             caption="../report/analysis.rst",
             category="Analyses",
             labels={"backbone": "{backbone}", "analysis": "norm growth"},
@@ -19,8 +19,9 @@ rule analyze_norms:
     params:
         backbone=lambda wc: get_backbone_args(wc.backbone),
         device=get_rule_device("analyze_norms"),
+        out=lambda wc, output: os.path.dirname(output.summary),
     log:
-        "logs/analysis/{backbone}/norms.log",
+        study_log("analysis/{backbone}/norms.log"),
     threads: 2
     resources:
         mem_mb=8000,
@@ -30,24 +31,25 @@ rule analyze_norms:
         CONDA_ENV
     shell:
         "pathtwt analyze norms {params.backbone:q} --calibration {input.calibration:q}"
-        " --out results/analysis/{wildcards.backbone:q}/norms --device {params.device:q} > {log:q} 2>&1"
+        " --out {params.out:q} --device {params.device:q} > {log:q} 2>&1"
 
 
 rule analyze_eps:
     input:
-        plans=expand("results/discovery/{backbone}/plan.json", backbone=get_discovered_backbones()),
+        plans=expand(study_path("discovery/{backbone}/plan.json"), backbone=get_discovered_backbones()),
     output:
-        summary="results/analysis/eps/eps_sensitivity_summary.json",
+        summary=study_path("analysis/eps/eps_sensitivity_summary.json"),
         figure=report(
-            "results/analysis/eps/eps_sensitivity.png",
+            study_path("analysis/eps/eps_sensitivity.png"),
             caption="../report/analysis.rst",
             category="Analyses",
             labels={"analysis": "eps sensitivity"},
         ),
     params:
-        discovery=[f"{b}=results/discovery/{b}" for b in get_discovered_backbones()],
+        discovery=[f"{b}={study_path(f'discovery/{b}')}" for b in get_discovered_backbones()],
+        out=lambda wc, output: os.path.dirname(output.summary),
     log:
-        "logs/analysis/eps.log",
+        study_log("analysis/eps.log"),
     threads: 1
     resources:
         mem_mb=2000,
@@ -55,7 +57,7 @@ rule analyze_eps:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt analyze eps --discovery {params.discovery:q} --out results/analysis/eps > {log:q} 2>&1"
+        "pathtwt analyze eps --discovery {params.discovery:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 # Student trajectories: one rule per analysis (named analyze_intrinsic_dim and
@@ -66,19 +68,21 @@ for _analysis, _summary in (("intrinsic-dim", "intrinsic_dim.json"), ("stability
         name:
             f"analyze_{_analysis.replace('-', '_')}"
         input:
-            calibration="results/calibration/{backbone}.h5",
-            student="results/models/{backbone}/{variant}/model.json",
+            calibration=study_path("calibration/{backbone}.h5"),
+            student=study_path("models/{backbone}/{variant}/model.json"),
             weights=get_teacher_inputs,
         output:
-            f"results/analysis/{{backbone}}/{{variant}}/{_analysis}/{_summary}",
+            study_path(f"analysis/{{backbone}}/{{variant}}/{_analysis}/{_summary}"),
         params:
             backbone=lambda wc: get_backbone_args(wc.backbone),
             device=get_rule_device(f"analyze_{_analysis.replace('-', '_')}"),
             # Snakemake re-evaluates the shell expression when the job runs, after the loop
             # has moved on: the loop variable must reach the command through params.
             analysis=_analysis,
+            student=lambda wc, input: os.path.dirname(input.student),
+            out=lambda wc, output: os.path.dirname(output[0]),
         log:
-            f"logs/analysis/{{backbone}}/{{variant}}/{_analysis}.log",
+            study_log(f"analysis/{{backbone}}/{{variant}}/{_analysis}.log"),
         threads: 2
         resources:
             mem_mb=8000,
@@ -88,6 +92,6 @@ for _analysis, _summary in (("intrinsic-dim", "intrinsic_dim.json"), ("stability
             CONDA_ENV
         shell:
             "pathtwt analyze {params.analysis:q} {params.backbone:q} --calibration {input.calibration:q}"
-            " --student results/models/{wildcards.backbone:q}/{wildcards.variant:q}"
-            " --out results/analysis/{wildcards.backbone:q}/{wildcards.variant:q}/{params.analysis:q}"
+            " --student {params.student:q}"
+            " --out {params.out:q}"
             " --device {params.device:q} > {log:q} 2>&1"

@@ -8,11 +8,13 @@
 # so a name starting with `-` is not read as an option.
 import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 from pathtwt.compress.registry import PAPER_METHOD, goal_of
 from pathtwt.config import check as config_check
+from pathtwt.config.extra_args import extra_args_command
 from pathtwt.errors import ConfigError
 from pathtwt.io import layout
 from pathtwt.io.layout import RANDOM_INIT, UNCOMPRESSED
@@ -40,15 +42,39 @@ CONFIG_SOURCE = " + ".join(str(f) for f in (workflow.overwrite_configfiles or ["
 # cannot express. Snakemake's own `validate` is not called as well.
 try:
     config.update(config_check.validate_schema(config, source=CONFIG_SOURCE))
+    config["study"] = config_check.study_name(config, workflow.overwrite_configfiles or ["config/config.yaml"])
     LABEL_TABLES = config_check.check_config(config, source=CONFIG_SOURCE)
-    from pathtwt.cli.extra_args import check_extra_args
-
-    check_extra_args(config, source=CONFIG_SOURCE)
 except ConfigError as exc:
     # A bad config is the user's to fix, not a workflow bug: its message alone, without the
     # traceback frame Snakemake prints for a WorkflowError raised here.
     print(f"Error: {exc}", file=sys.stderr)
     sys.exit(1)
+# Every output of the study lies in its own results folder, named by the config's `study`
+# (default: the config file's name), and its logs in its own log folder: a second study
+# run in this checkout never mixes into nor overwrites the first. Rules name their files
+# with study_path() and study_log().
+STUDY = config["study"]
+RESULTS = layout.study_results(STUDY)
+LOGS = layout.study_logs(STUDY)
+
+
+def study_path(path):
+    """``path`` (a file or pattern relative to a study's results) in this study's results."""
+    return f"{RESULTS}/{path}"
+
+
+def study_log(path):
+    """``path`` (relative) in this study's log folder."""
+    return f"{LOGS}/{path}"
+
+
+# extra_args are flags of the command line, whose parsers the workflow does not import:
+# the command checks them, only for a config that has some.
+if extra_args_command(config, source=CONFIG_SOURCE):
+    _checked = subprocess.run(extra_args_command(config, source=CONFIG_SOURCE), capture_output=True, text=True)
+    if _checked.returncode != 0:
+        print(f"Error: {_checked.stderr.strip().removeprefix('pathtwt check-config: error: ')}", file=sys.stderr)
+        sys.exit(1)
 
 # The rules that declare a GPU and the config section whose `device` they run on.
 GPU_RULE_DEVICES = {
@@ -113,6 +139,16 @@ def get_demo_labels():
     return [str(config_check.resolve(config, config["cohorts"][c]["labels"])) for c in DEMO_COHORTS]
 
 
+def get_demo_data():
+    """Where the demo cohorts are written (by `pathtwt demo make-slides`), read from where
+    the config puts their folders, e.g. the demo config's results/demo/demo_data."""
+    folders = sorted({str(Path(p).parent.parent) for p in get_demo_labels()})
+    if len(folders) != 1:
+        raise WorkflowError(f"{CONFIG_SOURCE}: the demo cohorts' label tables lie in {len(folders)} folders "
+                            f"({', '.join(folders)}); put every demo cohort under one folder, as config/config.yaml does")
+    return folders[0]
+
+
 def _cohort_table(cohort):
     # A demo cohort exists only once the demo checkpoint has run: asking for it before
     # makes Snakemake schedule the checkpoint and re-evaluate this helper afterwards.
@@ -174,7 +210,7 @@ def get_modality_args(wildcards):
 def get_all_tiles():
     """Coords files and thumbnails of every labelled slide of every cohort."""
     return [
-        f"results/{kind}/{cohort}/{slide}.{ext}"
+        study_path(f"{kind}/{cohort}/{slide}.{ext}")
         for cohort in config["cohorts"]
         for slide in get_slide_ids(cohort)
         for kind, ext in (("tiles", "h5"), ("thumbnails", "png"))
@@ -182,9 +218,9 @@ def get_all_tiles():
 
 
 def get_labels_command(wildcards, input, output):
-    """The `pathtwt` command (a word list) that writes results/labels/{cohort}.csv: a seeded
-    split drawn per class (`draw_split`, or every slide in test for an external cohort
-    without a split column), else the cohort's own split column checked and normalised."""
+    """The `pathtwt` command (a word list) that writes labels/{cohort}.csv: a seeded split
+    drawn per class (`draw_split`, or every slide in test for an external cohort without a
+    split column), else the cohort's own split column checked and normalised."""
     cohort = config["cohorts"][wildcards.cohort]
     draw = config_check.split_draw(config, wildcards.cohort)
     if draw:
@@ -271,18 +307,18 @@ def get_variant(wildcards):
 
 
 def get_model_dir(backbone, variant):
-    return layout.MODEL_DIR.format(backbone=backbone, variant=variant)
+    return study_path(layout.MODEL_DIR.format(backbone=backbone, variant=variant))
 
 
 def get_features_dir(backbone, variant, cohort):
     """A cohort's features folder (one {slide}.h5 per slide)."""
-    return layout.FEATURES_DIR.format(backbone=backbone, variant=variant, cohort=cohort)
+    return study_path(layout.FEATURES_DIR.format(backbone=backbone, variant=variant, cohort=cohort))
 
 
 def _variant_kind(variant):
     """How a variant's backbone is built: RANDOM_INIT (the teacher's architecture with random
     weights), "teacher" (a variant of method none, or `uncompressed` probed without being
-    configured) or "compressed" (its folder under results/models)."""
+    configured) or "compressed" (its folder under the study's models/)."""
     method = config["variants"][variant]["method"] if variant in config["variants"] else "none"
     if variant == RANDOM_INIT or method == RANDOM_INIT:
         return RANDOM_INIT
@@ -310,7 +346,7 @@ def get_model_inputs(wildcards):
 
 
 RECORD_FAILURES = config["extract"]["on_failure"] == "record"
-FAILURE_TABLES = "results/failures/{backbone}/{variant}/{cohort}/jobs"
+FAILURE_TABLES = study_path("failures/{backbone}/{variant}/{cohort}/jobs")
 
 
 def get_failure_table_output(job):
@@ -338,7 +374,7 @@ def get_failure_summaries():
     if not RECORD_FAILURES:
         return []
     cohorts = list(dict.fromkeys(c for task in config["tasks"] for c in get_task_cohorts(task)))
-    return [f"results/failures/{b}/{v}/{c}.tsv" for b in get_backbones() for v in get_variants(b) for c in cohorts]
+    return [study_path(f"failures/{b}/{v}/{c}.tsv") for b in get_backbones() for v in get_variants(b) for c in cohorts]
 
 
 def get_workers(wildcards, threads):
@@ -370,7 +406,7 @@ def get_compress_target_args(wildcards):
     depth or eps and `pathtwt compress` partitions the similarity matrix itself."""
     v = get_variant(wildcards)
     if v["method"] == PAPER_METHOD and (v["depth"], v["eps"]) == _discovery_goal(wildcards.backbone):
-        return ["--plan", f"{layout.DISCOVERY_DIR.format(backbone=wildcards.backbone)}/plan.json"]
+        return ["--plan", f"{study_path(layout.DISCOVERY_DIR.format(backbone=wildcards.backbone))}/plan.json"]
     if goal_of(v["method"]) == "none":  # every layer kept (NOSE: attention removed)
         return []
     return ["--depth", str(v["depth"])] if v["depth"] is not None else ["--eps", str(v["eps"])]
@@ -408,7 +444,7 @@ def get_compress_stream_args(wildcards):
     """Stream the training tiles from the calibration cohort's coords (compress.stream)."""
     if not config["compress"]["stream"]:
         return []
-    return ["--train-coords", f"results/calibration/{wildcards.backbone}.coords.txt"]
+    return ["--train-coords", study_path(f"calibration/{wildcards.backbone}.coords.txt")]
 
 
 def get_compress_extra_args(wildcards):
@@ -420,7 +456,7 @@ def get_compress_extra_args(wildcards):
 
 
 def get_extra_args(section):
-    """A section's extra_args: a shell word list (checked by pathtwt.cli.extra_args), as its words."""
+    """A section's extra_args: a shell word list (checked by pathtwt.config.extra_args), as its words."""
     return shlex.split(config[section]["extra_args"] or "")
 
 
@@ -435,7 +471,7 @@ def get_calibration_coords(wildcards):
     files = []
     for task in tasks:
         t = config["tasks"][task]
-        files += [layout.TILES.format(cohort=t["cohort"], slide=s) for s in get_compression_slide_ids(t)]
+        files += [study_path(layout.TILES.format(cohort=t["cohort"], slide=s)) for s in get_compression_slide_ids(t)]
     return sorted(set(files))
 
 
@@ -448,7 +484,7 @@ def write_file_list(files, out):
 
 
 def get_cohort_coords(wildcards):
-    return [layout.TILES.format(cohort=wildcards.cohort, slide=s) for s in get_extracted_slide_ids(wildcards.cohort)]
+    return [study_path(layout.TILES.format(cohort=wildcards.cohort, slide=s)) for s in get_extracted_slide_ids(wildcards.cohort)]
 
 
 def write_extract_manifest(wildcards, out):
@@ -459,7 +495,7 @@ def write_extract_manifest(wildcards, out):
     folder = get_features_dir(wildcards.backbone, wildcards.variant, wildcards.cohort)
     write_text_atomic(
         out,
-        "".join(f"{slides[s]}\t{layout.TILES.format(cohort=wildcards.cohort, slide=s)}\t{folder}/{s}.h5\n"
+        "".join(f"{slides[s]}\t{study_path(layout.TILES.format(cohort=wildcards.cohort, slide=s))}\t{folder}/{s}.h5\n"
                 for s in get_extracted_slide_ids(wildcards.cohort)),
     )
 
@@ -472,18 +508,23 @@ def get_features(backbone, variant, cohort):
     return [f"{folder}/{s}.h5" for s in get_extracted_slide_ids(cohort)]
 
 
+def get_labels_table(cohort):
+    """The cohort's label table as train-mil reads it (written by rule labels)."""
+    return study_path(layout.LABELS.format(cohort=cohort))
+
+
 def get_mil_inputs(wildcards):
     files = []
     for cohort in get_task_cohorts(wildcards.task):
         files += get_features(wildcards.backbone, wildcards.variant, cohort)
-        files.append(layout.LABELS.format(cohort=cohort))
+        files.append(get_labels_table(cohort))
     return files
 
 
 def get_external_args(wildcards):
     return [
         word for c in config["tasks"][wildcards.task]["external"]
-        for word in ("--external", f"{c}={get_features_dir(wildcards.backbone, wildcards.variant, c)}:{layout.LABELS.format(cohort=c)}")
+        for word in ("--external", f"{c}={get_features_dir(wildcards.backbone, wildcards.variant, c)}:{get_labels_table(c)}")
     ]
 
 
@@ -507,7 +548,7 @@ def get_mil_runs():
 
 def get_mil_summaries():
     return [
-        f"results/mil/{b}/{v}/{task}/{head}/summary.json"
+        study_path(f"mil/{b}/{v}/{task}/{head}/summary.json")
         for b in get_backbones()
         for v in get_variants(b)
         for task in config["tasks"]
@@ -519,6 +560,15 @@ def get_report_metric_args():
     return [word for task, t in config["tasks"].items() for word in ("--metric", f"{task}={t['metric']}")]
 
 
+def get_report_selection_args():
+    """`pathtwt report` shows the tasks, backbones, variants (the probed references too)
+    and heads of this config only, whatever else its results folder holds."""
+    variants = dict.fromkeys(v for b in get_backbones() for v in get_variants(b) + get_probe_variants(b))
+    parts = {"tasks": list(config["tasks"]), "backbones": get_backbones(), "variants": list(variants),
+             "heads": list(config["mil"]["heads"])}
+    return [word for key, names in parts.items() if names for word in (f"--{key}", *names)]
+
+
 def get_discovered_backbones():
     """Backbones with at least one compressed variant (their discovery runs)."""
     return [b for b in get_backbones() if get_compressed_variants(b)]
@@ -527,15 +577,15 @@ def get_discovered_backbones():
 def get_analysis_targets():
     if not config["analysis"]["enabled"]:
         return []
-    targets = [f"results/analysis/{b}/norms/norms_summary.json" for b in get_backbones()]
+    targets = [study_path(f"analysis/{b}/norms/norms_summary.json") for b in get_backbones()]
     if get_discovered_backbones():
-        targets.append("results/analysis/eps/eps_sensitivity_summary.json")
+        targets.append(study_path("analysis/eps/eps_sensitivity_summary.json"))
     for b in get_backbones():
         for v in get_compressed_variants(b):
             if config["variants"][v]["method"] == PAPER_METHOD:
                 targets += [
-                    f"results/analysis/{b}/{v}/intrinsic-dim/intrinsic_dim.json",
-                    f"results/analysis/{b}/{v}/stability/stability.json",
+                    study_path(f"analysis/{b}/{v}/intrinsic-dim/intrinsic_dim.json"),
+                    study_path(f"analysis/{b}/{v}/stability/stability.json"),
                 ]
     return targets
 
@@ -589,7 +639,7 @@ def get_probe_args(wildcards):
 def get_probe_targets():
     """probe.json of every (backbone, probed variant, probe set)."""
     return [
-        layout.PROBE_RESULT.format(backbone=b, variant=v, probe=p)
+        study_path(layout.PROBE_RESULT.format(backbone=b, variant=v, probe=p))
         for b in get_backbones()
         for v in get_probe_variants(b)
         for p in PROBES
@@ -597,7 +647,7 @@ def get_probe_targets():
 
 
 def get_final_targets():
-    return ["results/report/index.html"] + get_failure_summaries()
+    return [study_path("report/index.html")] + get_failure_summaries()
 
 
 # ---- cross-validation (cohorts.*.draw_split.folds) -----------------------------------
@@ -642,14 +692,14 @@ def get_extracted_slide_ids(cohort):
 def get_mil_job_files(name, fold=False):
     """Output patterns of a MIL job: file `name` of every seed's run folder (of the
     job's test fold with `fold`)."""
-    folder = mil_run_dir("{backbone}", "{variant}", "{task}", "{head}", "{seed}", "{fold}" if fold else None)
+    folder = mil_run_dir("{backbone}", "{variant}", "{task}", "{head}", "{seed}", "{fold}" if fold else None, RESULTS)
     return [os.path.join(folder.replace("{seed}", str(seed)), name) for seed in config["mil"]["seeds"]]
 
 
 def get_head_runs(backbone, variant, task, head):
     """Run folders of one head: every seed, in every test fold of a cross-validated task."""
     return [
-        mil_run_dir(backbone, variant, task, head, seed, fold)
+        mil_run_dir(backbone, variant, task, head, seed, fold, RESULTS)
         for fold in get_task_folds(task)
         for seed in config["mil"]["seeds"]
     ]
@@ -674,7 +724,7 @@ def get_fold_arg(wildcards):
 def get_mil_out_pattern(wildcards):
     """The job's run folders as `pathtwt train-mil --out` takes them ({seed} left open)."""
     fold = wildcards.fold if "fold" in wildcards.keys() else None
-    return mil_run_dir(wildcards.backbone, wildcards.variant, wildcards.task, wildcards.head, "{seed}", fold)
+    return mil_run_dir(wildcards.backbone, wildcards.variant, wildcards.task, wildcards.head, "{seed}", fold, RESULTS)
 
 
 # ---- QuPath regions and heatmaps ------------------------------------------------------
@@ -706,12 +756,12 @@ def get_heatmap_run(wildcards):
     """The run folder a report heatmap uses: the head's lowest seed (in the first test fold
     of a cross-validated task)."""
     return mil_run_dir(wildcards.backbone, wildcards.variant, wildcards.task, wildcards.head, min(config["mil"]["seeds"]),
-                       get_task_folds(wildcards.task)[0])
+                       get_task_folds(wildcards.task)[0], RESULTS)
 
 
 def get_heatmaps():
     return [
-        f"results/heatmaps/{b}/{v}/{task}/{head}/{cohort}/{slide}.heatmap.png"
+        study_path(f"heatmaps/{b}/{v}/{task}/{head}/{cohort}/{slide}.heatmap.png")
         for b in get_backbones()
         for v in get_variants(b)
         for task in config["tasks"]

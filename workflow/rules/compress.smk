@@ -6,9 +6,9 @@ rule calibration_list:
     input:
         get_calibration_coords,
     output:
-        "results/calibration/{backbone}.coords.txt",
+        study_path("calibration/{backbone}.coords.txt"),
     log:
-        "logs/calibrate/{backbone}.list.log",
+        study_log("calibrate/{backbone}.list.log"),
     localrule: True
     threads: 1
     resources:
@@ -21,9 +21,9 @@ rule calibration_list:
 rule calibrate:
     input:
         coords=get_calibration_coords,
-        listing="results/calibration/{backbone}.coords.txt",
+        listing=study_path("calibration/{backbone}.coords.txt"),
     output:
-        "results/calibration/{backbone}.h5",
+        study_path("calibration/{backbone}.h5"),
     params:
         n_tiles=config["calibration"]["n_tiles"],
         holdout=config["calibration"]["holdout"],
@@ -33,7 +33,7 @@ rule calibrate:
     # started before the teacher's own extraction jobs, which nothing waits on as long
     priority: 10
     log:
-        "logs/calibrate/{backbone}.log",
+        study_log("calibrate/{backbone}.log"),
     # one process reads the tiles; a job asking for 2 cores would wait, on a machine of 2,
     # until no one-thread job runs, which keeps the chain behind it waiting
     threads: 1
@@ -51,13 +51,13 @@ rule calibrate:
 
 rule discover:
     input:
-        calibration="results/calibration/{backbone}.h5",
+        calibration=study_path("calibration/{backbone}.h5"),
         weights=get_teacher_inputs,
     output:
-        plan="results/discovery/{backbone}/plan.json",
-        similarity="results/discovery/{backbone}/similarity.npy",
+        plan=study_path("discovery/{backbone}/plan.json"),
+        similarity=study_path("discovery/{backbone}/similarity.npy"),
         figure=report(
-            "results/discovery/{backbone}/similarity.png",
+            study_path("discovery/{backbone}/similarity.png"),
             caption="../report/similarity.rst",
             category="Discovery",
             labels={"backbone": "{backbone}"},
@@ -69,11 +69,12 @@ rule discover:
         seed=config["calibration"]["seed"],
         batch_size=config["discovery"]["batch_size"],
         device=get_rule_device("discover"),
+        out=lambda wc, output: os.path.dirname(output.plan),
     # the longest chain of the study (calibrate -> discover -> compress -> extract -> MIL):
     # started before the teacher's own extraction jobs, which nothing waits on as long
     priority: 10
     log:
-        "logs/discover/{backbone}.log",
+        study_log("discover/{backbone}.log"),
     threads: config["compress"]["threads"]
     resources:
         mem_mb=16000,
@@ -83,22 +84,22 @@ rule discover:
         CONDA_ENV
     shell:
         "pathtwt discover {params.backbone:q} --calibration {input.calibration:q}"
-        " --out results/discovery/{wildcards.backbone:q} {params.goal:q} --tokens {params.tokens:q}"
+        " --out {params.out:q} {params.goal:q} --tokens {params.tokens:q}"
         " --seed {params.seed:q} --batch-size {params.batch_size:q} --device {params.device:q} > {log:q} 2>&1"
 
 
 rule compress:
     input:
-        calibration="results/calibration/{backbone}.h5",
+        calibration=study_path("calibration/{backbone}.h5"),
         # the coords of the training tiles, streamed when compress.stream is on (the same
         # training-split slides as the calibration draw, less its held-out slides)
-        listing="results/calibration/{backbone}.coords.txt",
+        listing=study_path("calibration/{backbone}.coords.txt"),
         # discovery first: its similarity matrix and figure belong to every TWT model
-        plan="results/discovery/{backbone}/plan.json",
+        plan=study_path("discovery/{backbone}/plan.json"),
         weights=get_teacher_inputs,
     output:
-        model="results/models/{backbone}/{variant}/model.safetensors",
-        meta="results/models/{backbone}/{variant}/model.json",
+        model=study_path("models/{backbone}/{variant}/model.safetensors"),
+        meta=study_path("models/{backbone}/{variant}/model.json"),
     params:
         backbone=lambda wc: get_backbone_args(wc.backbone),
         method=lambda wc: get_variant(wc)["method"],
@@ -109,11 +110,12 @@ rule compress:
         device=get_rule_device("compress"),
         cpu_ranks=config["compress"]["cpu_ranks"],
         extra=get_compress_extra_args,
+        out=lambda wc, output: os.path.dirname(output.meta),
     # the longest chain of the study (calibrate -> discover -> compress -> extract -> MIL):
     # started before the teacher's own extraction jobs, which nothing waits on as long
     priority: 10
     log:
-        "logs/compress/{backbone}/{variant}.log",
+        study_log("compress/{backbone}/{variant}.log"),
     # compress.threads and the memory are per GPU (per data-parallel rank): compress.gpus of them
     threads: config["compress"]["threads"] * config["compress"]["gpus"]
     resources:
@@ -135,6 +137,6 @@ rule compress:
         " else run=pathtwt; fi;"
         " $run compress --method {params.method:q} {params.backbone:q}"
         " --calibration {input.calibration:q} {params.target:q}"
-        " --out results/models/{wildcards.backbone:q}/{wildcards.variant:q}"
+        " --out {params.out:q}"
         " {params.budget:q} {params.stream:q} {params.settings:q}"
         " --device {params.device:q} --no-progress {params.extra:q} > {log:q} 2>&1"

@@ -6,10 +6,11 @@ checkpoint demo_slides:
     output:
         get_demo_labels(),
     params:
+        out=lambda wc: get_demo_data(),
         scale=config["demo"]["scale"],
         seed=config["demo"]["seed"],
     log:
-        "logs/demo/make_slides.log",
+        study_log("demo/make_slides.log"),
     # upstream of the longest chain (calibrate -> discover -> compress -> ...): first
     priority: 10
     threads: 2
@@ -19,4 +20,4 @@ checkpoint demo_slides:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt demo make-slides --out results/demo_data --scale {params.scale:q} --seed {params.seed:q} --workers {threads} > {log:q} 2>&1"
+        "pathtwt demo make-slides --out {params.out:q} --scale {params.scale:q} --seed {params.seed:q} --workers {threads} > {log:q} 2>&1"

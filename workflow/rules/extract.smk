@@ -19,11 +19,11 @@ if config["extract"]["per_slide_jobs"]:
 
     rule extract:
         input:
-            coords="results/tiles/{cohort}/{slide}.h5",
+            coords=study_path("tiles/{cohort}/{slide}.h5"),
             slide=get_slide,
             model=get_model_inputs,
         output:
-            features=f"{layout.FEATURES_DIR}/{{slide}}.h5",
+            features=study_path(f"{layout.FEATURES_DIR}/{{slide}}.h5"),
             **get_failure_table_output("{slide}"),
         params:
             model=get_model_args,
@@ -33,7 +33,7 @@ if config["extract"]["per_slide_jobs"]:
             failures=get_failures_arg,
             workers=get_workers,
         log:
-            "logs/extract/{backbone}/{variant}/{cohort}/{slide}.log",
+            study_log("extract/{backbone}/{variant}/{cohort}/{slide}.log"),
         group:
             "extract"
         threads: config["extract"]["threads"]
@@ -55,9 +55,9 @@ else:
         input:
             coords=get_cohort_coords,
         output:
-            "results/manifests/extract/{backbone}/{variant}/{cohort}.tsv",
+            study_path("manifests/extract/{backbone}/{variant}/{cohort}.tsv"),
         log:
-            "logs/extract/{backbone}/{variant}/{cohort}.manifest.log",
+            study_log("extract/{backbone}/{variant}/{cohort}.manifest.log"),
         localrule: True
         threads: 1
         resources:
@@ -68,11 +68,11 @@ else:
 
     rule extract:
         input:
-            manifest="results/manifests/extract/{backbone}/{variant}/{cohort}.tsv",
+            manifest=study_path("manifests/extract/{backbone}/{variant}/{cohort}.tsv"),
             coords=get_cohort_coords,
             model=get_model_inputs,
         output:
-            features=directory(layout.FEATURES_DIR),
+            features=directory(study_path(layout.FEATURES_DIR)),
             **get_failure_table_output("cohort"),
         params:
             model=get_model_args,
@@ -82,7 +82,7 @@ else:
             failures=get_failures_arg,
             workers=get_workers,
         log:
-            "logs/extract/{backbone}/{variant}/{cohort}.log",
+            study_log("extract/{backbone}/{variant}/{cohort}.log"),
         threads: config["extract"]["threads"]
         resources:
             mem_mb=8000,
@@ -103,9 +103,9 @@ rule merge_failures:
     input:
         get_failure_tables,
     output:
-        "results/failures/{backbone}/{variant}/{cohort}.tsv",
+        study_path("failures/{backbone}/{variant}/{cohort}.tsv"),
     log:
-        "logs/failures/{backbone}/{variant}/{cohort}.log",
+        study_log("failures/{backbone}/{variant}/{cohort}.log"),
     localrule: True
     threads: 1
     resources:

@@ -14,7 +14,7 @@ rule train_mil:
         predictions=get_mil_job_files("predictions.csv"),
     params:
         features=lambda wc: get_features_dir(wc.backbone, wc.variant, config["tasks"][wc.task]["cohort"]),
-        labels=lambda wc: layout.LABELS.format(cohort=config["tasks"][wc.task]["cohort"]),
+        labels=lambda wc: get_labels_table(config["tasks"][wc.task]["cohort"]),
         protocol=lambda wc: config["tasks"][wc.task]["protocol"],
         classes=lambda wc: config["tasks"][wc.task]["classes"],
         external=get_external_args,
@@ -26,7 +26,7 @@ rule train_mil:
         fold=get_fold_arg,
         out=get_mil_out_pattern,
     log:
-        "logs/mil/{backbone}/{variant}/{task}/{head}.log",
+        study_log("mil/{backbone}/{variant}/{task}/{head}.log"),
     # the seeds of a head are one job: on a cluster one submitted GPU job each
     group:
         "train_mil"
@@ -51,17 +51,17 @@ use rule train_mil as train_mil_fold with:
         metrics=get_mil_job_files("metrics.json", fold=True),
         predictions=get_mil_job_files("predictions.csv", fold=True),
     log:
-        "logs/mil/{backbone}/{variant}/{task}/{head}/fold{fold}.log",
+        study_log("mil/{backbone}/{variant}/{task}/{head}/fold{fold}.log"),
 
 
 rule summarize_mil:
     input:
         lambda wc: [f"{run}/metrics.json" for run in get_head_runs(wc.backbone, wc.variant, wc.task, wc.head)],
     output:
-        json="results/mil/{backbone}/{variant}/{task}/{head}/summary.json",
-        csv="results/mil/{backbone}/{variant}/{task}/{head}/summary.csv",
+        json=study_path("mil/{backbone}/{variant}/{task}/{head}/summary.json"),
+        csv=study_path("mil/{backbone}/{variant}/{task}/{head}/summary.csv"),
     log:
-        "logs/mil/{backbone}/{variant}/{task}/{head}/summary.log",
+        study_log("mil/{backbone}/{variant}/{task}/{head}/summary.log"),
     # milliseconds of work: run in the Snakemake process (no new interpreter; see
     # `onstart` in common.smk) rather than as a `pathtwt summarize-mil` command
     localrule: True

@@ -8,15 +8,16 @@ rule probe:
         model=get_model_inputs,
         split=get_probe_split_inputs,
     output:
-        summary="results/probes/{backbone}/{variant}/{probe}/probe.json",
-        predictions="results/probes/{backbone}/{variant}/{probe}/predictions.csv",
+        summary=study_path("probes/{backbone}/{variant}/{probe}/probe.json"),
+        predictions=study_path("probes/{backbone}/{variant}/{probe}/predictions.csv"),
     params:
         model=get_model_args,
         probe=get_probe_args,
         batch_size=config["extract"]["batch_size"],
         device=get_rule_device("probe"),
+        out=lambda wc, output: os.path.dirname(output.summary),
     log:
-        "logs/probes/{backbone}/{variant}/{probe}.log",
+        study_log("probes/{backbone}/{variant}/{probe}.log"),
     threads: config["extract"]["threads"]
     resources:
         mem_mb=8000,
@@ -26,5 +27,5 @@ rule probe:
         CONDA_ENV
     shell:
         "pathtwt probe {params.model:q} {params.probe:q} --name {wildcards.probe:q}"
-        " --out results/probes/{wildcards.backbone:q}/{wildcards.variant:q}/{wildcards.probe:q}"
+        " --out {params.out:q}"
         " --batch-size {params.batch_size:q} --device {params.device:q} > {log:q} 2>&1"

@@ -6,22 +6,26 @@ rule report:
     input:
         runs=get_mil_runs(),
         summaries=get_mil_summaries(),
-        plans=expand("results/discovery/{backbone}/plan.json", backbone=get_discovered_backbones()),
+        plans=expand(study_path("discovery/{backbone}/plan.json"), backbone=get_discovered_backbones()),
         analyses=get_analysis_targets(),
         probes=get_probe_targets(),
         heatmaps=get_heatmaps(),
     output:
         html=report(
-            "results/report/index.html",
+            study_path("report/index.html"),
             caption="../report/results.rst",
             category="Results",
         ),
-        tables=expand("results/report/{task}.{ext}", task=list(config["tasks"]), ext=["csv", "md"]),
+        tables=expand(study_path("report/{task}.{ext}"), task=list(config["tasks"]), ext=["csv", "md"]),
     params:
         metrics=get_report_metric_args(),
+        selection=get_report_selection_args(),
+        # the study's results folder, which holds the report's folder
+        results=lambda wc, output: os.path.dirname(os.path.dirname(output.html)),
+        out=lambda wc, output: os.path.dirname(output.html),
         attention=config["report"]["attention_slides"],
     log:
-        "logs/report.log",
+        study_log("report.log"),
     localrule: True
     threads: 1
     resources:
@@ -30,7 +34,7 @@ rule report:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt report --results results --out results/report {params.metrics:q}"
+        "pathtwt report --results {params.results:q} --out {params.out:q} {params.metrics:q} {params.selection:q}"
         " --attention-slides {params.attention:q} > {log:q} 2>&1"
 
 
@@ -39,20 +43,20 @@ rule heatmap:
     tiles and QuPath GeoJSON; the lowest seed's run."""
     input:
         slide=get_slide,
-        coords="results/tiles/{cohort}/{slide}.h5",
+        coords=study_path("tiles/{cohort}/{slide}.h5"),
         features=lambda wc: get_features(wc.backbone, wc.variant, wc.cohort),
         run=lambda wc: f"{get_heatmap_run(wc)}/metrics.json",
     output:
-        png="results/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.heatmap.png",
-        tiles="results/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.top_tiles.png",
-        geojson="results/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.geojson",
+        png=study_path("heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.heatmap.png"),
+        tiles=study_path("heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.top_tiles.png"),
+        geojson=study_path("heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.geojson"),
     params:
         run=get_heatmap_run,
         features=lambda wc: f"{get_features_dir(wc.backbone, wc.variant, wc.cohort)}/{wc.slide}.h5",
         mpp=config["report"]["heatmap_mpp"],
-        out=lambda wc: f"results/heatmaps/{wc.backbone}/{wc.variant}/{wc.task}/{wc.head}/{wc.cohort}",
+        out=lambda wc, output: os.path.dirname(output.png),
     log:
-        "logs/heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.log",
+        study_log("heatmaps/{backbone}/{variant}/{task}/{head}/{cohort}/{slide}.log"),
     threads: 1
     resources:
         mem_mb=4000,

@@ -12,9 +12,9 @@ rule tile:
         slide=get_slide,
         roi=get_roi,
     output:
-        coords="results/tiles/{cohort}/{slide}.h5",
+        coords=study_path("tiles/{cohort}/{slide}.h5"),
         thumbnail=report(
-            "results/thumbnails/{cohort}/{slide}.png",
+            study_path("thumbnails/{cohort}/{slide}.png"),
             caption="../report/thumbnail.rst",
             category="Tissue",
             subcategory="{cohort}",
@@ -29,7 +29,7 @@ rule tile:
         modality=get_modality_args,
         roi=lambda wc, input: ["--roi", *input.roi] if input.roi else [],
     log:
-        "logs/tile/{cohort}/{slide}.log",
+        study_log("tile/{cohort}/{slide}.log"),
     # upstream of the longest chain (calibrate -> discover -> compress -> ...): first
     priority: 10
     group:
@@ -54,11 +54,11 @@ rule labels:
     input:
         table=lambda wc: str(config_check.resolve(config, config["cohorts"][wc.cohort]["labels"])),
     output:
-        "results/labels/{cohort}.csv",
+        study_path("labels/{cohort}.csv"),
     params:
         command=get_labels_command,
     log:
-        "logs/labels/{cohort}.log",
+        study_log("labels/{cohort}.log"),
     # upstream of the longest chain (calibrate -> discover -> compress -> ...): first
     priority: 10
     localrule: True

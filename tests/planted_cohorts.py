@@ -1,6 +1,6 @@
-"""Planted-signal MIL cohorts: bags of random embeddings in which a few *key* instances
-(background + a fixed direction) decide the label. Used by the tests (both heads must
-learn the task and attend to the key instances) and the memory benchmark.
+"""Planted-signal MIL cohorts for the tests (helpers, not tests): bags of random
+embeddings in which a few *key* instances (background + a fixed direction) decide the
+label, so both heads must learn the task and attend to the key instances.
 
 - ``metastasis``: label 1 iff the bag holds 1..3 key instances (binary detection);
 - ``grading``: the share of key instances sets the grade (0, ~step, ~2 step, ...).
@@ -16,7 +16,6 @@ import pandas as pd
 
 from pathtwt.io.atomic import atomic_output
 from pathtwt.io.h5 import write_features
-
 
 
 @dataclass
