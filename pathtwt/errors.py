@@ -20,3 +20,7 @@ class WeightsError(PathtwtError):
 
 class NumericsError(PathtwtError):
     """NaN or infinite values appeared in features or a loss."""
+
+
+class OutputError(PathtwtError):
+    """An output cannot be written: the disk or a quota is full, or the folder is read-only."""

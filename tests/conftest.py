@@ -58,13 +58,21 @@ def _few_threads():
     yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _slide_checks_cached_apart(tmp_path_factory):
+    # `pathtwt check-config` keeps what it read of each slide in a cache folder (by default
+    # in the home folder); the tests' own, shared by their subprocesses
+    os.environ["PATHTWT_CACHE_DIR"] = str(tmp_path_factory.mktemp("pathtwt-cache"))
+    yield
+
+
 # The files whose tests take longest on the 2-core CI machine (minutes each: planning the
 # paper's 12,000-job study, the SLURM cluster, real-image benchmarks and probes, killed and
 # resumed runs). pytest-xdist hands out whole files in collection order, so these go
 # first and the light files fill in around them: the two workers then finish together
 # instead of one running the last long file alone.
 LONGEST_FIRST = ("test_profiles.py", "test_slurm.py", "test_bach_budget_curve.py", "test_probe.py",
-                 "test_distill_scale.py", "test_fault_injection.py", "test_device_check.py")
+                 "test_distill_scale.py", "test_fault_injection.py", "test_device_check.py", "test_slide_names.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -184,10 +184,10 @@ def test_a_local_run_keeps_its_bookkeeping_jobs_in_process(bach, tmp_path):
     Snakemake process instead of a spawned Snakemake that parses the workflow again
     (workflow/rules/common.smk); the list it writes names every tile file of the
     compression hold-out, and only those."""
-    root = small_cohort(tmp_path / "small", bach, per_class=3)
+    root = small_cohort(tmp_path / "small", bach, per_class=4)
     cfg = bach_config(bach)
     cfg["cohorts"]["bach"].update(slides=str(root / "images"), labels=str(root / "labels.csv"),
-                                  draw_split={"folds": 2, "holdout": 0.34, "seed": 0})
+                                  draw_split={"folds": 3, "holdout": 0.25, "seed": 0})
     cfg_path = tmp_path / "small.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     res = snakemake(tmp_path / "run", "results/small/calibration/vit-s14-imgfocus.coords.txt", "--cores", "2", "--verbose",

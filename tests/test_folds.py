@@ -79,8 +79,9 @@ def test_without_groups_folds_are_exactly_stratified_seeded_and_order_free(tmp_p
 
 def test_groups_that_cannot_be_split_evenly_are_named(tmp_path, capsys):
     labels = [0] * 12 + [1] * 12
-    groups = [f"a{i // 4}" for i in range(12)] + [f"b{i // 2}" for i in range(12)]  # 3 patients of 4 in class 0
-    code, out = split(tmp_path, write_table(tmp_path / "t.csv", labels, groups), "--folds", "2", "--group-column", "patient")
+    # class 0 in 3 patients of 5, 4 and 3 slides: 3 folds cannot each get 4
+    groups = ["a0"] * 5 + ["a1"] * 4 + ["a2"] * 3 + [f"b{i // 2}" for i in range(12)]
+    code, out = split(tmp_path, write_table(tmp_path / "t.csv", labels, groups), "--folds", "3", "--group-column", "patient")
     assert code == 0
     captured = capsys.readouterr()
     gaps = json.loads(captured.out)["not_exactly_stratified"]
@@ -158,7 +159,7 @@ def test_more_folds_than_groups_is_refused(tmp_path, capsys):
 
 
 def test_a_missing_group_column_is_named(tmp_path, capsys):
-    code, out = split(tmp_path, write_table(tmp_path / "t.csv", [0, 1] * 5), "--folds", "2", "--group-column", "case_id")
+    code, out = split(tmp_path, write_table(tmp_path / "t.csv", [0, 1] * 5), "--folds", "3", "--group-column", "case_id")
     err = capsys.readouterr().err
     assert code == 1 and "t.csv: group column 'case_id' not in the label table (it has slide_id, label)" in err
     assert not out.exists()  # nothing written
@@ -169,7 +170,17 @@ def test_a_fold_without_a_class_is_named(tmp_path):
     labels = [0] * 8 + [1] * 4
     groups = [f"p{i}" for i in range(8)] + ["q"] * 4
     with pytest.raises(ConfigError, match=r"fold \d has no slide of class 1; use fewer folds or other groups"):
-        lb.build_fold_split(write_table(tmp_path / "t.csv", labels, groups), 2, group_column="patient")
+        lb.build_fold_split(write_table(tmp_path / "t.csv", labels, groups), 3, group_column="patient")
+
+
+@pytest.mark.parametrize("k", [2, 1, 0])
+def test_fewer_than_three_folds_leave_no_training_slide_and_are_refused(tmp_path, capsys, k):
+    """For test fold f the heads select on fold f+1 and train on the other K-2: two folds
+    trained on nothing (train-mil then stopped: no 'train' slides with features)."""
+    code, out = split(tmp_path, write_table(tmp_path / "t.csv", [0, 1] * 5), "--folds", str(k))
+    err = capsys.readouterr().err
+    assert code == 1 and f"folds {k} leaves no training slide" in err and "give at least 3 folds" in err
+    assert not out.exists()
 
 
 def test_folds_and_fractions_together_are_refused(tmp_path, capsys):

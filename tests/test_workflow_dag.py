@@ -40,9 +40,9 @@ def make_dummy_data(root: Path, extra: dict | None = None) -> None:
         (root / labels).write_text(f"slide_id,{label_col},split\n" + "".join(rows))
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
     cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(workdir), *args]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
     if check and res.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return res

@@ -44,7 +44,7 @@ def test_report_heatmaps_and_cohort_rois_are_planned(tmp_path):
     assert counts["heatmap"] == 2 * 2 * 4
     commands = [line for line in plan.splitlines() if "pathtwt heatmap " in line]
     assert len(commands) == 16 and all("/seed1 " in c and "--mpp 8.0" in c for c in commands)
-    assert {c.split("--slide-id ")[1].split()[0] for c in commands} == {"p6", "t1", "c5", "n1"}
+    assert {c.split("--slide-id=")[1].split()[0] for c in commands} == {"p6", "t1", "c5", "n1"}
     tiles = [line for line in plan.splitlines() if "pathtwt tile " in line]
     with_roi = [line for line in tiles if "--roi " in line]
     assert len(with_roi) == 1 and "p2.geojson" in with_roi[0] and "PANDA/train_images/p2" in with_roi[0]

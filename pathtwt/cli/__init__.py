@@ -99,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"pathtwt {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # a full disk or a read-only folder met outside the atomic writers
+        from pathtwt.io.write_errors import raise_for_os_error
+
+        try:
+            raise_for_os_error(exc)
+        except PathtwtError as line:
+            print(f"pathtwt {args.command}: error: {line}", file=sys.stderr)
+            return 1
+        raise
     except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
         from pathtwt.cli.out_of_memory import is_out_of_memory, out_of_memory_line
 

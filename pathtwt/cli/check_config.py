@@ -4,8 +4,10 @@ runs (the Snakefile runs the same checks when it parses the config)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-HELP = "validate a workflow config (schema, label tables, slides on disk) before any job runs"
+HELP = ("validate a workflow config before any job runs: the schema, the label tables, the backbones and folds, "
+        "and every labelled slide opened, tiled and read as its jobs will")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,6 +18,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-slides", action="store_true",
         help="do not require the labelled slides to exist on disk (plan on another machine)",
+    )
+    parser.add_argument(
+        "--no-read", action="store_true",
+        help="check that the labelled slides exist, but do not open, tile and read them (default: read every one)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=None, metavar="N",
+        help="slides read at a time, in as many processes (default: the machine's CPUs)",
+    )
+    parser.add_argument(
+        "--slide-cache", metavar="DIR", default=None,
+        help="where the result of each slide's check is kept, by the slide's fingerprint, so an unchanged slide "
+        "is not read again (default: $PATHTWT_CACHE_DIR/slide-checks, else ~/.cache/pathtwt/slide-checks; "
+        "'none' keeps nothing)",
     )
     parser.add_argument(
         "--extra-args", action="append", default=[], metavar="SECTION=TEXT",
@@ -69,8 +85,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"extra_args ok: {', '.join(given)}")
         return 0
     configs = args.configs or ["config/config.yaml"]
+    source = " + ".join(str(c) for c in configs)
     config, tables = load_and_check(configs, require_slides=not args.no_slides)
-    check_extra_args(config, source=" + ".join(str(c) for c in configs), flags_of=command_flags)
+    check_extra_args(config, source=source, flags_of=command_flags)
+    if not args.no_slides and not args.no_read:
+        import sys
+        import time
+
+        from pathtwt.config.check import read_and_check_slides
+        from pathtwt.config.slide_reads import default_cache
+
+        if args.jobs is not None and args.jobs < 1:
+            raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+        cache = None if args.slide_cache == "none" else Path(args.slide_cache) if args.slide_cache else default_cache()
+        began = time.perf_counter()
+        for line in read_and_check_slides(config, tables, source=source, jobs=args.jobs, cache=cache):
+            print(f"pathtwt check-config: warning: {line}", file=sys.stderr)
+        n = sum(len(t.slide_ids) for t in tables.values())
+        print(f"read {n} labelled slides in {time.perf_counter() - began:.1f} s (cache: {cache or 'none'})")
     for cohort in config["cohorts"]:
         if cohort in tables:
             counts = {s: tables[cohort].splits.count(s) for s in dict.fromkeys(tables[cohort].splits)}

@@ -47,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
         raise PathtwtError(f"--alpha must lie in [0, 1], got {args.alpha}")
     if args.smooth < 0:
         raise PathtwtError(f"--smooth must be >= 0, got {args.smooth}")
+    if args.slide_id is not None:  # it names the outputs: refused before anything is read
+        from pathtwt.io.slide_ids import check_slide_ids
+
+        check_slide_ids([args.slide_id], "--slide-id")
     head = load_head(args.run, device=use_device(args.device))
     options = HeatmapOptions(mpp=args.mpp, top_k=args.top_k, tiff=args.tiff, smooth_um=args.smooth, cmap=args.cmap,
                              scale=args.scale, alpha=args.alpha, max_pixels=args.max_pixels, tissue=not args.no_tissue)

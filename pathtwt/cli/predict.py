@@ -79,6 +79,10 @@ def slide_list(specs: list[str]) -> dict[str, Path]:
             if p.stem in slides and slides[p.stem] != p:
                 raise PathtwtError(f"{p} and {slides[p.stem]}: two slides with the id {p.stem!r}; rename one")
             slides[p.stem] = p
+    from pathtwt.io.slide_ids import check_slide_ids
+
+    # a slide's id names its features and coords files, and its row of the predictions
+    check_slide_ids(list(slides), "the slides given", rows=[str(p) for p in slides.values()])
     return slides
 
 

@@ -31,6 +31,7 @@ import numpy as np
 from pathtwt.compress.defaults import COMPRESS_DEFAULTS
 from pathtwt.errors import ConfigError, PathtwtError
 from pathtwt.io.atomic import atomic_output
+from pathtwt.io.h5_writer import writing_h5
 
 if TYPE_CHECKING:
     import torch
@@ -188,11 +189,15 @@ def restrict_to_splits(
     shown to belong to the training cohort."""
     import csv
 
+    from pathtwt.io.slide_ids import check_slide_ids
+
     try:
         with open(labels_csv, newline="", encoding="utf-8") as fh:
-            split_of = {row["slide_id"]: row["split"] for row in csv.DictReader(fh)}
+            rows = [(row["slide_id"], row["split"]) for row in csv.DictReader(fh)]
     except (OSError, KeyError) as exc:
         raise ConfigError(f"{labels_csv}: cannot read columns slide_id and split ({exc})") from None
+    check_slide_ids([r[0] for r in rows], labels_csv, rows=[f"line {i + 2}" for i in range(len(rows))])
+    split_of = dict(rows)
     unknown = [p.name for p in coords_files if p.stem not in split_of]
     if unknown:
         raise ConfigError(f"{labels_csv}: no row for {unknown[0]} ({len(unknown)} coords files); fix the label table")
@@ -418,7 +423,7 @@ def write_calibration(path: str | os.PathLike, drawn: _Drawn, provenance: dict[s
     import json
 
     with atomic_output(path) as tmp:
-        with h5py.File(tmp, "w") as h5:
+        with writing_h5(tmp) as h5:
             n, p = len(drawn.tiles), drawn.patch_size
             h5.create_dataset("tiles", data=drawn.tiles, chunks=(1, p, p, 3) if n else None)
             h5.create_dataset("split", data=drawn.split)

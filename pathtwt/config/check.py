@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from pathtwt.errors import ConfigError
 from pathtwt.io.layout import RANDOM_INIT as RANDOM_INIT_VARIANT  # a reserved variant name and method
+from pathtwt.io.slide_ids import check_slide_ids, check_workflow_path
 
 # Read through importlib.resources, so an installed wheel finds it as well as a checkout.
 SCHEMA_RESOURCE = ("pathtwt.config", "schema.yaml")
@@ -232,13 +233,14 @@ def _slides_from_table(table: Path, where: str) -> dict[str, Path]:
 
     if not table.is_file():
         raise ConfigError(f"{table}: slide table of {where} not found")
-    df = pd.read_csv(table, dtype=str)
+    df = pd.read_csv(table, dtype=str, keep_default_na=False)
     missing = {"slide_id", "path"} - set(df.columns)
     if missing:
         raise ConfigError(f"{table}: slide table of {where} lacks columns {sorted(missing)}")
     dup = df["slide_id"][df["slide_id"].duplicated()].tolist()
     if dup:
         raise ConfigError(f"{table}: duplicate slide_id in {where}: {_listing(dup)}")
+    check_slide_ids(list(df["slide_id"]), table, rows=[f"line {n}" for n in _data_lines(table, len(df))], workflow=True)
     return {
         row.slide_id: (Path(row.path) if Path(row.path).is_absolute() else table.parent / row.path)
         for row in df.itertuples()
@@ -302,6 +304,7 @@ def read_label_table(
     empty = (ids == "") | (df[label_column].str.strip() == "")
     if empty.any():
         raise ConfigError(f"{path}: empty slide_id or {label_column} in {where}: {_listing(rows(empty))}")
+    check_slide_ids(list(ids), path, rows=[f"line {n}" for n in lines], workflow=True)
     allowed = list(splits)
     bad = ~df[split_column].str.strip().isin(allowed)
     if bad.any():
@@ -331,6 +334,7 @@ def drawn_label_table(path: Path, *, label_column: str, draw: Mapping[str, Any],
                                  draw.get("holdout") or 0.0)
     else:
         table = build_drawn_split(path, split_fractions(draw), draw["seed"], label_column)
+    check_slide_ids(list(table["slide_id"]), path, rows=_lines_of_ids(path, table["slide_id"]), workflow=True)
     return LabelTable(
         path=path,
         slide_ids=tuple(table["slide_id"]),
@@ -338,6 +342,15 @@ def drawn_label_table(path: Path, *, label_column: str, draw: Mapping[str, Any],
         splits=tuple(table["split"]),
         folds=tuple(int(f) for f in table["fold"]) if "fold" in table.columns else (),
     )
+
+
+def _lines_of_ids(path: Path, ids: Iterable[str]) -> list[str]:
+    """How an error names the row of each of ``ids`` in the table ``path``: its line."""
+    import pandas as pd
+
+    raw = pd.read_csv(path, dtype=str, keep_default_na=False)["slide_id"].str.strip()
+    line_of = dict(zip(raw, _data_lines(path, len(raw))))
+    return [f"line {line_of[i]}" if i in line_of else "a row" for i in ids]
 
 
 DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)
@@ -354,6 +367,36 @@ def cohort_folds(config: Mapping[str, Any], cohort: str) -> int | None:
     return draw.get("folds") or None
 
 
+def compression_split(config: Mapping[str, Any], task: Mapping[str, Any]) -> str:
+    """The split of a task's cohort that compression draws from: the compression-only
+    hold-out of a cross-validated cohort, else the task's training split."""
+    from pathtwt.mil.folds import HOLDOUT_SPLIT
+
+    return HOLDOUT_SPLIT if cohort_folds(config, task["cohort"]) else task["train_split"]
+
+
+def calibration_slides(config: Mapping[str, Any], tables: Mapping[str, LabelTable]) -> dict[str, list[tuple[str, str]]]:
+    """backbone -> the (cohort, slide id) its calibration tiles are drawn from, for every
+    backbone that is calibrated (a compressed variant, or the analyses); only cohorts of
+    ``tables``."""
+    from pathtwt.compress.registry import METHODS
+
+    out = {}
+    for name, bb in config["backbones"].items():
+        variants = [v for v in (bb["variants"] or list(config["variants"])) if v in config["variants"]]
+        if not any(config["variants"][v]["method"] in METHODS for v in variants) and \
+                not config.get("analysis", {}).get("enabled"):
+            continue
+        slides = []
+        for task_name in bb["calibrate_on"] or list(config["tasks"]):
+            task = config["tasks"][task_name]
+            table = tables.get(task["cohort"])
+            if table is not None:
+                slides += [(task["cohort"], s) for s in table.ids_in_split(compression_split(config, task))]
+        out[name] = sorted(set(slides))
+    return out
+
+
 def check_fold_draws(config: Mapping[str, Any], *, source: str) -> None:
     """`folds` excludes `fractions`; `group_column` and `holdout` need `folds`; and a
     cross-validated cohort that compression calibrates on must hold out its compression
@@ -363,6 +406,10 @@ def check_fold_draws(config: Mapping[str, Any], *, source: str) -> None:
         key = f"cohorts.{name}.draw_split"
         if draw.get("folds") and draw.get("fractions") is not None:
             raise ConfigError(f"{source}: key {key}: give `folds` or `fractions`, not both (folds test every slide once)")
+        if draw.get("folds") is not None:
+            from pathtwt.mil.folds import check_fold_count
+
+            check_fold_count(draw["folds"], f"{source}: key {key}.folds")
         if not draw.get("folds"):
             for extra in ("group_column", "holdout"):
                 if draw.get(extra):
@@ -439,6 +486,8 @@ def check_slides_on_disk(config: Mapping[str, Any], cohort: str, table: LabelTab
             f"{table.path}: slides of cohorts.{cohort} missing on disk under "
             f"{resolve(config, config['cohorts'][cohort]['slides'])}: {_listing(missing)}"
         )
+    for i, slide_id in enumerate(table.slide_ids):
+        check_workflow_path(found[slide_id], f"the slide of {table.path} {table.where(i)}")
     return {s: found[s] for s in table.slide_ids}
 
 
@@ -464,6 +513,9 @@ def check_references(config: Mapping[str, Any], *, source: str) -> None:
                     f"cohorts.{task['cohort']}.splits {splits}"
                 )
     for name, bb in config["backbones"].items():
+        check_backbone_name(name, f"{source}: key backbones.{name}")
+        if bb["fallback"]:
+            check_backbone_name(bb["fallback"], f"{source}: key backbones.{name}.fallback")
         for task in bb["calibrate_on"]:
             if task not in tasks:
                 raise ConfigError(f"{source}: key backbones.{name}.calibrate_on: unknown task {task!r}")
@@ -499,6 +551,21 @@ def check_references(config: Mapping[str, Any], *, source: str) -> None:
     check_fold_draws(config, source=source)
 
 
+def check_backbone_name(name: str, where: str) -> None:
+    """A backbone of the config is a registry name (:data:`pathtwt.models.encoders.BACKBONES`);
+    an unknown one is refused with the closest names."""
+    import difflib
+
+    from pathtwt.models.encoders import BACKBONES
+
+    if name in BACKBONES:
+        return
+    close = difflib.get_close_matches(str(name).lower(), BACKBONES, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else \
+        f"the registry's names: {', '.join(sorted(b for b in BACKBONES if not b.endswith('-tiny')))}"
+    raise ConfigError(f"{where}: unknown backbone {name!r}; {hint} (`pathtwt extract --help` lists them)")
+
+
 def available_probes(config: Mapping[str, Any], *, source: str) -> tuple[list[str], list[str]]:
     """(probe sets to run, probe sets skipped). A probe set whose tiles folder or split
     file is absent is skipped when its `if_missing` is `skip` (a probe set on data that
@@ -525,6 +592,7 @@ def check_config(config: Mapping[str, Any], *, source: str, require_slides: bool
     """Cross-section references, label tables and slides on disk. Returns the label
     tables of cohorts whose data exist (demo cohorts not generated yet are skipped)."""
     check_references(config, source=source)
+    check_workflow_paths(config)
     if require_slides:
         available_probes(config, source=source)
     tables: dict[str, LabelTable] = {}
@@ -538,6 +606,18 @@ def check_config(config: Mapping[str, Any], *, source: str, require_slides: bool
             check_roi_folder(config, cohort, paths)
     check_training_classes(config, tables, source=source)
     return tables
+
+
+def check_workflow_paths(config: Mapping[str, Any]) -> None:
+    """The config's own paths that reach the workflow's rules as files (label tables,
+    slide and ROI folders, weights, probe tiles) can be carried: no braces, which Snakemake
+    reads as wildcards, no control characters (:func:`pathtwt.io.slide_ids.workflow_problem`)."""
+    keys = [(f"cohorts.{c}.{k}", cfg.get(k)) for c, cfg in config["cohorts"].items() for k in ("slides", "labels", "roi")]
+    keys += [(f"backbones.{b}.weights", bb.get("weights")) for b, bb in config["backbones"].items()]
+    keys += [(f"probes.{n}.{k}", pr.get(k)) for n, pr in (config.get("probes") or {}).items() for k in ("tiles", "split_file")]
+    for key, value in keys:
+        if value:
+            check_workflow_path(resolve(config, str(value)), key)
 
 
 def check_roi_folder(config: Mapping[str, Any], cohort: str, paths: Mapping[str, Path]) -> None:
@@ -618,6 +698,19 @@ def check_pixel_sizes(config: Mapping[str, Any], cohort: str, paths: Mapping[str
             f"pixel sizes while not every image states its own (the others take mpp_fallback {fallback}): "
             f"{groups}; split it into one cohort per pixel size, or write each image's size into its file (dpi)"
         )
+
+
+def read_and_check_slides(config: Mapping[str, Any], tables: Mapping[str, LabelTable], *, source: str,
+                          jobs: int | None = None, cache: Path | None = None) -> list[str]:
+    """Open, tile and read every labelled slide (:mod:`pathtwt.config.slide_reads`): raise
+    one line naming the slides that cannot be read; return warnings (slides to be recorded
+    as failed, a calibration asking more tiles than its slides hold)."""
+    from pathtwt.config import slide_reads
+
+    paths = {cohort: check_slides_on_disk(config, cohort, table) for cohort, table in tables.items()}
+    found = slide_reads.read_slides(config, paths, jobs=jobs, cache=cache)
+    warnings = slide_reads.refuse_unreadable(config, tables, found, source=source)
+    return warnings + slide_reads.calibration_warnings(config, calibration_slides(config, tables), found)
 
 
 def study_name(config: Mapping[str, Any], config_files: Iterable[str | os.PathLike]) -> str:

@@ -20,6 +20,7 @@ from pathtwt.explain.montage import top_k_note, write_montage
 from pathtwt.explain.runs import TrainedHead, check_applicable
 from pathtwt.explain.scores import ATTRIBUTION, attention_for_heatmap
 from pathtwt.io.h5 import read_coords, read_features
+from pathtwt.io.slide_ids import check_slide_ids
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ def explain_slide(
     from pathtwt.wsi.tissue import TissueParams, detect_tissue
 
     slide_id = slide_id or Path(features_path).stem
+    check_slide_ids([slide_id], "--slide-id" if slide_id != Path(features_path).stem else features_path)
     coords, features, coords_attrs, _ = load_checked(coords_path, features_path, head)
     if options.top_k < 1:
         raise PathtwtError(f"--top-k must be >= 1, got {options.top_k}")

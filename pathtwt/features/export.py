@@ -24,6 +24,7 @@ import numpy as np
 from pathtwt.errors import PathtwtError
 from pathtwt.io.atomic import atomic_output
 from pathtwt.io.h5 import read_features
+from pathtwt.io.h5_writer import writing_h5
 
 FORMATS = ("clam-pt", "stamp")
 
@@ -84,7 +85,7 @@ def stamp_geometry(source: Path, attrs: dict[str, Any]) -> tuple[float, float, i
 def write_stamp(source: Path, feats: np.ndarray, coords: np.ndarray, attrs: dict[str, Any], target: Path) -> None:
     mpp, tile_um, tile_px = stamp_geometry(source, attrs)
     with atomic_output(target) as tmp:
-        with h5py.File(tmp, "w") as h5:
+        with writing_h5(tmp) as h5:
             h5.create_dataset("feats", data=np.asarray(feats, dtype=np.float32))
             h5.create_dataset("coords", data=np.asarray(coords, dtype=np.float64) * mpp)
             h5.attrs["unit"] = "um"

@@ -7,7 +7,8 @@ The temporary name says who writes it: ``.NAME.tmp-HOST-PID-XXXX.SUFFIX``. A job
 with SIGKILL (or by a node failure) cannot delete its temporary file, so the next
 writer of the same output removes the temporaries of NAME whose process, on this host,
 is gone; those of live processes and of other hosts (a shared cluster filesystem) are
-left alone."""
+left alone. A full disk, a full quota or a read-only folder is one line naming the file
+(:mod:`pathtwt.io.write_errors`), and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pathtwt.errors import PathtwtError
+from pathtwt.io.write_errors import check_room, no_room_errno, probe_room, raise_output_error
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -39,19 +41,55 @@ def _fsync_dir(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
+def atomic_output(path: str | os.PathLike, suffix: str | None = None, *, needed: int | None = None) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success fsync it and rename it to
     ``path``; on any exception delete it and re-raise.
 
     ``suffix`` defaults to the final suffix so that libraries that look at the file
     extension (PIL, numpy) behave the same on the temporary file. Folder scans must
     ignore names that start with "." (the temporary files).
+
+    A full disk, a full quota or a read-only folder, met anywhere from making the folder
+    to the rename, is raised as one :class:`~pathtwt.errors.OutputError` line naming
+    ``path`` (:mod:`pathtwt.io.write_errors`); ``needed``, the least the output takes where
+    the writer knows it, is checked against the free space first and named in that line.
     """
     final = Path(path)
     if final.is_dir():
         raise PathtwtError(f"{final}: is a folder; give the path of the file to write")
+    try:
+        tmp = _temporary(final, suffix, needed)
+    except OSError as exc:
+        code = no_room_errno(exc)
+        if code is None:
+            raise
+        raise_output_error(final, code, needed=needed)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    except BaseException as exc:
+        # a library's own words for a full disk (or none: torch.save, numpy.save) are
+        # classified while the temporary file still holds its space
+        code = None
+        if isinstance(exc, Exception) and not isinstance(exc, PathtwtError):
+            code = no_room_errno(exc) or probe_room(tmp)
+        written = _allocated(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        if code is None:
+            raise
+        raise_output_error(final, code, needed=needed, written=written)
+
+
+def _temporary(final: Path, suffix: str | None, needed: int | None) -> Path:
+    """A new empty temporary file for ``final``, in its folder (made if missing)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(final)
+    if needed:
+        check_room(final, needed)
     # Hidden name (leading dot) so folder scans for "*.h5" never pick it up.
     fd, tmp_name = tempfile.mkstemp(
         prefix=f"{_tmp_prefix(final)}{os.getpid()}-", suffix=final.suffix if suffix is None else suffix, dir=final.parent
@@ -63,16 +101,15 @@ def atomic_output(path: str | os.PathLike, suffix: str | None = None) -> Iterato
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)
+    return tmp
+
+
+def _allocated(path: Path) -> int | None:
+    """Bytes the file occupies on disk (HDF5 leaves holes), or None when it is gone."""
     try:
-        yield tmp
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(final.parent)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+        return path.stat().st_blocks * 512
+    except OSError:
+        return None
 
 
 def _host() -> str:

@@ -17,11 +17,13 @@ geometry is written twice, on the file root (pathtwt's own readers) and on the `
 dataset, where TRIDENT reads it (``dict(f["coords"].attrs)``, ``patch_size_level0``) and
 CLAM reads ``patch_size`` and ``patch_level`` (the pyramid level pathtwt reads tiles at).
 
-All writers go through :func:`pathtwt.io.atomic.atomic_output`.
+All writers go through :func:`pathtwt.io.atomic.atomic_output` and write HDF5 through
+:func:`pathtwt.io.h5_writer.writing_h5`, so a full disk is one line, never a crash.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -31,6 +33,7 @@ import numpy as np
 
 from pathtwt.errors import PathtwtError
 from pathtwt.io.atomic import atomic_output
+from pathtwt.io.h5_writer import CheckedDataset, writing_h5
 
 COORDS_ATTRS = (
     "patch_size",
@@ -115,7 +118,7 @@ def write_coords(
     if len(coords) != len(tissue_fraction):
         raise ValueError("coords and tissue_fraction differ in length")
     with atomic_output(path) as tmp:
-        with h5py.File(tmp, "w") as h5:
+        with writing_h5(tmp) as h5:
             dataset = h5.create_dataset("coords", data=coords)
             h5.create_dataset("tissue_fraction", data=tissue_fraction)
             for name, text in (texts or {}).items():
@@ -171,6 +174,12 @@ def write_features(
             w.features[...] = features
 
 
+# bytes of a features file beside its arrays, at the least: the HDF5 structure and the
+# attributes (a larger guess would refuse files that fit; one that does not fit is caught
+# when its write fails)
+_ATTRS_ROOM = 1 << 12
+
+
 class FeaturesWriter:
     """Stream features into a temporary HDF5 file and publish it atomically on close.
 
@@ -188,24 +197,32 @@ class FeaturesWriter:
         self.n_tiles, self.dim, self.attrs = int(n_tiles), int(dim), with_reader_aliases(attrs)
 
     def __enter__(self) -> "FeaturesWriter":
-        self._ctx = atomic_output(self.path)
-        tmp = self._ctx.__enter__()
-        self.h5 = h5py.File(tmp, "w")
-        chunk_rows = max(1, min(self.n_tiles, 1024))
-        self.features = self.h5.create_dataset(
-            "features",
-            shape=(self.n_tiles, self.dim),
-            dtype=np.float32,
-            chunks=(chunk_rows, self.dim) if self.n_tiles else None,
-        )
-        self.coords = self.h5.create_dataset("coords", shape=(self.n_tiles, 2), dtype=np.int64)
-        _set_attrs(self.h5, self.attrs)
-        _set_attrs(self.coords, {k: v for k, v in self.attrs.items() if k in GEOMETRY_ATTRS})
+        with contextlib.ExitStack() as stack:
+            tmp = stack.enter_context(atomic_output(self.path, needed=self.size()))
+            chunk_rows = max(1, min(self.n_tiles, 1024))
+            # a chunk is written once, when full, rather than read back and rewritten at every batch
+            self.h5 = stack.enter_context(writing_h5(tmp, rdcc_nbytes=max(1 << 20, 2 * chunk_rows * self.dim * 4)))
+            features = self.h5.create_dataset(
+                "features",
+                shape=(self.n_tiles, self.dim),
+                dtype=np.float32,
+                chunks=(chunk_rows, self.dim) if self.n_tiles else None,
+            )
+            # a full disk stops the writer at the next batch, not at the end of the slide
+            self.features = CheckedDataset(features, self.h5.guard, self.path, needed=self.size())
+            self.coords = self.h5.create_dataset("coords", shape=(self.n_tiles, 2), dtype=np.int64)
+            _set_attrs(self.h5, self.attrs)
+            _set_attrs(self.coords, {k: v for k, v in self.attrs.items() if k in GEOMETRY_ATTRS})
+            self._files = stack.pop_all()
         return self
 
+    def size(self) -> int:
+        """Bytes the file will take, at the least: the features, the coords and the HDF5 structure."""
+        return self.n_tiles * (self.dim * 4 + 16) + _ATTRS_ROOM
+
     def __exit__(self, exc_type, exc, tb) -> bool:
-        self.h5.close()
-        return bool(self._ctx.__exit__(exc_type, exc, tb))
+        # the HDF5 file closes first (a failed write raised there), then the output is published
+        return bool(self._files.__exit__(exc_type, exc, tb))
 
 
 def read_features(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:

@@ -51,10 +51,20 @@ def group_ids(slide_ids: list[str], groups: list[str] | None) -> list[str]:
     return [f"group:{g}" if g not in (None, "") else f"slide:{s}" for s, g in zip(slide_ids, groups)]
 
 
+# the fewest folds that leave a fold to train on: for test fold f the heads select on fold
+# f+1 and train on the other K-2
+MIN_FOLDS = 3
+
+
+def check_fold_count(k: object, where: str) -> None:
+    """Refuse a fold count that leaves no training slide (fewer than :data:`MIN_FOLDS`)."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < MIN_FOLDS:
+        raise ConfigError(f"{where}: folds {k!r} leaves no training slide (for test fold f the heads select on fold "
+                          f"f+1 and train on the other K-2 folds); give at least {MIN_FOLDS} folds")
+
+
 def check_k(labels: np.ndarray, groups: list[str], k: int, where: str) -> None:
-    """K folds need K >= 2, at least K slides of every class and at least K groups."""
-    if k < 2:
-        raise ConfigError(f"{where}: folds {k}: cross-validation needs at least 2 folds")
+    """K folds need at least K slides of every class and at least K groups."""
     classes, counts = np.unique(labels, return_counts=True)
     if len(counts) and counts.min() < k:
         small = int(classes[counts.argmin()])
@@ -74,6 +84,7 @@ def assign_folds(
     """The fold of every slide (0..K-1, or HOLDOUT), drawn as the module says. Depends on
     the slide ids, labels and groups, not on the row order."""
     labels = np.asarray(labels, dtype=np.int64)
+    check_fold_count(k, where)
     if not 0.0 <= holdout < 1.0:
         raise ConfigError(f"{where}: holdout {holdout}: give a fraction in [0, 1)")
     gids = group_ids(list(slide_ids), groups)

@@ -105,6 +105,9 @@ def read_splits(path: str | os.PathLike, column: str | None = None) -> dict[str,
 
 
 def finish(rows: pd.DataFrame, where: str) -> pd.DataFrame:
+    from pathtwt.io.slide_ids import check_slide_ids
+
+    check_slide_ids(list(rows["slide_id"]), where)
     dupes = sorted(rows.loc[rows["slide_id"].duplicated(), "slide_id"].unique())
     if dupes:
         raise ConfigError(f"{where}: slide(s) listed more than once: {slide_listing(dupes)}; keep one row per slide")
@@ -322,6 +325,9 @@ def read_unsplit_table(path: Path, label_column: str) -> pd.DataFrame:
     table["slide_id"] = table["slide_id"].str.strip()
     empty = [f"line {line(i)}" for i, v in enumerate(table["slide_id"]) if not v]
     fail_rows(path, "empty slide_id", empty, "give every row a slide id")
+    from pathtwt.io.slide_ids import check_slide_ids
+
+    check_slide_ids(list(table["slide_id"]), path, rows=[f"line {line(i)}" for i in range(len(table))])
     bad = [f"line {line(i)} ({label_column}={v!r})" for i, v in enumerate(table[label_column]) if not v.strip().lstrip("-").isdigit()]
     fail_rows(path, f"{label_column} not a class index", bad, "labels are class indices 0..C-1")
     dupes = sorted(table.loc[table["slide_id"].duplicated(), "slide_id"].unique())

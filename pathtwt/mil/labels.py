@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from pathtwt.errors import ConfigError
+from pathtwt.io.slide_ids import check_slide_ids
 
 REQUIRED_COLUMNS = ("slide_id", "label")
 BENIGN_NAMES = {"benign", "negative", "0+0", "none"}
@@ -60,7 +61,9 @@ def read_label_table(path: str | os.PathLike, *, need_split: bool = True) -> pd.
     missing = [c for c in needed if c not in table.columns]
     if missing:
         raise ConfigError(f"{path}: label table lacks column(s) {', '.join(missing)}; expected slide_id,label,split")
-    table["slide_id"] = table["slide_id"].str.strip()
+    # ids as written (a slide named NA is not a missing value)
+    table["slide_id"] = pd.read_csv(path, usecols=["slide_id"], dtype=str, keep_default_na=False)["slide_id"].str.strip()
+    check_slide_ids(list(table["slide_id"]), path, rows=[f"line {i + 2}" for i in range(len(table))])
     dupes = sorted(table.loc[table["slide_id"].duplicated(), "slide_id"].unique())
     if dupes:
         raise ConfigError(f"{path}: duplicated slide_id(s): {slide_listing(dupes)}; keep one row per slide")

@@ -27,6 +27,7 @@ import torch
 from pathtwt import __version__
 from pathtwt.devices import device_provenance
 from pathtwt.io.atomic import atomic_output, write_json_atomic
+from pathtwt.io.h5_writer import writing_h5
 from pathtwt.mil.data import MILData, features_provenance
 from pathtwt.mil.heads import get_head
 from pathtwt.mil.protocols import MILConfig
@@ -130,7 +131,7 @@ def write_predictions(path: Path, evaluations: list[Evaluation], fold: int | Non
 
 def write_attention(path: Path, evaluation: Evaluation) -> None:
     with atomic_output(path) as tmp:
-        with h5py.File(tmp, "w") as h5:
+        with writing_h5(tmp) as h5:
             h5.attrs["cohort"] = evaluation.cohort.name
             h5.attrs["description"] = "per-tile attention of the selected MIL head; one group per slide"
             for bag, probs, (scores, coords) in zip(evaluation.cohort.bags, evaluation.probs, evaluation.attention):

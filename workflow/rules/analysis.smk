@@ -30,8 +30,8 @@ rule analyze_norms:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt analyze norms {params.backbone} --calibration {input.calibration}"
-        " --out {params.out} --device {params.device} > {log} 2>&1"
+        "pathtwt analyze norms {params.backbone:q} --calibration {input.calibration:q}"
+        " --out {params.out:q} --device {params.device:q} > {log:q} 2>&1"
 
 
 rule analyze_eps:
@@ -46,7 +46,7 @@ rule analyze_eps:
             labels={"analysis": "eps sensitivity"},
         ),
     params:
-        discovery=" ".join(f"{b}={study_path(f'discovery/{b}')}" for b in get_discovered_backbones()),
+        discovery=[f"{b}={study_path(f'discovery/{b}')}" for b in get_discovered_backbones()],
         out=lambda wc, output: os.path.dirname(output.summary),
     log:
         study_log("analysis/eps.log"),
@@ -57,7 +57,7 @@ rule analyze_eps:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt analyze eps --discovery {params.discovery} --out {params.out} > {log} 2>&1"
+        "pathtwt analyze eps --discovery {params.discovery:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 # Student trajectories: one rule per analysis (named analyze_intrinsic_dim and
@@ -91,7 +91,7 @@ for _analysis, _summary in (("intrinsic-dim", "intrinsic_dim.json"), ("stability
         conda:
             CONDA_ENV
         shell:
-            "pathtwt analyze {params.analysis} {params.backbone} --calibration {input.calibration}"
-            " --student {params.student}"
-            " --out {params.out}"
-            " --device {params.device} > {log} 2>&1"
+            "pathtwt analyze {params.analysis:q} {params.backbone:q} --calibration {input.calibration:q}"
+            " --student {params.student:q}"
+            " --out {params.out:q}"
+            " --device {params.device:q} > {log:q} 2>&1"

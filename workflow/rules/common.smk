@@ -1,6 +1,13 @@
 # Helpers shared by the rules: which slides, splits, backbones and variants the config
 # asks for, and the paths between stages. Every helper the rules call is named get_*.
+#
+# Command lines are built from argument lists: a get_*_args helper returns a list, and the
+# rules paste every path, wildcard and list with Snakemake's `:q`, which quotes each word.
+# A slide file named `2017-02-27 15.22.39 (387).ndpi` or `x;touch PWNED;y.jpeg` reaches its
+# command as one argument, never as shell syntax; a positional slide path follows `--`,
+# so a name starting with `-` is not read as an option.
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -182,22 +189,22 @@ def get_tiling(cohort):
 
 def get_mpp_fallback_arg(wildcards):
     value = config["cohorts"][wildcards.cohort]["mpp_fallback"]
-    return "" if value is None else f"--slide-mpp {value}"
+    return [] if value is None else ["--slide-mpp", str(value)]
 
 
 def get_modality_args(wildcards):
-    """--modality/--channels/--allow-upsample/--on-failure of a cohort for `pathtwt tile` ("" for the defaults)."""
+    """--modality/--channels/--allow-upsample/--on-failure of a cohort for `pathtwt tile` ([] for the defaults)."""
     cohort = config["cohorts"][wildcards.cohort]
     args = []
     if cohort.get("modality", "brightfield") != "brightfield":
-        args.append(f"--modality {cohort['modality']}")
+        args += ["--modality", cohort["modality"]]
     if cohort.get("channels"):
-        args.append("--channels " + ",".join(str(int(c)) for c in cohort["channels"]))
+        args += ["--channels", ",".join(str(int(c)) for c in cohort["channels"])]
     if get_tiling(wildcards.cohort).get("allow_upsample"):
         args.append("--allow-upsample")
     if get_tiling(wildcards.cohort).get("on_failure", "stop") != "stop":
-        args.append(f"--on-failure {get_tiling(wildcards.cohort)['on_failure']}")
-    return " ".join(args)
+        args += ["--on-failure", get_tiling(wildcards.cohort)["on_failure"]]
+    return args
 
 
 def get_all_tiles():
@@ -211,22 +218,17 @@ def get_all_tiles():
 
 
 def get_labels_command(wildcards, input, output):
-    """The `pathtwt` command that writes labels/{cohort}.csv: a seeded split drawn
-    per class (`draw_split`, or every slide in test for an external cohort without a split
-    column), else the cohort's own split column checked and normalised."""
+    """The `pathtwt` command (a word list) that writes labels/{cohort}.csv: a seeded split
+    drawn per class (`draw_split`, or every slide in test for an external cohort without a
+    split column), else the cohort's own split column checked and normalised."""
     cohort = config["cohorts"][wildcards.cohort]
     draw = config_check.split_draw(config, wildcards.cohort)
     if draw:
-        return (
-            f"pathtwt labels split {input.table} --label-column {cohort['label_column']}"
-            f" {get_draw_args(draw)} --seed {draw['seed']} --out {output}"
-        )
-    rename = get_split_renames(wildcards)
-    return (
-        f"pathtwt check-config --label-table {input.table} --label-column {cohort['label_column']}"
-        f" --split-column {cohort['split_column']} --splits {' '.join(cohort['splits'])} {rename}"
-        f" --write-labels {output}"
-    )
+        return ["pathtwt", "labels", "split", "--label-column", cohort["label_column"], *get_draw_args(draw),
+                "--seed", str(draw["seed"]), "--out", str(output), "--", input.table]
+    return ["pathtwt", "check-config", "--label-table", input.table, "--label-column", cohort["label_column"],
+            "--split-column", cohort["split_column"], "--splits", *cohort["splits"], *get_split_renames(wildcards),
+            "--write-labels", str(output)]
 
 
 def get_split_renames(wildcards):
@@ -235,8 +237,8 @@ def get_split_renames(wildcards):
     for task in config["tasks"].values():
         if task["cohort"] == wildcards.cohort:
             pairs = [(task["train_split"], "train"), (task["val_split"], "val"), (task["test_split"], "test")]
-            return " ".join(f"--rename-split {old}={new}" for old, new in pairs if old != new)
-    return ""
+            return [word for old, new in pairs if old != new for word in ("--rename-split", f"{old}={new}")]
+    return []
 
 
 def get_task_cohorts(task):
@@ -277,8 +279,8 @@ def get_backbone_args(backbone):
     """`pathtwt` arguments that build the teacher of a backbone."""
     b = BACKBONES[backbone]
     if b["random"]:
-        return f"--backbone {b['teacher']} --random-init"
-    return f"--backbone {b['teacher']}" + (f" --weights {b['weights']}" if b["weights"] else "")
+        return ["--backbone", b["teacher"], "--random-init"]
+    return ["--backbone", b["teacher"]] + (["--weights", str(b["weights"])] if b["weights"] else [])
 
 
 def get_teacher_inputs(wildcards):
@@ -327,10 +329,10 @@ def get_model_args(wildcards):
     """`pathtwt extract` / `pathtwt probe` arguments that build a backbone variant."""
     kind = _variant_kind(wildcards.variant)
     if kind == RANDOM_INIT:
-        return f"--backbone {BACKBONES[wildcards.backbone]['teacher']} --random-init"
+        return ["--backbone", BACKBONES[wildcards.backbone]["teacher"], "--random-init"]
     if kind == "teacher":
         return get_backbone_args(wildcards.backbone)
-    return f"--backbone {get_model_dir(wildcards.backbone, wildcards.variant)}"
+    return ["--backbone", get_model_dir(wildcards.backbone, wildcards.variant)]
 
 
 def get_model_inputs(wildcards):
@@ -356,7 +358,7 @@ def get_failure_table_output(job):
 def get_failures_arg(wildcards, output):
     """`pathtwt extract --failures` for the job's own failures table, or nothing when the
     config says a failing slide stops the job."""
-    return f"--failures {output.failures}" if RECORD_FAILURES else ""
+    return ["--failures", output.failures] if RECORD_FAILURES else []
 
 
 def get_failure_tables(wildcards):
@@ -395,7 +397,7 @@ def _discovery_goal(backbone):
 
 def get_discover_goal_args(wildcards):
     depth, eps = _discovery_goal(wildcards.backbone)
-    return f"--depth {depth}" if depth is not None else f"--eps {eps}"
+    return ["--depth", str(depth)] if depth is not None else ["--eps", str(eps)]
 
 
 def get_compress_target_args(wildcards):
@@ -404,10 +406,10 @@ def get_compress_target_args(wildcards):
     depth or eps and `pathtwt compress` partitions the similarity matrix itself."""
     v = get_variant(wildcards)
     if v["method"] == PAPER_METHOD and (v["depth"], v["eps"]) == _discovery_goal(wildcards.backbone):
-        return f"--plan {study_path(layout.DISCOVERY_DIR.format(backbone=wildcards.backbone))}/plan.json"
+        return ["--plan", f"{study_path(layout.DISCOVERY_DIR.format(backbone=wildcards.backbone))}/plan.json"]
     if goal_of(v["method"]) == "none":  # every layer kept (NOSE: attention removed)
-        return ""
-    return f"--depth {v['depth']}" if v["depth"] is not None else f"--eps {v['eps']}"
+        return []
+    return ["--depth", str(v["depth"])] if v["depth"] is not None else ["--eps", str(v["eps"])]
 
 
 def get_compress_budget_args(wildcards):
@@ -415,12 +417,12 @@ def get_compress_budget_args(wildcards):
     compress.steps, else none (`pathtwt compress` distils one epoch)."""
     v, c = get_variant(wildcards), config["compress"]
     if v["steps"] is not None:
-        return f"--steps {v['steps']}"
+        return ["--steps", str(v["steps"])]
     if v["epochs"] is not None:
-        return f"--epochs {v['epochs']}"
+        return ["--epochs", str(v["epochs"])]
     if c["epochs"] is not None:
-        return f"--epochs {c['epochs']}"
-    return f"--steps {c['steps']}" if c["steps"] is not None else ""
+        return ["--epochs", str(c["epochs"])]
+    return ["--steps", str(c["steps"])] if c["steps"] is not None else []
 
 
 def get_compress_settings_args(wildcards):
@@ -432,24 +434,30 @@ def get_compress_settings_args(wildcards):
              "seed": c["seed"], "lr": c["lr"], "warmup_steps": c["warmup_steps"],
              "audition_steps": c["audition_steps"], "schedule": c["schedule"], "layer_scale": c["layer_scale"],
              "augment": c["augment"], "loss_norm": c["loss_norm"], "tokens": config["discovery"]["tokens"]}
-    return " ".join(
-        f"--{key.replace('_', '-')} {('on' if value else 'off') if isinstance(value, bool) else value}"
-        for key, value in flags.items() if value is not None
-    )
+    return [
+        word for key, value in flags.items() if value is not None
+        for word in (f"--{key.replace('_', '-')}", ("on" if value else "off") if isinstance(value, bool) else str(value))
+    ]
 
 
 def get_compress_stream_args(wildcards):
     """Stream the training tiles from the calibration cohort's coords (compress.stream)."""
     if not config["compress"]["stream"]:
-        return ""
-    return f"--train-coords {study_path(f'calibration/{wildcards.backbone}.coords.txt')}"
+        return []
+    return ["--train-coords", study_path(f"calibration/{wildcards.backbone}.coords.txt")]
 
 
 def get_compress_extra_args(wildcards):
     """The variant's method settings (`--option KEY=VALUE`) and compress.extra_args."""
     options = get_variant(wildcards)["options"] or {}
-    pairs = [f"--option {k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(options.items())]
-    return " ".join(pairs + ([config["compress"]["extra_args"]] if config["compress"]["extra_args"] else []))
+    pairs = [word for k, v in sorted(options.items())
+             for word in ("--option", f"{k}={str(v).lower() if isinstance(v, bool) else v}")]
+    return pairs + get_extra_args("compress")
+
+
+def get_extra_args(section):
+    """A section's extra_args: a shell word list (checked by pathtwt.config.extra_args), as its words."""
+    return shlex.split(config[section]["extra_args"] or "")
 
 
 # ---- stage paths --------------------------------------------------------------------
@@ -514,16 +522,16 @@ def get_mil_inputs(wildcards):
 
 
 def get_external_args(wildcards):
-    return " ".join(
-        f"--external {c}={get_features_dir(wildcards.backbone, wildcards.variant, c)}:{get_labels_table(c)}"
-        for c in config["tasks"][wildcards.task]["external"]
-    )
+    return [
+        word for c in config["tasks"][wildcards.task]["external"]
+        for word in ("--external", f"{c}={get_features_dir(wildcards.backbone, wildcards.variant, c)}:{get_labels_table(c)}")
+    ]
 
 
 def get_mil_override_args(wildcards):
     """`pathtwt train-mil` overrides of the protocol's preset: the mil keys that are set."""
     m = config["mil"]
-    return " ".join(f"{flag} {m[key]}" for key, flag in config_check.MIL_OVERRIDES.items() if m[key] is not None)
+    return [word for key, flag in config_check.MIL_OVERRIDES.items() if m[key] is not None for word in (flag, str(m[key]))]
 
 
 def get_mil_runs():
@@ -549,7 +557,7 @@ def get_mil_summaries():
 
 
 def get_report_metric_args():
-    return " ".join(f"--metric {task}={t['metric']}" for task, t in config["tasks"].items())
+    return [word for task, t in config["tasks"].items() for word in ("--metric", f"{task}={t['metric']}")]
 
 
 def get_report_selection_args():
@@ -558,7 +566,7 @@ def get_report_selection_args():
     variants = dict.fromkeys(v for b in get_backbones() for v in get_variants(b) + get_probe_variants(b))
     parts = {"tasks": list(config["tasks"]), "backbones": get_backbones(), "variants": list(variants),
              "heads": list(config["mil"]["heads"])}
-    return " ".join(f"--{key} {' '.join(names)}" for key, names in parts.items() if names)
+    return [word for key, names in parts.items() if names for word in (f"--{key}", *names)]
 
 
 def get_discovered_backbones():
@@ -620,11 +628,11 @@ def get_probe_split_inputs(wildcards):
 
 def get_probe_args(wildcards):
     p = config["probes"][wildcards.probe]
-    args = f"--tiles {p['tiles']} --seed {p['seed']}"
+    args = ["--tiles", str(p["tiles"]), "--seed", str(p["seed"])]
     if p["split_file"]:
-        args += f" --split-file {p['split_file']}"
+        args += ["--split-file", str(p["split_file"])]
     if p["max_per_class"] is not None:
-        args += f" --max-per-class {p['max_per_class']}"
+        args += ["--max-per-class", str(p["max_per_class"])]
     return args
 
 
@@ -654,13 +662,13 @@ from pathtwt.mil.layout import run_dir as mil_run_dir
 def get_draw_args(draw):
     """`pathtwt labels split` arguments of a cohort's draw_split: folds or fractions."""
     if draw.get("folds"):
-        args = f"--folds {draw['folds']}"
+        args = ["--folds", str(draw["folds"])]
         if draw.get("group_column"):
-            args += f" --group-column {draw['group_column']}"
+            args += ["--group-column", draw["group_column"]]
         if draw.get("holdout"):
-            args += f" --holdout {draw['holdout']}"
+            args += ["--holdout", str(draw["holdout"])]
         return args
-    return "--fractions " + " ".join(str(f) for f in config_check.split_fractions(draw))
+    return ["--fractions", *(str(f) for f in config_check.split_fractions(draw))]
 
 
 def get_task_folds(task):
@@ -672,10 +680,7 @@ def get_task_folds(task):
 def get_compression_slide_ids(task_config):
     """Slides a task's cohort lends to compression: the compression-only hold-out of a
     cross-validated cohort, else its training split."""
-    cohort = task_config["cohort"]
-    if config_check.cohort_folds(config, cohort):
-        return get_slide_ids(cohort, cv_folds.HOLDOUT_SPLIT)
-    return get_slide_ids(cohort, task_config["train_split"])
+    return get_slide_ids(task_config["cohort"], config_check.compression_split(config, task_config))
 
 
 def get_extracted_slide_ids(cohort):
@@ -712,8 +717,8 @@ def get_test_slide_ids(task):
 
 
 def get_fold_arg(wildcards):
-    """`pathtwt train-mil --fold F` of a cross-validation job ("" otherwise)."""
-    return f"--fold {wildcards.fold}" if "fold" in wildcards.keys() else ""
+    """`pathtwt train-mil --fold F` of a cross-validation job ([] otherwise)."""
+    return ["--fold", wildcards.fold] if "fold" in wildcards.keys() else []
 
 
 def get_mil_out_pattern(wildcards):

@@ -43,9 +43,10 @@ rule calibrate:
     conda:
         CONDA_ENV
     shell:
-        "mapfile -t coords < {input.listing}; pathtwt calibrate --coords \"${{coords[@]}}\""
-        " --out {output} --n-tiles {params.n_tiles}"
-        " --holdout {params.holdout} --holdout-by {params.holdout_by} --seed {params.seed} > {log} 2>&1"
+        # the coords files one per line (check-config refuses a slide id holding a newline)
+        "mapfile -t coords < {input.listing:q}; pathtwt calibrate --coords \"${{coords[@]}}\""
+        " --out {output:q} --n-tiles {params.n_tiles:q}"
+        " --holdout {params.holdout:q} --holdout-by {params.holdout_by:q} --seed {params.seed:q} > {log:q} 2>&1"
 
 
 rule discover:
@@ -82,9 +83,9 @@ rule discover:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt discover {params.backbone} --calibration {input.calibration}"
-        " --out {params.out} {params.goal} --tokens {params.tokens}"
-        " --seed {params.seed} --batch-size {params.batch_size} --device {params.device} > {log} 2>&1"
+        "pathtwt discover {params.backbone:q} --calibration {input.calibration:q}"
+        " --out {params.out:q} {params.goal:q} --tokens {params.tokens:q}"
+        " --seed {params.seed:q} --batch-size {params.batch_size:q} --device {params.device:q} > {log:q} 2>&1"
 
 
 rule compress:
@@ -128,14 +129,14 @@ rule compress:
         # MIOpen's caches (ROCm): every rank points them at node-local storage itself,
         # pathtwt.devices.use_node_local_miopen_cache, the one place
         # ranks: one per GPU the job got; on CPU (device cpu) compress.cpu_ranks gloo ranks
-        "ranks={resources.gpu}; if [ {params.device} = cpu ]; then ranks={params.cpu_ranks}; fi;"
+        "ranks={resources.gpu}; if [ {params.device:q} = cpu ]; then ranks={params.cpu_ranks:q}; fi;"
         # on GPUs through pathtwt.devices: it claims that many free GPUs of a shared machine
         # (none where SLURM chose them) and refuses more than the machine has, in one line
         " if [ \"$ranks\" -gt 1 ]; then run=\"torchrun --standalone --nproc-per-node $ranks -m pathtwt\";"
-        " if [ {params.device} != cpu ]; then run=\"python -m pathtwt.devices --gpus $ranks -- $run\"; fi;"
+        " if [ {params.device:q} != cpu ]; then run=\"python -m pathtwt.devices --gpus $ranks -- $run\"; fi;"
         " else run=pathtwt; fi;"
-        " $run compress --method {params.method} {params.backbone}"
-        " --calibration {input.calibration} {params.target}"
-        " --out {params.out}"
-        " {params.budget} {params.stream} {params.settings}"
-        " --device {params.device} --no-progress {params.extra} > {log} 2>&1"
+        " $run compress --method {params.method:q} {params.backbone:q}"
+        " --calibration {input.calibration:q} {params.target:q}"
+        " --out {params.out:q}"
+        " {params.budget:q} {params.stream:q} {params.settings:q}"
+        " --device {params.device:q} --no-progress {params.extra:q} > {log:q} 2>&1"

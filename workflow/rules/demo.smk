@@ -20,4 +20,4 @@ checkpoint demo_slides:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt demo make-slides --out {params.out} --scale {params.scale} --seed {params.seed} --workers {threads} > {log} 2>&1"
+        "pathtwt demo make-slides --out {params.out:q} --scale {params.scale:q} --seed {params.seed:q} --workers {threads} > {log:q} 2>&1"

@@ -44,10 +44,10 @@ if config["extract"]["per_slide_jobs"]:
         conda:
             CONDA_ENV
         shell:
-            "pathtwt extract {input.slide} --coords {input.coords} --out {output.features} {params.model}"
-            " --batch-size {params.batch_size} --device {params.device} --decode {params.decode}"
-            " --workers {params.workers}"
-            " {params.failures} --no-progress > {log} 2>&1"
+            "pathtwt extract --coords {input.coords:q} --out {output.features:q} {params.model:q}"
+            " --batch-size {params.batch_size:q} --device {params.device:q} --decode {params.decode:q}"
+            " --workers {params.workers:q}"
+            " {params.failures:q} --no-progress -- {input.slide:q} > {log:q} 2>&1"
 
 else:
 
@@ -91,10 +91,10 @@ else:
         conda:
             CONDA_ENV
         shell:
-            "pathtwt extract --manifest {input.manifest} {params.model}"
-            " --batch-size {params.batch_size} --device {params.device} --decode {params.decode}"
-            " --workers {params.workers}"
-            " {params.failures} --no-progress > {log} 2>&1"
+            "pathtwt extract --manifest {input.manifest:q} {params.model:q}"
+            " --batch-size {params.batch_size:q} --device {params.device:q} --decode {params.decode:q}"
+            " --workers {params.workers:q}"
+            " {params.failures:q} --no-progress > {log:q} 2>&1"
 
 
 rule merge_failures:

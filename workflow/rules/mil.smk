@@ -19,10 +19,10 @@ rule train_mil:
         classes=lambda wc: config["tasks"][wc.task]["classes"],
         external=get_external_args,
         overrides=get_mil_override_args,
-        seeds=" ".join(str(s) for s in config["mil"]["seeds"]),
+        seeds=[str(s) for s in config["mil"]["seeds"]],
         device=get_rule_device("train_mil"),
         failed=config["mil"]["failed_slides"],
-        extra=config["mil"]["extra_args"],
+        extra=get_extra_args("mil"),
         fold=get_fold_arg,
         out=get_mil_out_pattern,
     log:
@@ -38,11 +38,12 @@ rule train_mil:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt train-mil --features {params.features}"
-        " --labels {params.labels} --protocol {params.protocol} --classes {params.classes}"
-        " --aggregator {wildcards.head} --seed {params.seeds}"
-        " --out '{params.out}'"
-        " {params.external} {params.overrides} --device {params.device} --threads {threads} --failed-slides {params.failed} --no-progress {params.fold} {params.extra} > {log} 2>&1"
+        "pathtwt train-mil --features {params.features:q}"
+        " --labels {params.labels:q} --protocol {params.protocol:q} --classes {params.classes:q}"
+        " --aggregator {wildcards.head:q} --seed {params.seeds:q}"
+        " --out {params.out:q}"
+        " {params.external:q} {params.overrides:q} --device {params.device:q} --threads {threads}"
+        " --failed-slides {params.failed:q} --no-progress {params.fold:q} {params.extra:q} > {log:q} 2>&1"
 
 
 use rule train_mil as train_mil_fold with:

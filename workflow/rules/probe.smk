@@ -26,6 +26,6 @@ rule probe:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt probe {params.model} {params.probe} --name {wildcards.probe}"
-        " --out {params.out}"
-        " --batch-size {params.batch_size} --device {params.device} > {log} 2>&1"
+        "pathtwt probe {params.model:q} {params.probe:q} --name {wildcards.probe:q}"
+        " --out {params.out:q}"
+        " --batch-size {params.batch_size:q} --device {params.device:q} > {log:q} 2>&1"

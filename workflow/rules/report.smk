@@ -34,8 +34,8 @@ rule report:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt report --results {params.results} --out {params.out} {params.metrics} {params.selection}"
-        " --attention-slides {params.attention} > {log} 2>&1"
+        "pathtwt report --results {params.results:q} --out {params.out:q} {params.metrics:q} {params.selection:q}"
+        " --attention-slides {params.attention:q} > {log:q} 2>&1"
 
 
 rule heatmap:
@@ -64,8 +64,8 @@ rule heatmap:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt heatmap {input.slide} --coords {input.coords}"
-        " --features {params.features}"
-        " --run {params.run} --out {params.out}"
-        " --slide-id {wildcards.slide} --mpp {params.mpp}"
-        " > {log} 2>&1"
+        "pathtwt heatmap --coords {input.coords:q}"
+        " --features {params.features:q}"
+        " --run {params.run:q} --out {params.out:q}"
+        " --slide-id={wildcards.slide:q} --mpp {params.mpp:q}"
+        " -- {input.slide:q} > {log:q} 2>&1"

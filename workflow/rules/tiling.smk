@@ -27,7 +27,7 @@ rule tile:
         min_tissue=lambda wc: get_tiling(wc.cohort)["min_tissue"],
         slide_mpp=get_mpp_fallback_arg,
         modality=get_modality_args,
-        roi=lambda wc, input: f"--roi {input.roi}" if input.roi else "",
+        roi=lambda wc, input: ["--roi", *input.roi] if input.roi else [],
     log:
         study_log("tile/{cohort}/{slide}.log"),
     # upstream of the longest chain (calibrate -> discover -> compress -> ...): first
@@ -44,9 +44,10 @@ rule tile:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt tile {input.slide} --out {output.coords} --thumbnail {output.thumbnail}"
-        " --mpp {params.mpp} --tile-size {params.tile_size} --tissue {params.tissue}"
-        " --min-tissue {params.min_tissue} {params.slide_mpp} {params.modality} {params.roi} > {log} 2>&1"
+        "pathtwt tile --out {output.coords:q} --thumbnail {output.thumbnail:q}"
+        " --mpp {params.mpp:q} --tile-size {params.tile_size:q} --tissue {params.tissue:q}"
+        " --min-tissue {params.min_tissue:q} {params.slide_mpp:q} {params.modality:q} {params.roi:q}"
+        " -- {input.slide:q} > {log:q} 2>&1"
 
 
 rule labels:
@@ -68,7 +69,7 @@ rule labels:
     conda:
         CONDA_ENV
     shell:
-        "{params.command} > {log} 2>&1"
+        "{params.command:q} > {log:q} 2>&1"
 
 
 rule all_tiles:
