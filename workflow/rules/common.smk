@@ -345,6 +345,40 @@ def get_model_inputs(wildcards):
     return [f"{get_model_dir(wildcards.backbone, wildcards.variant)}/model.json"]
 
 
+# one extraction job embeds one slide (extract.per_slide_jobs) or a whole cohort through its
+# manifest: what differs between the two is here, the rule (rules/extract.smk) is written once
+PER_SLIDE_EXTRACT = config["extract"]["per_slide_jobs"]
+EXTRACT_JOB = "{slide}" if PER_SLIDE_EXTRACT else "cohort"  # a job's name among its cohort's
+EXTRACT_MANIFEST = study_path("manifests/extract/{backbone}/{variant}/{cohort}.tsv")
+
+
+def get_extract_inputs(wildcards):
+    """A per-slide job's coords file and slide, or a cohort job's manifest and coords files."""
+    model = get_model_inputs(wildcards)
+    if PER_SLIDE_EXTRACT:
+        return {"coords": study_path(layout.TILES.format(cohort=wildcards.cohort, slide=wildcards.slide)),
+                "slide": get_slide(wildcards), "model": model}
+    return {"manifest": EXTRACT_MANIFEST.format(**wildcards), "coords": get_cohort_coords(wildcards), "model": model}
+
+
+def get_extract_outputs():
+    """The features file of a slide, or the features folder of a cohort; and the job's
+    failures table (get_failure_table_output)."""
+    features = study_path(f"{layout.FEATURES_DIR}/{{slide}}.h5") if PER_SLIDE_EXTRACT else \
+        directory(study_path(layout.FEATURES_DIR))
+    return {"features": features, **get_failure_table_output(EXTRACT_JOB)}
+
+
+def get_extract_jobs_args(wildcards, output):
+    """`pathtwt extract`'s jobs, last on its command line: --coords, --out and the slide
+    after `--` (a slide named like an option), or --manifest (the inputs of
+    get_extract_inputs)."""
+    inputs = get_extract_inputs(wildcards)
+    if PER_SLIDE_EXTRACT:
+        return ["--coords", inputs["coords"], "--out", output.features, "--", inputs["slide"]]
+    return ["--manifest", inputs["manifest"]]
+
+
 RECORD_FAILURES = config["extract"]["on_failure"] == "record"
 FAILURE_TABLES = study_path("failures/{backbone}/{variant}/{cohort}/jobs")
 
@@ -364,7 +398,7 @@ def get_failures_arg(wildcards, output):
 def get_failure_tables(wildcards):
     """Per-job failures tables of a cohort's extraction (merged by merge_failures)."""
     folder = FAILURE_TABLES.format(**wildcards)
-    if not config["extract"]["per_slide_jobs"]:
+    if not PER_SLIDE_EXTRACT:
         return [f"{folder}/cohort.tsv"]
     return [f"{folder}/{s}.tsv" for s in get_extracted_slide_ids(wildcards.cohort)]
 

@@ -15,47 +15,13 @@
 # cores as --workers (threads - 1 reading processes beside the main one). `extract.threads`
 # sets them (default 8); the profiles size them per site (LUMI-G: 7 cores per GCD).
 
-if config["extract"]["per_slide_jobs"]:
-
-    rule extract:
-        input:
-            coords=study_path("tiles/{cohort}/{slide}.h5"),
-            slide=get_slide,
-            model=get_model_inputs,
-        output:
-            features=study_path(f"{layout.FEATURES_DIR}/{{slide}}.h5"),
-            **get_failure_table_output("{slide}"),
-        params:
-            model=get_model_args,
-            batch_size=config["extract"]["batch_size"] or "auto",
-            device=get_rule_device("extract"),
-            decode=config["extract"]["decode"],
-            failures=get_failures_arg,
-            workers=get_workers,
-        log:
-            study_log("extract/{backbone}/{variant}/{cohort}/{slide}.log"),
-        group:
-            "extract"
-        threads: config["extract"]["threads"]
-        resources:
-            mem_mb=8000,
-            runtime=15,
-            gpu=1,
-        conda:
-            CONDA_ENV
-        shell:
-            "pathtwt extract --coords {input.coords:q} --out {output.features:q} {params.model:q}"
-            " --batch-size {params.batch_size:q} --device {params.device:q} --decode {params.decode:q}"
-            " --workers {params.workers:q}"
-            " {params.failures:q} --no-progress -- {input.slide:q} > {log:q} 2>&1"
-
-else:
+if not PER_SLIDE_EXTRACT:
 
     rule extract_manifest:
         input:
             coords=get_cohort_coords,
         output:
-            study_path("manifests/extract/{backbone}/{variant}/{cohort}.tsv"),
+            EXTRACT_MANIFEST,
         log:
             study_log("extract/{backbone}/{variant}/{cohort}.manifest.log"),
         localrule: True
@@ -66,35 +32,37 @@ else:
         run:
             write_extract_manifest(wildcards, output[0])
 
-    rule extract:
-        input:
-            manifest=study_path("manifests/extract/{backbone}/{variant}/{cohort}.tsv"),
-            coords=get_cohort_coords,
-            model=get_model_inputs,
-        output:
-            features=directory(study_path(layout.FEATURES_DIR)),
-            **get_failure_table_output("cohort"),
-        params:
-            model=get_model_args,
-            batch_size=config["extract"]["batch_size"] or "auto",
-            device=get_rule_device("extract"),
-            decode=config["extract"]["decode"],
-            failures=get_failures_arg,
-            workers=get_workers,
-        log:
-            study_log("extract/{backbone}/{variant}/{cohort}.log"),
-        threads: config["extract"]["threads"]
-        resources:
-            mem_mb=8000,
-            runtime=720,
-            gpu=1,
-        conda:
-            CONDA_ENV
-        shell:
-            "pathtwt extract --manifest {input.manifest:q} {params.model:q}"
-            " --batch-size {params.batch_size:q} --device {params.device:q} --decode {params.decode:q}"
-            " --workers {params.workers:q}"
-            " {params.failures:q} --no-progress > {log:q} 2>&1"
+
+rule extract:
+    input:
+        unpack(get_extract_inputs),
+    output:
+        **get_extract_outputs(),
+    params:
+        jobs=get_extract_jobs_args,
+        model=get_model_args,
+        batch_size=config["extract"]["batch_size"] or "auto",
+        device=get_rule_device("extract"),
+        decode=config["extract"]["decode"],
+        failures=get_failures_arg,
+        workers=get_workers,
+    log:
+        study_log(f"extract/{{backbone}}/{{variant}}/{{cohort}}/{EXTRACT_JOB}.log"),
+    # per-slide jobs are grouped on a cluster (the profile's group-components)
+    group:
+        "extract" if PER_SLIDE_EXTRACT else None
+    threads: config["extract"]["threads"]
+    resources:
+        mem_mb=8000,
+        runtime=15 if PER_SLIDE_EXTRACT else 720,
+        gpu=1,
+    conda:
+        CONDA_ENV
+    shell:
+        "pathtwt extract {params.model:q}"
+        " --batch-size {params.batch_size:q} --device {params.device:q} --decode {params.decode:q}"
+        " --workers {params.workers:q}"
+        " {params.failures:q} --no-progress {params.jobs:q} > {log:q} 2>&1"
 
 
 rule merge_failures:
