@@ -206,8 +206,10 @@ def test_one_precision_resolver_and_one_bf16_guard_module():
     assert "compress/distill.py" not in users  # a run's precision is resolved once, where it starts
     for gone in ("models/cpu_attention.py", "compress/bf16_check.py", "compress/autocast.py"):
         assert not (PACKAGE / gone).exists()
-    for cli in ("cli/extract.py", "cli/probe.py"):
-        assert "backbone.bf16_autocast" in (PACKAGE / cli).read_text(), cli
+    # where a run's bf16 autocast is read off its backbone: extraction's (extract and predict
+    # build it in features/backbone.py) and the probe's
+    for where in ("features/backbone.py", "cli/probe.py"):
+        assert "backbone.bf16_autocast" in (PACKAGE / where).read_text(), where
 
 
 # ---- distill chooses its teacher-target source once -------------------------------------

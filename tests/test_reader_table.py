@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from pathtwt.wsi import readers
-from pathtwt.wsi.ome_zarr import write_ome_zarr
+from wsi_writers import write_ome_zarr  # noqa: E402 - tests/wsi_writers.py
 from pathtwt.wsi.readers import Placement, SlideHandle, SlideReader
 from pathtwt.wsi.slides import open_options_from_attrs, open_slide
 from wsi_writers import he_image, pyramid, write_generic_tiff
