@@ -11,18 +11,9 @@ from pathtwt.models.registry import create_backbone
 from pathtwt.cli import main
 from pathtwt.errors import NumericsError, PathtwtError, SlideError
 from pathtwt.features.extract import extract_slide
+from cmu_coords import CMU, write_cmu_coords
 
-CMU = "CMU-1-Small-Region.svs"
 XY = [(0, 0), (448, 0), (896, 448), (1344, 896), (448, 1792), (1700, 2400), (224, 2500)]
-
-
-def _coords(path, slide, xy, status="ok"):
-    attrs = dict(
-        patch_size=224, patch_size_level0=448, target_mpp=1.0, level0_mpp=0.499, read_level=0,
-        level0_width=2220, level0_height=2967, target_magnification=10, status=status, slide_path=str(slide),
-    )
-    h5io.write_coords(path, np.array(xy, dtype=np.int64).reshape(-1, 2), np.ones(len(xy)), attrs)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +25,7 @@ def test_extract_real_slide_with_workers_keeps_order(tmp_path, shared_slides, ti
     from pathtwt.wsi.slides import open_slide
 
     slide = shared_slides / CMU
-    coords = _coords(tmp_path / "c.h5", slide, XY)
+    coords = write_cmu_coords(tmp_path / "c.h5", slide, XY)
     summary = extract_slide(slide, coords, tmp_path / "f.h5", tiny, batch_size=3, workers=2, progress=False)
     assert summary["tiles"] == len(XY)
     feats, xy, attrs = h5io.read_features(tmp_path / "f.h5")
@@ -52,7 +43,7 @@ def test_extract_real_slide_with_workers_keeps_order(tmp_path, shared_slides, ti
 
 
 def test_zero_tile_slide_gives_valid_empty_file(tmp_path, shared_slides, tiny):
-    coords = _coords(tmp_path / "c.h5", shared_slides / CMU, [], status="no_tissue")
+    coords = write_cmu_coords(tmp_path / "c.h5", shared_slides / CMU, [], status="no_tissue")
     extract_slide(shared_slides / CMU, coords, tmp_path / "f.h5", tiny, progress=False)
     feats, xy, attrs = h5io.read_features(tmp_path / "f.h5")
     assert feats.shape == (0, 128) and xy.shape == (0, 2)
@@ -61,8 +52,8 @@ def test_zero_tile_slide_gives_valid_empty_file(tmp_path, shared_slides, tiny):
 
 def test_cli_manifest_extracts_several_slides_with_one_backbone(tmp_path, shared_slides, capsys):
     slide = shared_slides / CMU
-    _coords(tmp_path / "a.h5", slide, XY[:2])
-    _coords(tmp_path / "b.h5", slide, [])
+    write_cmu_coords(tmp_path / "a.h5", slide, XY[:2])
+    write_cmu_coords(tmp_path / "b.h5", slide, [])
     manifest = tmp_path / "jobs.tsv"
     manifest.write_text(
         "slide\tcoords\tout\n"
@@ -89,7 +80,7 @@ def test_cli_manifest_extracts_several_slides_with_one_backbone(tmp_path, shared
 
 def test_unreadable_tile_names_slide_and_coords_and_leaves_nothing(tmp_path, shared_slides, tiny):
     slide = shared_slides / "unreadable.svs"
-    coords = _coords(tmp_path / "c.h5", slide, [(0, 0)])
+    coords = write_cmu_coords(tmp_path / "c.h5", slide, [(0, 0)])
     with pytest.raises(SlideError) as err:
         extract_slide(slide, coords, tmp_path / "f.h5", tiny, workers=1, progress=False)
     # the slide is opened (to check it against the coords) before any worker starts: its
@@ -102,7 +93,7 @@ def test_nan_features_raise_numerics_error(tmp_path, shared_slides):
     broken = create_backbone("vit-s14-tiny", pretrained=False)
     with torch.no_grad():
         broken.model.blocks[4].mlp.fc1.weight[0, 0] = float("nan")
-    coords = _coords(tmp_path / "c.h5", shared_slides / CMU, XY[:2])
+    coords = write_cmu_coords(tmp_path / "c.h5", shared_slides / CMU, XY[:2])
     with pytest.raises(NumericsError, match=CMU):
         extract_slide(shared_slides / CMU, coords, tmp_path / "f.h5", broken, workers=0, progress=False)
     assert not (tmp_path / "f.h5").exists()
@@ -114,8 +105,8 @@ def test_failures_table_records_a_corrupt_slide_and_the_cohort_goes_on(tmp_path,
     from pathtwt.io.failures import read_failures
 
     good, bad = shared_slides / CMU, shared_slides / "unreadable.svs"
-    _coords(tmp_path / "good.h5", good, XY[:3])
-    _coords(tmp_path / "bad.h5", bad, [(0, 0)])
+    write_cmu_coords(tmp_path / "good.h5", good, XY[:3])
+    write_cmu_coords(tmp_path / "bad.h5", bad, [(0, 0)])
     manifest = tmp_path / "jobs.tsv"
     manifest.write_text(
         f"{bad}\t{tmp_path / 'bad.h5'}\t{tmp_path / 'feats' / 'bad.h5'}\n"
@@ -136,7 +127,7 @@ def test_failures_table_records_a_corrupt_slide_and_the_cohort_goes_on(tmp_path,
 
 def test_cls_embedding_is_the_cls_half_of_cls_mean(tmp_path, shared_slides, tiny):
     slide = shared_slides / CMU
-    coords = _coords(tmp_path / "c.h5", slide, XY[:3])
+    coords = write_cmu_coords(tmp_path / "c.h5", slide, XY[:3])
     extract_slide(slide, coords, tmp_path / "a.h5", tiny, workers=0, progress=False)
     extract_slide(slide, coords, tmp_path / "b.h5", tiny, workers=0, progress=False, embedding="cls")
     both, _, both_attrs = h5io.read_features(tmp_path / "a.h5")
@@ -157,7 +148,7 @@ def test_the_device_path_gives_the_cpu_paths_rows(tmp_path, shared_slides, tiny)
     from pathtwt.features import device_tiles
 
     slide = shared_slides / CMU
-    coords = _coords(tmp_path / "c.h5", slide, XY)
+    coords = write_cmu_coords(tmp_path / "c.h5", slide, XY)
     extract_slide(slide, coords, tmp_path / "cpu.h5", tiny, batch_size=3, workers=2, progress=False, decode="cpu")
     extract_slide(slide, coords, tmp_path / "gpu.h5", tiny, batch_size=3, workers=2, progress=False,
                   gpu_decoder="host")

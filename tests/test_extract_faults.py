@@ -18,16 +18,7 @@ from pathtwt.features.extract import extract_many
 from pathtwt.features.jobs import ExtractJob
 from pathtwt.io import h5 as h5io
 from pathtwt.models.registry import create_backbone
-
-CMU = "CMU-1-Small-Region.svs"
-GRID = [(x, y) for y in range(0, 2967 - 448 + 1, 448) for x in range(0, 2220 - 448 + 1, 448)]
-
-
-def _coords(path, slide, xy):
-    attrs = dict(patch_size=224, patch_size_level0=448, target_mpp=1.0, level0_mpp=0.499, read_level=0,
-                 level0_width=2220, level0_height=2967, target_magnification=10, status="ok", slide_path=str(slide))
-    h5io.write_coords(path, np.array(xy, dtype=np.int64).reshape(-1, 2), np.ones(len(xy)), attrs)
-    return path
+from cmu_coords import CMU, GRID, write_cmu_coords
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +29,7 @@ def tiny():
 def test_a_forward_pass_out_of_gpu_memory_is_halved_said_once_and_the_job_goes_on(tmp_path, shared_slides, tiny,
                                                                                    capsys):
     slide = shared_slides / CMU
-    coords = _coords(tmp_path / "c.h5", slide, GRID[:10])
+    coords = write_cmu_coords(tmp_path / "c.h5", slide, GRID[:10])
     extract_many([ExtractJob(slide, coords, tmp_path / "whole.h5")], tiny, batch_size=8, workers=0, progress=False)
     capsys.readouterr()
     forward = tiny.model.forward_features
@@ -66,7 +57,7 @@ def test_a_reading_process_that_dies_stops_the_job_in_one_line_naming_the_slide(
     from pathtwt.features import reading
 
     slide = shared_slides / CMU
-    jobs = [ExtractJob(slide, _coords(tmp_path / f"c{i}.h5", slide, GRID[:6]), tmp_path / f"f{i}.h5")
+    jobs = [ExtractJob(slide, write_cmu_coords(tmp_path / f"c{i}.h5", slide, GRID[:6]), tmp_path / f"f{i}.h5")
             for i in range(3)]
     band = reading.BatchReader.band
 
@@ -98,13 +89,8 @@ def test_shared_memory_the_system_refuses_is_one_line(tmp_path, shared_slides, t
         return real(fileno, length, *args, **kwargs)
 
     monkeypatch.setattr(ring.mmap, "mmap", refused)
-    slide = shared_slides / CMU
-    with pytest.raises(PathtwtError) as err:
-        extract_many([ExtractJob(slide, _coords(tmp_path / "c.h5", slide, GRID[:4]), tmp_path / "f.h5")], tiny,
-                     batch_size=2, workers=1, progress=False)
-    line = str(err.value)
-    assert "\n" not in line and "shared memory for the tile ring" in line and "MiB" in line
-    assert "lower --batch-size or --workers" in line and not (tmp_path / "f.h5").exists()
+    line = _refused_in_one_line(tmp_path, shared_slides, tiny, GRID[:4])
+    assert "shared memory for the tile ring" in line and "MiB" in line and "lower --batch-size or --workers" in line
 
 
 @pytest.mark.parametrize("name", ["vit-s14-tiny", "h0-mini-tiny"])
@@ -129,7 +115,7 @@ def test_weights_cast_once_give_plain_autocasts_numbers(name):
 
 def test_the_closing_line_names_the_bound_consistently_in_process(tmp_path, shared_slides, tiny, capsys):
     slide = shared_slides / CMU
-    job = ExtractJob(slide, _coords(tmp_path / "c.h5", slide, GRID[:3]), tmp_path / "f.h5")
+    job = ExtractJob(slide, write_cmu_coords(tmp_path / "c.h5", slide, GRID[:3]), tmp_path / "f.h5")
     extract_many([job], tiny, batch_size=4, workers=0, progress=False)
     (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("extract: ")]
     assert "tiles read in this process" in line
@@ -140,7 +126,7 @@ def test_the_closing_line_names_the_bound_consistently_in_process(tmp_path, shar
 
 def test_a_slide_that_fails_its_checks_mid_job_leaves_the_others_whole(tmp_path, shared_slides, tiny):
     slide = shared_slides / CMU
-    jobs = [ExtractJob(slide, _coords(tmp_path / f"c{i}.h5", slide, GRID[i:i + 3]), tmp_path / f"f{i}.h5")
+    jobs = [ExtractJob(slide, write_cmu_coords(tmp_path / f"c{i}.h5", slide, GRID[i:i + 3]), tmp_path / f"f{i}.h5")
             for i in range(3)]
     missing = ExtractJob(tmp_path / "gone.svs", jobs[1].coords, tmp_path / "f_gone.h5")
     failures = tmp_path / "failures.tsv"
@@ -161,10 +147,15 @@ def test_queues_the_system_cannot_make_are_one_line(tmp_path, shared_slides, tin
         raise OSError(38, "Function not implemented")
 
     monkeypatch.setattr(type(context), "Queue", no_shm)
+    line = _refused_in_one_line(tmp_path, shared_slides, tiny, GRID[:8])
+    assert "/dev/shm must be a writable tmpfs" in line and "--workers 0" in line
+
+
+def _refused_in_one_line(tmp_path, shared_slides, tiny, xy) -> str:
+    """The one line a job with a reading process stops with, and no features file."""
     slide = shared_slides / CMU
     with pytest.raises(PathtwtError) as err:
-        extract_many([ExtractJob(slide, _coords(tmp_path / "c.h5", slide, GRID[:8]), tmp_path / "f.h5")], tiny,
+        extract_many([ExtractJob(slide, write_cmu_coords(tmp_path / "c.h5", slide, xy), tmp_path / "f.h5")], tiny,
                      batch_size=2, workers=1, progress=False)
-    line = str(err.value)
-    assert "\n" not in line and "/dev/shm must be a writable tmpfs" in line and "--workers 0" in line
-    assert not (tmp_path / "f.h5").exists()
+    assert "\n" not in str(err.value) and not (tmp_path / "f.h5").exists()
+    return str(err.value)

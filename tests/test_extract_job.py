@@ -13,16 +13,7 @@ import torch
 from pathtwt.features.extract import ExtractJob, extract_many
 from pathtwt.io import h5 as h5io
 from pathtwt.models.registry import create_backbone
-
-CMU = "CMU-1-Small-Region.svs"
-GRID = [(x, y) for y in range(0, 2967 - 448 + 1, 448) for x in range(0, 2220 - 448 + 1, 448)]
-
-
-def _coords(path, slide, xy):
-    attrs = dict(patch_size=224, patch_size_level0=448, target_mpp=1.0, level0_mpp=0.499, read_level=0,
-                 level0_width=2220, level0_height=2967, target_magnification=10, status="ok", slide_path=str(slide))
-    h5io.write_coords(path, np.array(xy, dtype=np.int64).reshape(-1, 2), np.ones(len(xy)), attrs)
-    return path
+from cmu_coords import CMU, GRID, write_cmu_coords
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +65,7 @@ def test_a_job_starts_its_readers_once_for_all_its_slides(tmp_path, shared_slide
     for i, n in enumerate(sizes):
         xy = GRID[offset : offset + n]
         offset = (offset + n) % 10
-        jobs.append(ExtractJob(slide, _coords(tmp_path / f"c{i}.h5", slide, xy), tmp_path / f"f{i}.h5"))
+        jobs.append(ExtractJob(slide, write_cmu_coords(tmp_path / f"c{i}.h5", slide, xy), tmp_path / f"f{i}.h5"))
     summaries = extract_many(jobs, tiny, batch_size=2, workers=2, progress=False)
     # two reading processes for the whole job (before: two more for every slide)
     assert len(list(starts.iterdir())) == 2
@@ -98,7 +89,7 @@ def test_a_failing_slide_mid_job_leaves_the_others_whole(tmp_path, shared_slides
     from pathtwt.wsi.coords_tiles import TileGeometry
 
     slide = shared_slides / CMU
-    good = [ExtractJob(slide, _coords(tmp_path / f"c{i}.h5", slide, GRID[i : i + 4]), tmp_path / f"f{i}.h5")
+    good = [ExtractJob(slide, write_cmu_coords(tmp_path / f"c{i}.h5", slide, GRID[i : i + 4]), tmp_path / f"f{i}.h5")
             for i in range(3)]
     # one tile of the middle slide cannot be read (a damaged JPEG tile, say), found by a
     # worker after the slide passed its checks; the workers are forked with this patch
@@ -111,7 +102,7 @@ def test_a_failing_slide_mid_job_leaves_the_others_whole(tmp_path, shared_slides
 
     monkeypatch.setattr(TileGeometry, "read_many", damaged)
     bad_xy = [(0, 0), (1344, 1792), (448, 0), (0, 448), (448, 448)]
-    bad = ExtractJob(slide, _coords(tmp_path / "bad.h5", slide, bad_xy), tmp_path / "bad_f.h5")
+    bad = ExtractJob(slide, write_cmu_coords(tmp_path / "bad.h5", slide, bad_xy), tmp_path / "bad_f.h5")
     failures = tmp_path / "failures.tsv"
     summaries = extract_many([good[0], bad, good[1], good[2]], tiny, batch_size=2, workers=1, progress=False,
                              failures=failures)
@@ -131,7 +122,7 @@ def test_a_failing_slide_mid_job_leaves_the_others_whole(tmp_path, shared_slides
 
 def test_a_job_says_who_waited_for_whom(tmp_path, shared_slides, tiny, capsys):
     slide = shared_slides / CMU
-    jobs = [ExtractJob(slide, _coords(tmp_path / f"c{i}.h5", slide, GRID[i: i + 5]), tmp_path / f"f{i}.h5")
+    jobs = [ExtractJob(slide, write_cmu_coords(tmp_path / f"c{i}.h5", slide, GRID[i: i + 5]), tmp_path / f"f{i}.h5")
             for i in range(2)]
     extract_many(jobs, tiny, batch_size=2, workers=1, progress=False)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("extract: ")]
@@ -150,3 +141,21 @@ def test_readers_on_a_gpu_are_the_jobs_cores_less_one(monkeypatch):
     assert reading_workers("cpu") == 4  # the forward passes share the cores
     monkeypatch.setattr("pathtwt.devices.available_cores", lambda: 1)
     assert reading_workers("cuda") == 1
+
+
+def test_the_slides_timings_add_up_to_the_jobs_wall_time(tmp_path, shared_slides, tiny):
+    """Slides overlap in a job (their checks and reads run ahead), so each features file's
+    extract_seconds is the job's wall time spent on that slide's batches: summed over the
+    job they make its wall time, never more (the report's tiles/s divides by that sum)."""
+    import time
+
+    import h5py
+
+    slide = shared_slides / CMU
+    jobs = [ExtractJob(slide, write_cmu_coords(tmp_path / f"c{i}.h5", slide, GRID[:8]), tmp_path / f"f{i}.h5")
+            for i in range(4)]
+    began = time.perf_counter()
+    extract_many(jobs, tiny, batch_size=2, workers=1, progress=False)
+    wall = time.perf_counter() - began
+    seconds = [float(h5py.File(job.out, "r").attrs["extract_seconds"]) for job in jobs]
+    assert all(s > 0 for s in seconds) and sum(seconds) <= wall

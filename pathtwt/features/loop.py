@@ -183,7 +183,7 @@ def embed_job(jobs: Sequence[Any], prepare: Callable[[Any], Any], backbone: Any,
         unprepared: queue.Queue = queue.Queue()  # (job number, why it could not be prepared)
 
         def finish_attrs(state: SlideState) -> dict[str, Any]:
-            seconds = time.perf_counter() - state.began
+            seconds = state.seconds
             state.outcome = {"slide": str(state.prepared.job.slide), "out": str(state.prepared.job.out),
                              "tiles": state.prepared.n, "seconds": seconds,
                              "tiles_per_s": state.prepared.n / max(seconds, 1e-9),
@@ -251,6 +251,7 @@ def embed_job(jobs: Sequence[Any], prepare: Callable[[Any], Any], backbone: Any,
 
         feeder = threading.Thread(target=feed, name="pathtwt-slide-feeder", daemon=True)
         feeder.start()
+        last = time.perf_counter()  # each batch's share of the job's wall time goes to its slide
         with torch.inference_mode(), precision.job_context(device, backbone.model):
             while True:
                 waited = time.perf_counter()
@@ -303,7 +304,9 @@ def embed_job(jobs: Sequence[Any], prepare: Callable[[Any], Any], backbone: Any,
                     source.release(msg.slot)  # the normalisation has read the tiles out of the slot
                     state.embed_seconds += time.perf_counter() - began
                     sink.write(state, msg.start, feats.float())
-                timing.embedding += time.perf_counter() - began
+                now = time.perf_counter()
+                timing.embedding += now - began
+                state.seconds, last = state.seconds + now - last, now
                 settle(state, msg.end - msg.start)
                 yield from outcomes(sink.done())
             release_done(wait=True)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -28,7 +27,9 @@ class SlideState:
     prepared: Any  # pathtwt.features.jobs.PreparedSlide
     number: int
     left: int  # batches not yet embedded (or dropped, once the slide failed)
-    began: float = field(default_factory=time.perf_counter)
+    # the job's wall time spent on this slide's batches (waiting for each, then embedding
+    # it): summed over a job's slides, the job's wall time, however its slides overlap
+    seconds: float = 0.0
     embed_seconds: float = 0.0
     decoded: int = 0  # native tiles the readers decoded for it (the CPU path)
     error: Exception | None = None
