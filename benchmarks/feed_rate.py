@@ -19,7 +19,9 @@ The keys (the issue's targets in brackets):
   device being PyTorch's ``meta`` device (every tensor operation is dispatched and shaped,
   nothing computed: what a GPU's asynchronous launches cost the host): receiving,
   planning the gather, normalising, the forward call, the outputs and the HDF5 writes.
-  Steady state: a job of 4 copies of the slide less a job of one;
+  Steady state: a job of 4 copies of the slide less a job of one, the least of three.
+  ``torch_ops_per_batch`` says how much of it is the meta device's own cost: each tensor
+  operation costs it about 100 us of Python, a CUDA launch some microseconds;
 - ``decode_amplification`` [<= 1.05]: native tiles the CPU path's 4 reading processes
   decoded over the native tiles under the tiles (SLIDE20);
 - ``cpu_reader_share_of_limit`` {20x, 40x} [>= 0.6 at 20x]: the CPU path's reader (one
@@ -194,13 +196,41 @@ def host_us_per_tile(slide: Path, coords: Path, folder: Path) -> float:
     _stub_decoders()
     backbone = _null_backbone("meta")
     n = len(read_coords(coords)[0])
-    seconds = []
-    for count in (1, 4):
+
+    def cpu_seconds(count: int) -> float:
         jobs = [ExtractJob(slide, coords, folder / f"host{count}_{i}.h5") for i in range(count)]
         began = time.process_time()
         extract_many(jobs, backbone, batch_size=GPU_BATCH, workers=1, progress=False, gpu_decoder="stub")
-        seconds.append(time.process_time() - began)
-    return 1e6 * (seconds[1] - seconds[0]) / (3 * n)
+        return time.process_time() - began
+
+    # the least of three: other work on the machine only ever adds time
+    return min(1e6 * (cpu_seconds(4) - cpu_seconds(1)) / (3 * n) for _ in range(3))
+
+
+def torch_ops_per_batch(slide: Path, coords: Path, folder: Path) -> float:
+    """Tensor operations the embedding process dispatches per GPU batch (the same loop as
+    host_us_per_tile): on a GPU, each is a kernel launch of some microseconds of host time,
+    where the meta device spends about a hundred (its shape rules are Python)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pathtwt.features.extract import extract_many
+    from pathtwt.features.jobs import ExtractJob
+    from pathtwt.io.h5 import read_coords
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    _stub_decoders()
+    backbone = _null_backbone("meta")
+    n = len(read_coords(coords)[0])
+    with Count():
+        extract_many([ExtractJob(slide, coords, folder / "ops.h5")], backbone, batch_size=GPU_BATCH, workers=1,
+                     progress=False, gpu_decoder="stub")
+    return Count.ops / -(-n // GPU_BATCH)
 
 
 def decode_amplification(slide: Path, coords: Path, folder: Path) -> tuple[float, int, int]:
@@ -254,6 +284,7 @@ def main() -> int:
         result["cpu_reader_tiles_per_s"] = {k: round(v[1]) for k, v in shares.items()}
         result["native_decode_limit_tiles_per_s"] = {k: round(v[2]) for k, v in shares.items()}
         result["host_us_per_tile"] = round(host_us_per_tile(slide20, coords["20x"], tmp), 1)
+        result["torch_ops_per_batch"] = round(torch_ops_per_batch(slide20, coords["20x"], tmp))
         amp, decoded, needed = decode_amplification(slide20, coords["20x"], tmp)
         result["decode_amplification"] = round(amp, 4)
         result["native_tiles_decoded_needed"] = [decoded, needed]
