@@ -141,4 +141,15 @@ def test_the_native_tile_reader_runs_have_every_cell_of_their_counterparts():
     for before, after in (("demo_bf16_cf01c9a", "demo_bf16_21d7917"), ("demo_avx2_fp32_cf01c9a", "demo_avx2_fp32_4d94c18")):
         records = module.compare(results / before / "tables.md", results / after / "tables.md")
         assert records and all(r["same"] == r["cells"] for r in records), (before, after, records)
-    assert "every result cell of each\nis the same as its counterpart at cf01c9a" in PAGE.read_text(encoding="utf-8")
+    assert "every result cell of each\nof the native-tile reader's runs is the same as its counterpart at cf01c9a" in \
+        PAGE.read_text(encoding="utf-8")
+
+
+def test_the_gpu_fed_data_path_run_has_every_cell_of_the_native_tile_readers():
+    """The page says the demo with the GPU-fed data path (a72522b) has every result cell of
+    the native-tile reader's run at 21d7917: the stored tables say so too."""
+    module = _compare_module()
+    results = REPO / "benchmarks" / "results"
+    records = module.compare(results / "demo_bf16_21d7917" / "tables.md", results / "demo_bf16_a72522b" / "tables.md")
+    assert records and all(r["same"] == r["cells"] for r in records), records
+    assert "every result cell of the GPU-fed data path's run is the same as at\n21d7917" in PAGE.read_text(encoding="utf-8")
