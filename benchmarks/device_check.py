@@ -489,7 +489,7 @@ def measure_extract(run: Run) -> None:
                     for workers in s.workers:
                         row = Row(kind="extract", model=label, precision="bf16-autocast", batch=s.extract_batch,
                                   workers=workers, extra={"decode": decode, "mosaic": mosaic,
-                                                          "model_only_tiles_per_s": round(model_only, 1)})
+                                                          "model_only_tiles_per_s": round(model_only, 3)})
                         if run.skipped(row):
                             continue
                         try:
@@ -499,7 +499,7 @@ def measure_extract(run: Run) -> None:
                             row.extra["readers_max_rss_gib"] = round(
                                 resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 3)
                             run.rate(row, flops)
-                            row.extra["of_model_only"] = round(row.tiles_per_s / model_only, 3)
+                            row.extra["of_model_only"] = round(row.tiles_per_s / model_only, 4)
                             row.note = f"{mosaic}, decode {decode}, {row.extra['of_model_only']:.2f} of model-only"
                         except Exception as exc:  # noqa: BLE001
                             row.note = _error(exc)
