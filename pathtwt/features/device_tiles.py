@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from pathtwt.features.reading import SLIDE_TILES, BatchMessage
+from pathtwt.features.reading import BatchMessage
 from pathtwt.features.ring import Ring
 from pathtwt.wsi.cut_plan import CutPlan, gather_plan
 

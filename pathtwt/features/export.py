@@ -18,7 +18,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 
 from pathtwt.errors import PathtwtError

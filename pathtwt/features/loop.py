@@ -28,7 +28,7 @@ import torch
 from pathtwt.errors import NumericsError, PathtwtError, SlideError
 from pathtwt.features.device_tiles import DeviceTiles, UndecodableTile, pin_host_memory
 from pathtwt.features.reading import (
-    SLIDE_TILES, BatchReader, FeedCounts, InlineReader, ReaderDied, ReaderPool, SlideRead, plan_bands,
+    SLIDE_TILES, BatchReader, InlineReader, ReaderDied, ReaderPool, SlideRead, plan_bands,
 )
 from pathtwt.features.ring import Ring, RingSize
 from pathtwt.features.sink import FeaturesSink, SlideState
@@ -175,7 +175,7 @@ def embed_job(jobs: Sequence[Any], prepare: Callable[[Any], Any], backbone: Any,
         made = DeviceTiles(ring, device, size, decoder=decoder,
                            use_tiles=lambda j: modes.__setitem__(j, SLIDE_TILES))
         timing = FeedTiming(workers, ring.describe())
-        counts = FeedCounts()
+        batches = 0  # the batches the job received (none: no closing line)
         embedder = Embedder(backbone, options.embedding)
         buffers = HostBuffers(device) if on_cuda else None
         side_stream = torch.cuda.Stream(device) if on_cuda else None
@@ -262,7 +262,7 @@ def embed_job(jobs: Sequence[Any], prepare: Callable[[Any], Any], backbone: Any,
                 timing.waited += time.perf_counter() - waited
                 if msg is None:
                     break
-                counts.add(msg)
+                batches += 1
                 timing.reading += msg.seconds
                 state = states[msg.slide]
                 state.decoded += msg.decoded
@@ -313,7 +313,7 @@ def embed_job(jobs: Sequence[Any], prepare: Callable[[Any], Any], backbone: Any,
         feeder.join()
         closing, sink = sink.close(), None
         yield from outcomes(closing)
-        if counts.batches:
+        if batches:
             print(timing.line(), file=sys.stderr, flush=True)
     finally:
         bar.close()

@@ -27,7 +27,7 @@ import os
 import queue
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -409,19 +409,3 @@ class InlineReader:
 
     def stop(self) -> None:
         self.reader.close()
-
-
-@dataclass
-class FeedCounts:
-    """What the readers did over a job: their own seconds, and native tiles decoded."""
-
-    reading: float = 0.0
-    decoded: int = 0
-    batches: int = 0
-    by_kind: dict[str, int] = field(default_factory=dict)
-
-    def add(self, msg: BatchMessage) -> None:
-        self.reading += msg.seconds
-        self.decoded += msg.decoded
-        self.batches += 1
-        self.by_kind[msg.kind] = self.by_kind.get(msg.kind, 0) + 1

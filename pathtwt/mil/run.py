@@ -19,7 +19,6 @@ import platform
 from pathlib import Path
 from typing import Callable
 
-import h5py
 import numpy as np
 import pandas as pd
 import torch
