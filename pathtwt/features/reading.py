@@ -163,6 +163,7 @@ class BatchReader:
     def band(self, read: SlideRead, band: Band, slots: Iterator[int]) -> Iterator[BatchMessage]:
         """The messages of ``band``'s batches, each written into the next slot of ``slots``."""
         keep_prev = np.zeros(0, np.int64)
+        ahead = None  # the next batch's plan, made while this one was shipped
         for k, (start, end) in enumerate(band.batches):
             began = time.perf_counter()
             msg = BatchMessage(read.number, band.number, start, end, last=k == len(band.batches) - 1,
@@ -170,16 +171,19 @@ class BatchReader:
             msg.slot = next(slots)
             try:
                 slide = self._slide(read)
-                plan = self._byte_plan(read, slide, start, end) if self._bytes_for(read, slide) else None
+                plan = None
+                if self._bytes_for(read, slide):
+                    plan = ahead if ahead is not None else self._byte_plan(read, slide, start, end)
+                ahead = None
                 if plan is not None:
                     following = band.batches[k + 1] if k + 1 < len(band.batches) else None
-                    keep_prev = self._ship(read, slide, plan, following, keep_prev, msg)
+                    keep_prev, ahead = self._ship(read, slide, plan, following, keep_prev, msg)
                 if msg.kind != "bytes":
                     keep_prev = np.zeros(0, np.int64)
                     self._tiles(read, slide, start, end, msg)
             except Exception as exc:  # noqa: BLE001 - carried to the embedding process, raised there in one line
                 msg.kind, msg.error = "error", " ".join(f"{type(exc).__name__}: {exc}".split())
-                keep_prev = np.zeros(0, np.int64)
+                keep_prev, ahead = np.zeros(0, np.int64), None
             msg.seconds = time.perf_counter() - began
             yield msg
 
@@ -212,10 +216,10 @@ class BatchReader:
         return CutPlan(grid, natives_under(grid, origins, side), origins, side, g.patch_size, slide.fill)
 
     def _ship(self, read: SlideRead, slide: Any, plan: Any, following: tuple[int, int] | None,
-              keep_prev: np.ndarray, msg: BatchMessage) -> np.ndarray:
-        """Write the streams the embedding process lacks into the slot; the natives it
-        should keep for the next batch of the band."""
-        from pathtwt.wsi.cut_plan import natives_under
+              keep_prev: np.ndarray, msg: BatchMessage) -> tuple[np.ndarray, Any]:
+        """Write the streams the embedding process lacks into the slot. Returns the natives
+        it should keep for the band's next batch, and that batch's plan (made here to know
+        them; the next batch uses it)."""
         from pathtwt.wsi.jpeg_streams import StreamHeader, pack_streams
 
         page = slide.native_level(read.geometry.read_level).page
@@ -225,15 +229,12 @@ class BatchReader:
         fresh = np.flatnonzero(~np.isin(plan.natives, keep_prev))
         packed = pack_streams(page, header, plan.natives[fresh], self._fd(read), self.ring.slot(msg.slot))
         if packed is None:  # more bytes than a slot holds: this batch is decoded here
-            return np.zeros(0, np.int64)
-        keep = np.zeros(0, np.int64)
-        if following is not None:
-            nxt = self._byte_plan(read, slide, *following)
-            if nxt is not None:
-                keep = np.intersect1d(plan.natives, natives_under(plan.grid, nxt.origins, nxt.side))
+            return np.zeros(0, np.int64), None
+        nxt = self._byte_plan(read, slide, *following) if following is not None else None
+        keep = np.intersect1d(plan.natives, nxt.natives) if nxt is not None else np.zeros(0, np.int64)
         msg.kind, msg.plan, msg.fresh, msg.keep = "bytes", plan, fresh, keep
         msg.offsets, msg.lengths = packed
-        return keep
+        return keep, nxt
 
     def _tiles(self, read: SlideRead, slide: Any, start: int, end: int, msg: BatchMessage) -> None:
         out = self.ring.tiles(msg.slot, end - start, self.input_size)
