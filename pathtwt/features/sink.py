@@ -121,9 +121,7 @@ class FeaturesSink:
                     for state in item[1]:
                         _abort(state, state.error or RuntimeError("the job stopped"))
             except BaseException as exc:  # noqa: BLE001 - a full disk, say: the job stops, in the loop's thread
-                self._fatal = exc
-                for state in _states_in(item):
-                    _abort(state, exc)
+                self._fatal = exc  # raised there; its cleanup (abandon) closes the open files unpublished
                 return
 
     def _write(self, state: SlideState, start: int, features: Any, ready: Any, release: Any, timing: Any) -> None:
@@ -164,10 +162,6 @@ class FeaturesSink:
         else:
             _abort(state, state.error)
         self._done.put(state)
-
-
-def _states_in(item: Any) -> list[SlideState]:
-    return [x for x in item if isinstance(x, SlideState)] + [x for x in item if isinstance(x, list) for x in x]
 
 
 def _abort(state: SlideState, exc: BaseException | None) -> None:
