@@ -154,15 +154,12 @@ class DeviceTiles:
         """The tiles of ``msg`` on the device. The caller gives the slot back once the work
         queued on the device so far is done (:meth:`pathtwt.features.loop` records an event)."""
         if msg.kind == "tiles":
+            self._bands.pop(msg.band, None)  # the reader keeps nothing past a batch it sent as tiles
             host = torch.from_numpy(self.ring.tiles(msg.slot, msg.end - msg.start, self.input_size))
             return host.to(self.device, non_blocking=True)
         if msg.kind != "bytes":
             raise ValueError(f"no tiles in a {msg.kind!r} message")
-        try:
-            return self._from_bytes(msg)
-        finally:
-            if msg.last:
-                self._bands.pop(msg.band, None)
+        return self._from_bytes(msg)  # a band's last batch keeps nothing: its keep is empty
 
     def forget(self, band: int) -> None:
         """Drop what a band left on the device (its slide failed)."""
