@@ -26,11 +26,11 @@ MAPS = Path("/proc/self/maps")
 TORCH_RUNTIME = re.compile(r"libcudart\.so\.\d+(\.\d+)*")
 
 
-def loaded_runtime(maps: Path = MAPS) -> str | None:
+def loaded_runtime() -> str | None:
     """The path of the CUDA runtime mapped into this process under its own name, or None
     (not loaded as a library: linked statically into torch, or not Linux)."""
     try:
-        lines = maps.read_text().splitlines()
+        lines = MAPS.read_text().splitlines()
     except OSError:
         return None
     for line in lines:
@@ -40,11 +40,11 @@ def loaded_runtime(maps: Path = MAPS) -> str | None:
     return None
 
 
-def clear_last_error(context: str, maps: Path = MAPS) -> int:
+def clear_last_error(context: str) -> int:
     """Read and clear the runtime's last error in this thread; its code. ``context`` (what
     failed) starts the one line raised when the runtime torch uses cannot be reached, so
     the job stops instead of failing later with a misleading message."""
-    path = loaded_runtime(maps)
+    path = loaded_runtime()
     if path is None:
         raise PathtwtError(f"{context}; the CUDA runtime torch uses is not a loaded library here, so the error it "
                            "left cannot be cleared and would fail the next GPU call: stopping. Check the locked-memory "

@@ -140,22 +140,28 @@ def _nvimgcodec(device: torch.device, *, device_id: int | None = None, backends:
                                      backends=chosen, options=NVIMGCODEC_OPTIONS)
     except RuntimeError as exc:
         raise GpuDecoderUnavailable(_no_gpu_backend(nvimgcodec, device, exc)) from None
-    pool: list = []  # the Images of the last full batch, whose buffers the next decode reuses
-
-    def decode(streams: Sequence[Any]) -> list:
-        nonlocal pool
-        cuda = device.type == "cuda"
-        sources = [nvimgcodec.CodeStream(np.frombuffer(s, np.uint8)) for s in streams]
-        reuse = pool[:len(sources)] if len(pool) >= len(sources) else None
-        # on the caller's stream: the images are written, and their buffers reused, in its order
-        images = decoder.decode(sources, images=reuse, params=params,
-                                cuda_stream=torch.cuda.current_stream(device).cuda_stream if cuda else 0)
-        if reuse is None and all(image is not None for image in images):
-            pool = list(images)
-        return _owned([None if image is None else _tensor(image, device) for image in images], device)
-
+    decode = _NvImageCodecBatches(nvimgcodec, decoder, params, device)
     return _checked(BatchDecoder("nvimgcodec", decode), device, f"nvImageCodec {version}",
                     nvimgcodec_install(nvimgcodec), _no_gpu_backend(nvimgcodec, device))
+
+
+class _NvImageCodecBatches:
+    """nvImageCodec's ``decode`` of a batch on the caller's stream (the images are written,
+    and their buffers reused, in its order), the Images of the last full batch decoded
+    into again (``pool``): no allocation per tile per batch."""
+
+    def __init__(self, nvimgcodec: Any, decoder: Any, params: Any, device: torch.device) -> None:
+        self.lib, self.decoder, self.params, self.device = nvimgcodec, decoder, params, device
+        self.pool: list = []
+
+    def __call__(self, streams: Sequence[Any]) -> list:
+        sources = [self.lib.CodeStream(np.frombuffer(s, np.uint8)) for s in streams]
+        reuse = self.pool[:len(sources)] if len(self.pool) >= len(sources) else None
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+        images = self.decoder.decode(sources, images=reuse, params=self.params, cuda_stream=stream)
+        if reuse is None and all(image is not None for image in images):
+            self.pool = list(images)
+        return _owned([None if image is None else _tensor(image, self.device) for image in images], self.device)
 
 
 def _tensor(image: Any, device: torch.device) -> torch.Tensor:
