@@ -738,10 +738,12 @@ def measure_distill(run: Run) -> None:
                                           cache_limit_bytes=0)  # the teacher runs every step, as with augmentation
                     run.sync()
                     t0 = time.perf_counter()
-                    distill(student, teacher.model, tiles, transform=teacher.transform,
-                            objective=DeepSupervision(ends), options=opts)
+                    done = distill(student, teacher.model, tiles, transform=teacher.transform,
+                                   objective=DeepSupervision(ends), options=opts)
                     run.sync()
                     seconds.append(time.perf_counter() - t0)
+                    # what it trained in: bf16 asked for falls back to fp32 where its first step disagrees
+                    row.precision = "bf16-autocast" if done.precision == "bf16" else done.precision
             # the difference of two runs cancels the fixed cost (optimiser, loader start-up)
             steps_per_s = (s.distill_steps[1] - s.distill_steps[0]) / max(seconds[1] - seconds[0], 1e-6)
             row.steps_per_s = steps_per_s

@@ -81,6 +81,7 @@ def test_cpu_mode_table(tmp_path, capsys):
     for r in distill:
         assert _positive(r["steps_per_s"]) and _positive(r["tflops"])
         assert r["tiles_per_s"] == pytest.approx(r["steps_per_s"] * r["batch"])
+        assert r["precision"] in ("bf16-autocast", "fp32")  # what the run trained in
 
     extract = [r for r in rows if r["kind"] == "extract"]
     if not SHARED_SLIDE.exists():

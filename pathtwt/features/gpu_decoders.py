@@ -328,7 +328,7 @@ def usable_gpu_decoder(device: Any) -> str | None:
         installed, make, on_gpu = entry
         if not (on_gpu and installed()):
             continue
-        key = (name, make, str(device))
+        key = (name, make, _device_key(device))
         if key not in _USABLE:
             try:
                 make_decoder(name, device)
@@ -339,3 +339,14 @@ def usable_gpu_decoder(device: Any) -> str | None:
         if _USABLE[key] is None:
             return name
     return None
+
+
+def _device_key(device: Any) -> str:
+    """``device`` as one name for the same GPU ("cuda" and "cuda:0" where 0 is current)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        try:
+            return f"cuda:{torch.cuda.current_device()}"
+        except (RuntimeError, AssertionError):  # no CUDA here (tests): the name as given
+            pass
+    return str(device)
