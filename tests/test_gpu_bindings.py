@@ -201,6 +201,14 @@ def test_torchvision_decode_jpeg_binds_and_its_deprecation_is_filtered(streams):
     assert decoder.reference is jpeg_reference.fancy and decoder.decodes_rgb
 
 
+def test_the_extras_pin_the_series_the_calls_are_checked_against():
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pin = gpu_decoders.NVIMGCODEC_PIN
+    assert extras["gpu"] == [f"nvidia-nvimgcodec-cu13[nvjpeg]{pin}"]  # CUDA 13, with its GPU backend
+    assert extras["gpu-cu12"] == [f"nvidia-nvimgcodec-cu12[nvjpeg]{pin}"]
+    assert f"nvidia-nvimgcodec-cu13{pin}" in extras["test"]  # the binding tests' wheel, without nvJPEG
+
+
 def test_a_torchvision_too_old_for_a_list_of_streams_is_one_line(monkeypatch):
     import torchvision
 

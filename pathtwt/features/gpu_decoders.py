@@ -48,9 +48,10 @@ from pathtwt.features import jpeg_reference
 log = logging.getLogger(__name__)
 
 # the nvImageCodec release whose Python API the calls below are written and tested against
-NVIMGCODEC_SERIES = "0.9"
-# what to install for the first decoder of the table (pyproject.toml's gpu extras carry the pins)
-INSTALL_GPU_DECODER = (f"pip install 'nvidia-nvimgcodec-cu13[nvjpeg]>={NVIMGCODEC_SERIES},<0.10' for CUDA 13, "
+# (pyproject.toml's gpu extras pin the same)
+NVIMGCODEC_SERIES, NVIMGCODEC_PIN = "0.9", ">=0.9,<0.10"
+# what to install for the first decoder of the table
+INSTALL_GPU_DECODER = (f"pip install 'nvidia-nvimgcodec-cu13[nvjpeg]{NVIMGCODEC_PIN}' for CUDA 13, "
                        "-cu12[nvjpeg] for CUDA 12 (pathtwt's extras gpu and gpu-cu12)")
 # the chroma upsampling libjpeg does; nvImageCodec's default was off in 0.5-0.8
 NVIMGCODEC_OPTIONS = ":fancy_upsampling=1"
@@ -67,7 +68,7 @@ def nvimgcodec_install(nvimgcodec: Any) -> str:
     """The pip command for nvImageCodec with its GPU JPEG backend, for the CUDA major
     of the wheel installed (``__cuda_version__``, e.g. 13030)."""
     major = int(getattr(nvimgcodec, "__cuda_version__", 13000)) // 1000
-    return f"pip install 'nvidia-nvimgcodec-cu{major}[nvjpeg]>={NVIMGCODEC_SERIES},<0.10'"
+    return f"pip install 'nvidia-nvimgcodec-cu{major}[nvjpeg]{NVIMGCODEC_PIN}'"
 
 
 def nvimgcodec_backends(nvimgcodec: Any) -> list:
@@ -106,7 +107,7 @@ class BatchDecoder:
                 f"RGB JPEG {'yes' if self.decodes_rgb else 'no'})")
 
 
-def _owned(tensors: list, device: torch.device) -> list:
+def _owned(tensors: list) -> list:
     """The decoded tiles (None kept) as views of one tensor the caller owns: one copy
     for the batch when the tiles share a shape, one per tile otherwise (cropped edge
     tiles)."""
@@ -161,7 +162,7 @@ class _NvImageCodecBatches:
         images = self.decoder.decode(sources, images=reuse, params=self.params, cuda_stream=stream)
         if reuse is None and all(image is not None for image in images):
             self.pool = list(images)
-        return _owned([None if image is None else _tensor(image, self.device) for image in images], self.device)
+        return _owned([None if image is None else _tensor(image, self.device) for image in images])
 
 
 def _tensor(image: Any, device: torch.device) -> torch.Tensor:
@@ -216,13 +217,13 @@ def _torchvision(device: torch.device) -> BatchDecoder:
     def decode(streams: Sequence[Any]) -> list:
         data = [torch.frombuffer(s if _writable(s) else bytearray(s), dtype=torch.uint8) for s in streams]
         if not cuda:
-            return _owned([None if im is None else im.permute(1, 2, 0) for im in run(data)], device)
+            return _owned([None if im is None else im.permute(1, 2, 0) for im in run(data)])
         if not side:
             side.append(torch.cuda.Stream(device))
         if copied:
             copied.pop().synchronize()  # last batch's outputs were copied out: their blocks may be reused
         with torch.cuda.device(device), torch.cuda.stream(side[0]):
-            tiles = _owned([None if im is None else im.permute(1, 2, 0) for im in run(data)], device)
+            tiles = _owned([None if im is None else im.permute(1, 2, 0) for im in run(data)])
             done = torch.cuda.Event()
             done.record(side[0])
         copied.append(done)
