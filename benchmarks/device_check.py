@@ -22,16 +22,22 @@ depend on them. Printed as one table, one row per measurement:
   the time budget leaves).
 - ``decode``: native tiles/s of each JPEG decoder alone over every native tile of the 20x
   mosaic: nvImageCodec (the hardware engines) and torchvision's nvJPEG (CUDA kernels)
-  where installed, on a CPU the host decoder, and libjpeg-turbo on one core for scale.
+  where they decode on this GPU (each checks itself when made: a row says why one
+  cannot), on a CPU the host decoder, then libjpeg-turbo on one core for scale.
 - ``extract``: steady-state tiles/s of pathtwt's own extraction (``extract_many``: a job
   of three copies of a slide less a job of one, after a warm-up; bf16 autocast with the
   weights cast once, as ``--precision auto`` runs it) on two mosaics of the real SVS
   written here (20x: copies side by side at 0.5 um/px; 40x: the same pixels at 0.25
   um/px, read as 448 px squares shrunk to 224), for the teacher and its TWT-6 student,
   with a GPU job's readers (the cores minus one) and CPU and GPU decode
-  (``--decode cpu|gpu``); each row says what share of its own model-only rate (normalise
-  and embed uint8 tiles already on the device, same precision) it reaches, the GPU's
-  peak memory, and the largest reading process's peak RSS.
+  (``--decode cpu|gpu``), the GPU decode rows first; each row says what share of its own
+  model-only rate (normalise and embed uint8 tiles already on the device, same precision)
+  it reaches, the GPU's peak memory, the largest reading process's peak RSS, the
+  precision the features files record (what ran), and the native tiles they record as
+  decoded on the device and on the host and why any fell back ("not recorded" where a
+  file says nothing). A device-path row that fell back is marked so and gives no rate.
+  The mosaics are written within ``--mosaic-budget-s`` (fewer copies where a copy takes
+  longer to write than planned).
 - ``distill``: optimiser steps/s of TWT-5 against the H0-mini teacher in bf16 through
   ``pathtwt.compress.distill.distill`` (teacher forward + student forward and backward
   each step): with augmentation in the loader workers as a compress job runs it, and
@@ -44,7 +50,9 @@ CPU), the fraction of the bf16 matrix-multiply peak measured in this same run, a
 memory (GPU: ``torch.cuda.max_memory_allocated`` of that measurement; CPU: the process's
 peak RSS so far). A phase that fails (e.g. no compiler for ``torch.compile``) is a row
 with its error, and the run goes on; phases that would overrun ``--budget-s`` are
-skipped and say so.
+skipped and say so. On a GPU the extraction phase runs first (its GPU decode rows before
+its CPU ones), then matrix multiply, forward, distillation and compile; on a CPU as listed.
+``--dry-run`` prints the rows it would measure, in order, as JSON, and touches no device.
 """
 
 from __future__ import annotations
@@ -126,6 +134,7 @@ class Settings:
     min_time_s: float  # each forward figure times at least this long
     mm_n: int
     budget_s: float
+    mosaic_budget_s: float  # writing the mosaics: fewer copies where they would take longer
 
 
 def settings_for(device: str, args: argparse.Namespace) -> Settings:
@@ -145,7 +154,8 @@ def settings_for(device: str, args: argparse.Namespace) -> Settings:
         # a GPU job's default readers (the job's cores minus one), and one
         workers=[max(1, cores - 1)] if gpu else [1],
         extract_depths=[12, 6],
-        decodes=["cpu", "gpu"] if gpu else ["cpu", "host"],
+        # the device path first: its rows are what a short budget must not lose
+        decodes=["gpu", "cpu"] if gpu else ["host", "cpu"],
         mosaics=dict(MOSAICS_GPU if gpu else MOSAICS_CPU),
         extract_batch=256 if gpu else 32,
         distill_batch=128 if gpu else 8,
@@ -154,8 +164,9 @@ def settings_for(device: str, args: argparse.Namespace) -> Settings:
         min_time_s=0.5 if gpu else 0.2,
         mm_n=8192 if gpu else 1024,
         budget_s=480.0 if gpu else 170.0,
+        mosaic_budget_s=30.0 if gpu else 60.0,
     )
-    for name in ("backbone", "budget_s"):
+    for name in ("backbone", "budget_s", "mosaic_budget_s"):
         if getattr(args, name) is not None:
             setattr(s, name, getattr(args, name))
     if args.batch_sizes:
@@ -205,6 +216,7 @@ class Run:
         self.gpu = s.device.startswith("cuda")
         self.peak_label, self.peak_tflops = known_peak(torch.cuda.get_device_name(s.device) if self.gpu else "cpu")
         self.mm_bf16_tflops: float | None = None
+        self.info: dict[str, Any] = {}  # what the JSON says besides the rows (the mosaics written)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -304,6 +316,14 @@ def measure_mm(run: Run) -> None:
         run.add(row)
 
 
+def forward_cases(s: Settings):
+    """(depth, precision, batch) of each forward row, in the order measured."""
+    for depth in s.depths:
+        for precision in s.precisions:
+            for batch in s.batches:
+                yield depth, precision, batch
+
+
 def measure_forward(run: Run) -> None:
     from pathtwt.models.embedding import embed_tiles
     from pathtwt.models.flops import count_macs
@@ -312,34 +332,35 @@ def measure_forward(run: Run) -> None:
     s = run.s
     spec = get_spec(s.backbone)
     size = spec.input_size
-    for depth in s.depths:
-        label = model_label(depth, spec.depth)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            base = build_timm_model(spec, depth=depth)
-        flops = 2.0 * count_macs(base)
-        for precision in s.precisions:
-            model = _copy_to(base, s.device, DTYPES[precision])
-            for batch in s.batches:
-                row = Row(kind="forward", model=label, precision=precision, batch=batch)
-                if run.skipped(row):
-                    continue
-                try:
-                    with run.memory(row):
-                        x = torch.randn(batch, 3, size, size, device=s.device, dtype=DTYPES[precision])
-
-                        def call(model=model, x=x):
-                            with torch.inference_mode():
-                                return embed_tiles(model, x, spec.num_prefix_tokens)
-
-                        row.tiles_per_s = batch / run.timed(call)
-                    run.rate(row, flops)
-                except Exception as exc:  # noqa: BLE001
-                    row.note = _error(exc)
-                    _free(run)
-                run.add(row)
-            del model
+    made: dict = {}  # (depth, precision) -> (model, flops): the last one only
+    for depth, precision, batch in forward_cases(s):
+        if (depth, precision) not in made:
+            made.clear()
             _free(run)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                base = build_timm_model(spec, depth=depth)
+            made[(depth, precision)] = (_copy_to(base, s.device, DTYPES[precision]), 2.0 * count_macs(base))
+        model, flops = made[(depth, precision)]
+        row = Row(kind="forward", model=model_label(depth, spec.depth), precision=precision, batch=batch)
+        if run.skipped(row):
+            continue
+        try:
+            with run.memory(row):
+                x = torch.randn(batch, 3, size, size, device=s.device, dtype=DTYPES[precision])
+
+                def call(model=model, x=x):
+                    with torch.inference_mode():
+                        return embed_tiles(model, x, spec.num_prefix_tokens)
+
+                row.tiles_per_s = batch / run.timed(call)
+            run.rate(row, flops)
+        except Exception as exc:  # noqa: BLE001
+            row.note = _error(exc)
+            _free(run)
+        run.add(row)
+    made.clear()
+    _free(run)
 
 
 def measure_compiled(run: Run) -> None:
@@ -449,10 +470,55 @@ def mosaic_coords(slide: Path, out: Path) -> Path:
     return out
 
 
+def plan_mosaics(wanted: dict[str, tuple[int, int]], seconds_per_copy: float,
+                 budget_s: float) -> dict[str, tuple[int, int]]:
+    """The copies (columns, rows) of each mosaic written within ``budget_s``: the largest
+    mosaic loses a column or a row (its longer side) until the estimate fits, down to 1 x 1."""
+    copies = dict(wanted)
+
+    def cost() -> float:
+        return sum(c * r for c, r in copies.values()) * seconds_per_copy
+
+    while cost() > budget_s and any(c * r > 1 for c, r in copies.values()):
+        name = max(copies, key=lambda k: copies[k][0] * copies[k][1])
+        c, r = copies[name]
+        copies[name] = (c - 1, r) if c >= r else (c, r - 1)
+    return copies
+
+
+def build_mosaics(run: Run, image: np.ndarray, folder: Path) -> tuple[dict[str, Path], dict[str, Path]]:
+    """The mosaics and their coordinates, within the mosaic budget: one copy is written
+    first to time it, then each mosaic with the copies :func:`plan_mosaics` allows."""
+    s = run.s
+    began = time.perf_counter()
+    write_mosaic(folder / "timing.tiff", image, (1, 1), 0.5)
+    per_copy = time.perf_counter() - began
+    copies = plan_mosaics(s.mosaics, per_copy, max(s.mosaic_budget_s - per_copy, 0.0))
+    mosaics = {k: write_mosaic(folder / f"mosaic{k}.tiff", image, c, MOSAIC_MPP[k]) for k, c in copies.items()}
+    coords = {k: mosaic_coords(m, folder / f"coords{k}.h5") for k, m in mosaics.items()}
+    seconds = time.perf_counter() - began
+    run.info["mosaics"] = {k: {"copies": list(c), "wanted": list(s.mosaics[k]), "tiles": _tiles(coords[k])}
+                           for k, c in copies.items()}
+    run.info["mosaics_seconds"] = round(seconds, 1)
+    print(f"device check: mosaics {', '.join(f'{k} {c[0]}x{c[1]} ({_tiles(coords[k])} tiles)' for k, c in copies.items())}"
+          f" written in {seconds:.0f} s (budget {s.mosaic_budget_s:.0f} s, {per_copy:.1f} s a copy)", flush=True)
+    return mosaics, coords
+
+
+def extract_cases(s: Settings):
+    """(decode, depth, mosaic, workers) of each extraction row, in the order measured:
+    every row of the device path (GPU decode) before any of the CPU path."""
+    for decode in s.decodes:
+        for depth in s.extract_depths:
+            for mosaic in s.mosaics:
+                for workers in s.workers:
+                    yield decode, depth, mosaic, workers
+
+
 def measure_extract(run: Run) -> None:
     """The data path on this machine, in steady state, on a 20x and a 40x mosaic of the
     real slide: each decoder alone, then the teacher and its TWT-6 student end to end (the
-    job's readers, CPU and GPU decode) as shares of their own model-only rate in the same
+    job's readers, GPU and CPU decode) as shares of their own model-only rate in the same
     precision (bf16 autocast, weights cast once, as extraction runs)."""
     import dataclasses
 
@@ -468,44 +534,84 @@ def measure_extract(run: Run) -> None:
     with open_slide(SLIDE) as opened:
         image = opened.read_region(0, 0, 0, *opened.dimensions)
     teacher = create_backbone(s.backbone, pretrained=False, device=s.device, precision="fp32")
+    models: dict[int, tuple] = {}  # depth -> (backbone, flops, model-only tiles/s)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        began = time.perf_counter()
-        mosaics = {k: write_mosaic(tmp / f"mosaic{k}.tiff", image, copies, MOSAIC_MPP[k])
-                   for k, copies in s.mosaics.items()}
-        coords = {k: mosaic_coords(m, tmp / f"coords{k}.h5") for k, m in mosaics.items()}
-        print(f"device check: mosaics {', '.join(f'{k} {_tiles(c)} tiles' for k, c in coords.items())} written in "
-              f"{time.perf_counter() - began:.0f} s", flush=True)
-        measure_decoders(run, mosaics["20x"])
-        for depth in s.extract_depths:
-            label = model_label(depth, teacher.spec.depth)
-            # a student costs what the plain timm ViT of its depth costs: weights do not matter
-            backbone = teacher if depth == teacher.spec.depth else dataclasses.replace(
-                teacher, model=build_timm_model(teacher.spec, depth=depth).to(s.device).eval())
-            flops = 2.0 * count_macs(backbone.model)
-            model_only = _model_only_rate(run, backbone, s.extract_batch)
-            for mosaic, slide in mosaics.items():
-                for decode in s.decodes:
-                    for workers in s.workers:
-                        row = Row(kind="extract", model=label, precision="bf16-autocast", batch=s.extract_batch,
-                                  workers=workers, extra={"decode": decode, "mosaic": mosaic,
-                                                          "model_only_tiles_per_s": round(model_only, 3)})
-                        if run.skipped(row):
-                            continue
-                        try:
-                            with run.memory(row):
-                                row.tiles_per_s = _steady_rate(backbone, slide, coords[mosaic], tmp, s, workers,
-                                                               decode)
-                            row.extra["readers_max_rss_gib"] = round(
-                                resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 3)
-                            run.rate(row, flops)
-                            row.extra["of_model_only"] = round(row.tiles_per_s / model_only, 4)
-                            row.note = f"{mosaic}, decode {decode}, {row.extra['of_model_only']:.2f} of model-only"
-                        except Exception as exc:  # noqa: BLE001
-                            row.note = _error(exc)
-                        run.add(row)
-    del teacher, backbone
+        mosaics, coords = build_mosaics(run, image, tmp)
+        measure_decoders(run, next(iter(mosaics.values())))
+        for decode, depth, mosaic, workers in extract_cases(s):
+            if depth not in models:
+                # a student costs what the plain timm ViT of its depth costs: weights do not matter
+                backbone = teacher if depth == teacher.spec.depth else dataclasses.replace(
+                    teacher, model=build_timm_model(teacher.spec, depth=depth).to(s.device).eval())
+                models[depth] = (backbone, 2.0 * count_macs(backbone.model),
+                                 _model_only_rate(run, backbone, s.extract_batch))
+            backbone, flops, model_only = models[depth]
+            row = Row(kind="extract", model=model_label(depth, teacher.spec.depth), precision="bf16-autocast",
+                      batch=s.extract_batch, workers=workers,
+                      extra={"decode": decode, "mosaic": mosaic, "model_only_tiles_per_s": round(model_only, 3)})
+            if run.skipped(row):
+                continue
+            try:
+                with run.memory(row):
+                    rate, record = _steady_rate(backbone, mosaics[mosaic], coords[mosaic], tmp, s, workers, decode)
+                row.extra["readers_max_rss_gib"] = round(
+                    resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 3)
+                record_row(row, rate, record, model_only)
+                run.rate(row, flops)
+            except Exception as exc:  # noqa: BLE001
+                row.note = _error(exc)
+            run.add(row)
+    del teacher, models
     _free(run)
+
+
+NOT_RECORDED = "not recorded"
+
+
+def decode_record(paths: list[Path]) -> dict[str, Any]:
+    """What the features files ``paths`` record of where their native tiles were decoded
+    (per-slide attrs ``natives_decoded_device``, ``natives_decoded_host``, ``decode_fallback``)
+    and of the precision that ran, summed over the files; "not recorded" where absent."""
+    import h5py
+
+    device = host = 0
+    recorded = bool(paths)
+    fallbacks, precisions = [], []
+    for path in paths:
+        with h5py.File(path, "r") as h5:
+            attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in h5.attrs.items()}
+        if "natives_decoded_device" in attrs and "natives_decoded_host" in attrs:
+            device += int(attrs["natives_decoded_device"])
+            host += int(attrs["natives_decoded_host"])
+        else:
+            recorded = False
+        if str(attrs.get("decode_fallback", "")):
+            fallbacks.append(f"{path.stem}: {attrs['decode_fallback']}")
+        precisions.append(str(attrs.get("precision", NOT_RECORDED)))
+    return {"natives_device": device if recorded else NOT_RECORDED, "natives_host": host if recorded else NOT_RECORDED,
+            "fallback": "; ".join(fallbacks) if recorded or fallbacks else NOT_RECORDED,
+            "precision": ", ".join(sorted(set(precisions))) or NOT_RECORDED}
+
+
+def record_row(row: Row, rate: float, record: dict[str, Any], model_only: float) -> None:
+    """Fill an extraction row from its steady rate and its features files' record: the
+    precision that ran, the natives decoded where, and for a device-path row that fell
+    back (a fallback reason, or natives decoded on the host) no rate, only the mark."""
+    mosaic, decode = row.extra["mosaic"], row.extra["decode"]
+    row.precision = record["precision"]
+    row.extra.update(natives_device=record["natives_device"], natives_host=record["natives_host"],
+                     fallback=record["fallback"])
+    where = f"natives on device {record['natives_device']}, on host {record['natives_host']}"
+    host = record["natives_host"]
+    fell_back = decode != "cpu" and (record["fallback"] not in ("", NOT_RECORDED) or (isinstance(host, int) and host))
+    if fell_back:
+        row.extra["fell_back"] = True
+        row.note = f"{mosaic}, decode {decode}: FELL BACK ({record['fallback'] or 'natives on the host'}); {where}"
+        return
+    row.tiles_per_s = rate
+    row.extra["of_model_only"] = round(rate / model_only, 4)
+    row.note = f"{mosaic}, decode {decode}, {row.extra['of_model_only']:.2f} of model-only; {where}"
 
 
 def _tiles(coords: Path) -> int:
@@ -516,12 +622,13 @@ def _tiles(coords: Path) -> int:
 
 def measure_decoders(run: Run, slide: Path) -> None:
     """Native tiles/s of each decoder alone over every native tile of the mosaic's level 0
-    (complete JPEG streams, batches of 256): the GPU decoders installed here (nvImageCodec
-    on the hardware engines, torchvision's nvJPEG on CUDA kernels) or, on a CPU, the host
-    decoder the device path falls back to; and libjpeg-turbo on one core (tifffile)."""
+    (complete JPEG streams, batches of 256): first the GPU decoders installed here
+    (nvImageCodec on the hardware engines, torchvision's nvJPEG on CUDA kernels; one that
+    cannot decode on this GPU is a row saying why) or, on a CPU, the host decoder the
+    device path falls back to; then libjpeg-turbo on one core (tifffile)."""
     import tifffile
 
-    from pathtwt.features.gpu_decoders import GPU_DECODERS, make_decoder
+    from pathtwt.features.gpu_decoders import GPU_DECODERS, GpuDecoderUnavailable, make_decoder
     from pathtwt.wsi.jpeg_streams import tile_streams
     from pathtwt.wsi.native_tiles import decode_native_tiles
 
@@ -529,27 +636,33 @@ def measure_decoders(run: Run, slide: Path) -> None:
         page = tif.pages[0]
         indices = list(range(len(page.dataoffsets)))
         streams = tile_streams(page, indices)
+        names = [n for n, (installed, _make, on_gpu) in GPU_DECODERS.items() if on_gpu == run.gpu and installed()]
+        for name in names:
+            row = Row(kind="decode", model=name, precision="uint8", batch=256)
+            if run.skipped(row):
+                continue
+            try:
+                decoder = make_decoder(name, run.s.device)
+                refused = []
+                with run.memory(row):
+                    def all_streams():
+                        refused.clear()
+                        for i in range(0, len(streams), 256):
+                            refused.extend(t is None for t in decoder(streams[i:i + 256]))
+                    row.tiles_per_s = len(streams) / run.timed(all_streams, min_time_s=0.0)
+                row.extra.update(refused=sum(refused), upsampling=decoder.reference.__name__,
+                                 decodes_rgb=decoder.decodes_rgb)
+                row.note = f"{len(streams)} native tiles of 256 px, {sum(refused)} refused; {decoder!r}"
+            except GpuDecoderUnavailable as exc:
+                row.note = f"unavailable: {exc}"
+            except Exception as exc:  # noqa: BLE001
+                row.note = _error(exc)
+            run.add(row)
         row = Row(kind="decode", model="libjpeg-turbo, one core", precision="uint8", batch=256)
         began = time.perf_counter()
         decode_native_tiles(page, indices)
         row.tiles_per_s = len(indices) / (time.perf_counter() - began)
         row.note = f"{len(indices)} native tiles of 256 px"
-        run.add(row)
-    names = [n for n, (installed, _make, on_gpu) in GPU_DECODERS.items() if on_gpu == run.gpu and installed()]
-    for name in names:
-        row = Row(kind="decode", model=name, precision="uint8", batch=256)
-        if run.skipped(row):
-            continue
-        try:
-            decoder = make_decoder(name, run.s.device)
-            with run.memory(row):
-                def all_streams():
-                    for i in range(0, len(streams), 256):
-                        decoder(streams[i:i + 256])
-                row.tiles_per_s = len(streams) / run.timed(all_streams, min_time_s=0.0)
-            row.note = f"{len(streams)} native tiles of 256 px"
-        except Exception as exc:  # noqa: BLE001
-            row.note = _error(exc)
         run.add(row)
 
 
@@ -567,10 +680,11 @@ def _model_only_rate(run: Run, backbone, batch: int) -> float:
                                                      prefix))
 
 
-def _steady_rate(backbone, slide: Path, coords: Path, tmp: Path, s: Settings, workers: int, decode: str) -> float:
+def _steady_rate(backbone, slide: Path, coords: Path, tmp: Path, s: Settings, workers: int,
+                 decode: str) -> tuple[float, dict[str, Any]]:
     """Steady-state tiles/s of extraction: a job of three copies of the slide less a job
     of one (the readers' start, the first batches and the last writes cancel), after a
-    warm-up job."""
+    warm-up job; and what the three-copy job's features files record (:func:`decode_record`)."""
     from pathtwt.features.extract import extract_many
     from pathtwt.features.jobs import ExtractJob
     from pathtwt.io.h5 import count_coords
@@ -581,15 +695,17 @@ def _steady_rate(backbone, slide: Path, coords: Path, tmp: Path, s: Settings, wo
         options["decode"] = decode
     else:  # a decoder by name: the device path on any device (host: its stand-in on a CPU)
         options["gpu_decoder"] = decode
-    seconds = {}
+    seconds, record = {}, {}
     for count in (1, 1, 3):  # the first: warm-up
         jobs = [ExtractJob(slide, coords, tmp / f"f{decode}{workers}-{count}-{i}.h5") for i in range(count)]
         began = time.perf_counter()
         extract_many(jobs, backbone, **options)
         seconds[count] = time.perf_counter() - began
+        if count == 3:
+            record = decode_record([job.out for job in jobs])
         for job in jobs:
             job.out.unlink(missing_ok=True)
-    return 2 * n / max(seconds[3] - seconds[1], 1e-9)
+    return 2 * n / max(seconds[3] - seconds[1], 1e-9), record
 
 
 def measure_distill(run: Run) -> None:
@@ -622,10 +738,12 @@ def measure_distill(run: Run) -> None:
                                           cache_limit_bytes=0)  # the teacher runs every step, as with augmentation
                     run.sync()
                     t0 = time.perf_counter()
-                    distill(student, teacher.model, tiles, transform=teacher.transform,
-                            objective=DeepSupervision(ends), options=opts)
+                    done = distill(student, teacher.model, tiles, transform=teacher.transform,
+                                   objective=DeepSupervision(ends), options=opts)
                     run.sync()
                     seconds.append(time.perf_counter() - t0)
+                    # what it trained in: bf16 asked for falls back to fp32 where its first step disagrees
+                    row.precision = "bf16-autocast" if done.precision == "bf16" else done.precision
             # the difference of two runs cancels the fixed cost (optimiser, loader start-up)
             steps_per_s = (s.distill_steps[1] - s.distill_steps[0]) / max(seconds[1] - seconds[0], 1e-6)
             row.steps_per_s = steps_per_s
@@ -749,6 +867,41 @@ def _arm_hard_limit(seconds: float) -> None:
         signal.alarm(max(1, int(seconds)))
 
 
+# the phases in the order they run. On a GPU the data path comes first, its GPU decode rows
+# before its CPU ones (extract_cases): a short budget still measures what the GPU does
+PHASES = {"mm": "measure_mm", "forward": "measure_forward", "extract": "measure_extract",
+          "distill": "measure_distill", "compile": "measure_compiled"}  # looked up when run (tests replace them)
+ORDER_GPU = ("extract", "mm", "forward", "distill", "compile")
+ORDER_CPU = ("mm", "forward", "extract", "distill", "compile")
+
+
+def plan(s: Settings, gpu: bool, skip: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """The rows a run of ``s`` measures, in order, as far as they are known before it
+    runs (which GPU decoders can decode there is found when they are made)."""
+    from pathtwt.models.registry import get_spec
+
+    full = get_spec(s.backbone).depth
+    rows: list[dict[str, Any]] = []
+    for phase in (p for p in (ORDER_GPU if gpu else ORDER_CPU) if p not in skip):
+        if phase == "mm":
+            rows += [{"kind": "mm", "precision": p} for p in ("fp32", "bf16")]
+        elif phase == "forward":
+            rows += [{"kind": "forward", "model": model_label(d, full), "precision": p, "batch": b}
+                     for d, p, b in forward_cases(s)]
+        elif phase == "extract":
+            rows += [{"kind": "decode", "model": "each GPU decoder installed" if gpu else "host"},
+                     {"kind": "decode", "model": "libjpeg-turbo, one core"}]
+            rows += [{"kind": "extract", "model": model_label(d, full), "decode": dec, "mosaic": m, "workers": w,
+                      "device_path": dec != "cpu"} for dec, d, m, w in extract_cases(s)]
+        elif phase == "distill":
+            rows += [{"kind": "distill", "model": "twt-5 vs teacher-12", "note": n}
+                     for n in ("augment in loader", "no augment, compute")]
+        elif phase == "compile" and s.compile_batch:
+            rows += [{"kind": "forward", "compiled": True, "model": model_label(d, full), "precision": p}
+                     for p in s.compile_precisions for d in s.compile_depths]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", help="CPU mode: tiny models, small settings (< 3 min)")
@@ -769,8 +922,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=None, help="stop starting new measurements after this long")
     ap.add_argument("--hard-limit-s", type=float, default=None,
                     help=f"stop a measurement still running after this long (default budget + 90 s, at most {HARD_LIMIT_S:.0f})")
+    ap.add_argument("--mosaic-budget-s", type=float, default=None,
+                    help="seconds for writing the mosaics (default 30 on GPU, 60 on CPU): fewer copies where needed")
     ap.add_argument("--json", default=None, help="also write the rows and the machine as JSON to this file")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the rows the run would measure, in order, as JSON, and stop (touches no device)")
     args = ap.parse_args(argv)
+    if args.dry_run:
+        import json
+
+        device = args.device or ("cpu" if args.cpu else "cuda")
+        s = settings_for(device, args)
+        skip = {p for p in args.skip.split(",") if p}
+        print(json.dumps({"device": device, "settings": asdict(s),
+                          "hard_limit_s": min(args.hard_limit_s or s.budget_s + 90.0, HARD_LIMIT_S),
+                          "rows": plan(s, device.startswith("cuda"), skip)}))
+        return 0
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -797,8 +964,8 @@ def main(argv: list[str] | None = None) -> int:
     _arm_hard_limit(hard - run.elapsed())
     skip = {p for p in args.skip.split(",") if p}
     try:
-        for name, phase in (("mm", measure_mm), ("forward", measure_forward), ("extract", measure_extract),
-                            ("distill", measure_distill), ("compile", measure_compiled)):
+        for name in ORDER_GPU if run.gpu else ORDER_CPU:
+            phase = globals()[PHASES[name]]
             if name in skip:
                 continue
             try:
@@ -823,7 +990,7 @@ def _write(path: str | None, info: dict[str, Any], s: Settings, run: Run) -> Non
         from pathtwt.io.atomic import write_json_atomic
 
         write_json_atomic(path, {"machine": info, "settings": asdict(s), "seconds": round(run.elapsed(), 1),
-                                 "rows": [asdict(r) for r in run.rows]})
+                                 **run.info, "rows": [asdict(r) for r in run.rows]})
 
 
 if __name__ == "__main__":

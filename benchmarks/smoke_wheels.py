@@ -12,9 +12,17 @@ requirement, and ``gpu_smoke --prepare`` can fetch exactly those files.
     python benchmarks/smoke_wheels.py --check      # the lock against the image, offline
 
 Versions are those of the environment running ``--relock`` where they satisfy the
-requirement (the versions the test suite ran with), else the newest that does. A package
-published only as a source distribution is built into a wheel here, and must be pure
-Python (``py3-none-any``) to travel.
+requirement (the versions the test suite ran with), else the newest that does (within
+:data:`IMAGE_PINS`). A package published only as a source distribution is built into a
+wheel here, and must be pure Python (``py3-none-any``) to travel.
+
+Besides pathtwt's own requirements the smoke run carries its ``gpu`` extra: nvImageCodec
+for CUDA 13 (the image's torch is a CUDA 13 build) with its nvJPEG extension, so the GPU
+rows decode JPEG on the GPU. Its wheel is 25 MB, for every CPython from 3.9 to 3.14 and
+with CPU, TIFF, JPEG 2000 and OpenCV extensions; it travels shrunk (:data:`SHRUNK`) to
+what the image's Python 3.12 decodes JPEG on the GPU with, about 5 MB: the lock keeps
+the published wheel's sha256 (what is downloaded is checked against it) and the members
+kept, and the shrunk wheel's RECORD lists exactly those, with their hashes.
 """
 
 from __future__ import annotations
@@ -69,8 +77,9 @@ class Wheel:
     file: str
     sha256: str
     requires: tuple[str, ...]  # Requires-Dist, as written
-    size: int = 0  # bytes
+    size: int = 0  # bytes, as carried
     built: bool = False  # built here from the only published source distribution
+    kept: tuple[str, ...] = ()  # carried shrunk to these members (SHRUNK); sha256 is the published wheel's
 
 
 def image_packages(path: Path = IMAGE) -> dict[str, str | None]:
@@ -84,14 +93,33 @@ def image_packages(path: Path = IMAGE) -> dict[str, str | None]:
     return out
 
 
+# the GPU JPEG decoder for the image's CUDA 13 torch (pyproject's extra of that name)
+GPU_EXTRA = "gpu"
+# versions held for the image, each with why
+IMAGE_PINS = {
+    # the image's torch 2.11 is a CUDA 13.0 build: nvJPEG of the same CUDA minor release
+    "nvidia-nvjpeg": ">=13.0,<13.1",
+}
+# wheels carried in part: the members kept (fnmatch patterns; the dist-info is always kept)
+SHRUNK = {
+    # the Python 3.12 module, the library and its nvJPEG extension (the GPU backend; the
+    # decoder allows no other): 5 MB of the 25
+    "nvidia-nvimgcodec-cu13": ("nvidia/__init__.py", "nvidia/nvimgcodec/__init__.py",
+                               "nvidia/nvimgcodec/nvimgcodec_impl.cpython-312-*.so", "nvidia/nvimgcodec/libnvimgcodec.so.*",
+                               "nvidia/nvimgcodec/extensions/libnvjpeg_ext.so.*"),
+}
+
+
 def needed() -> list[Requirement]:
-    """pathtwt's own requirements and the runner's."""
+    """pathtwt's own requirements, its GPU decoder's and the runner's."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return [Requirement(r) for r in (*project["dependencies"], *RUNNER)]
+    gpu = project["optional-dependencies"][GPU_EXTRA]
+    return [Requirement(r) for r in (*project["dependencies"], *gpu, *RUNNER)]
 
 
 def load_lock(path: Path = LOCK) -> list[Wheel]:
-    return [Wheel(**{**w, "requires": tuple(w["requires"])}) for w in json.loads(path.read_text())["wheels"]]
+    return [Wheel(**{**w, "requires": tuple(w["requires"]), "kept": tuple(w.get("kept", ()))})
+            for w in json.loads(path.read_text())["wheels"]]
 
 
 def applies(req: Requirement, extras: frozenset[str] = frozenset()) -> bool:
@@ -186,10 +214,11 @@ def sha256(path: Path) -> str:
 
 def _pinned(req: Requirement) -> str:
     """``req`` pinned to this environment's version where it satisfies it (tested here)."""
+    image_pin = IMAGE_PINS.get(canonicalize_name(req.name), "")
     try:
         version = importlib.metadata.version(req.name)
     except importlib.metadata.PackageNotFoundError:
-        return str(Requirement(f"{req.name}{req.specifier}"))
+        return str(Requirement(f"{req.name}{req.specifier}{',' if req.specifier and image_pin else ''}{image_pin}"))
     if req.specifier.contains(Version(version), prereleases=True):
         return f"{req.name}=={version}"
     return str(Requirement(f"{req.name}{req.specifier}"))
@@ -218,34 +247,96 @@ def relock(dest: Path) -> list[Wheel]:
             if path is None:
                 raise SystemExit(f"smoke_wheels: no wheel or source distribution of {spec} for Python {PYTHON}")
             got, version, requires = metadata(path)
-            wheels[name] = Wheel(got, version, path.name, sha256(path), requires, path.stat().st_size, built)
-            print(f"  {path.name}{' (built)' if built else ''}", flush=True)
+            published = sha256(path)
+            kept = shrink(path, SHRUNK[name]) if name in SHRUNK else ()
+            wheels[name] = Wheel(got, version, path.name, published, requires, path.stat().st_size, built, kept)
+            print(f"  {path.name}{' (built)' if built else ''}{' (shrunk)' if kept else ''}", flush=True)
         for r in wheels[name].requires:
             queue.append((Requirement(r), frozenset(req.extras)))
     return sorted(wheels.values(), key=lambda w: w.name)
 
 
 def fetch(wheels: list[Wheel], dest: Path) -> list[str]:
-    """Download (or build) each locked wheel into ``dest``; the problems, one line each."""
+    """Download (or build, or shrink) each locked wheel into ``dest``; the problems, one line each."""
     dest.mkdir(parents=True, exist_ok=True)
     problems = []
     for w in wheels:
         target = dest / w.file
-        if not (target.is_file() and sha256(target) == w.sha256):
-            with tempfile.TemporaryDirectory() as tmp:
-                spec = f"{w.name}=={w.version}"
-                path = build(spec, Path(tmp)) if w.built else download(spec, Path(tmp))
-                if path is None or path.name != w.file:
-                    problems.append(f"{w.file}: not found for Python {PYTHON} ({spec}); the lock names a wheel "
-                                    "the registry does not serve: run benchmarks/smoke_wheels.py --relock")
-                    continue
-                path.replace(target)
-        if not w.built and sha256(target) != w.sha256:
-            problems.append(f"{w.file}: sha256 differs from the lock's; run benchmarks/smoke_wheels.py --relock")
+        if target.is_file() and not carried_differs(target, w):
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = f"{w.name}=={w.version}"
+            path = build(spec, Path(tmp)) if w.built else download(spec, Path(tmp))
+            if path is None or path.name != w.file:
+                problems.append(f"{w.file}: not found for Python {PYTHON} ({spec}); the lock names a wheel "
+                                "the registry does not serve: run benchmarks/smoke_wheels.py --relock")
+                continue
+            if not w.built and sha256(path) != w.sha256:
+                problems.append(f"{w.file}: sha256 differs from the lock's; run benchmarks/smoke_wheels.py --relock")
+                continue
+            if w.kept:
+                shrink(path, SHRUNK[w.name])
+            path.replace(target)
+        why = carried_differs(target, w)
+        if why:
+            problems.append(f"{w.file}: {why}; run benchmarks/smoke_wheels.py --relock")
     stray = sorted({p.name for p in dest.glob("*.whl")} - {w.file for w in wheels})
     for name in stray:
         (dest / name).unlink()  # two versions of a package stop the install
     return problems
+
+
+def carried_differs(path: Path, w: Wheel) -> str:
+    """Why the carried file ``path`` is not the lock's ``w`` (empty when it is): the
+    published wheel's sha256, or for a shrunk one its members and their RECORD hashes."""
+    if not w.kept:
+        return "" if w.built or sha256(path) == w.sha256 else "sha256 differs from the lock's"
+    try:
+        members = wheel_members(path)
+    except (zipfile.BadZipFile, KeyError, ValueError) as exc:
+        return f"not a whole wheel ({exc})"
+    return "" if members == set(w.kept) else f"holds {sorted(members ^ set(w.kept))[:3]} unlike the lock's members"
+
+
+def _record_hash(data: bytes) -> str:
+    import base64
+
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def wheel_members(path: Path) -> set[str]:
+    """The files of wheel ``path`` outside its dist-info, each checked against its RECORD
+    line (ValueError naming the first that is not as recorded)."""
+    with zipfile.ZipFile(path) as z:
+        record = next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))
+        recorded = {line.split(",")[0]: line.split(",")[1] for line in z.read(record).decode().splitlines() if line}
+        names = [n for n in z.namelist() if not n.endswith("/")]
+        for name in names:
+            if name != record and recorded.get(name) != _record_hash(z.read(name)):
+                raise ValueError(f"{name} is not as its RECORD says")
+        if set(recorded) - set(names):
+            raise ValueError(f"RECORD names {sorted(set(recorded) - set(names))[0]}, which is absent")
+    return {n for n in names if ".dist-info/" not in n}
+
+
+def shrink(path: Path, patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """Rewrite wheel ``path`` in place with only the members matching ``patterns`` (and
+    its dist-info, the RECORD rewritten to list exactly what is kept); the members kept."""
+    import fnmatch
+
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
+        record = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
+        keep = [i for i in src.infolist() if not i.is_dir() and i.filename != record and
+                (".dist-info/" in i.filename or any(fnmatch.fnmatchcase(i.filename, p) for p in patterns))]
+        lines = []
+        for info in keep:
+            data = src.read(info)
+            out.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
+            lines.append(f"{info.filename},{_record_hash(data)},{len(data)}")
+        out.writestr(src.getinfo(record), "\n".join([*lines, f"{record},,"]) + "\n", compress_type=zipfile.ZIP_DEFLATED)
+    tmp.replace(path)
+    return tuple(sorted(i.filename for i in keep if ".dist-info/" not in i.filename))
 
 
 def install_command(wheels: Path, target: Path, python: str = "python3") -> list[str]:

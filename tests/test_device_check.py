@@ -81,27 +81,34 @@ def test_cpu_mode_table(tmp_path, capsys):
     for r in distill:
         assert _positive(r["steps_per_s"]) and _positive(r["tflops"])
         assert r["tiles_per_s"] == pytest.approx(r["steps_per_s"] * r["batch"])
+        assert r["precision"] in ("bf16-autocast", "fp32")  # what the run trained in
 
     extract = [r for r in rows if r["kind"] == "extract"]
     if not SHARED_SLIDE.exists():
         assert len(extract) == 1 and extract[0]["note"].startswith("skipped")
         return
     decoders = [r for r in rows if r["kind"] == "decode"]
-    # libjpeg-turbo on one core, and the device path's decoder here (the host stand-in)
-    assert [r["model"] for r in decoders] == ["libjpeg-turbo, one core", "host"]
+    # the device path's decoder here (the host stand-in), then libjpeg-turbo on one core
+    assert [r["model"] for r in decoders] == ["host", "libjpeg-turbo, one core"]
     assert all(_positive(r["tiles_per_s"]) for r in decoders)
-    # the teacher and its TWT-6 student end to end on both mosaics, CPU decode and the
-    # device path (the host decoder standing in for the GPU's), one reader
+    assert decoders[0]["extra"]["refused"] == 0 and decoders[0]["extra"]["upsampling"] == "fancy"
+    # the teacher and its TWT-6 student end to end on both mosaics, one reader: every row
+    # of the device path (the host decoder standing in for the GPU's) before the CPU path's
     assert [(r["model"], r["extra"]["mosaic"], r["extra"]["decode"], r["workers"]) for r in extract] == [
-        (m, k, d, 1) for m in ("teacher-12", "twt-6") for k in ("20x", "40x") for d in ("cpu", "host")]
+        (m, k, d, 1) for d in ("host", "cpu") for m in ("teacher-12", "twt-6") for k in ("20x", "40x")]
+    assert data["mosaics"]["20x"]["copies"] == [1, 1] and data["mosaics"]["20x"]["tiles"] > 0
     for r in extract:
         assert _positive(r["tiles_per_s"]) and _positive(r["tflops"]) and _positive(r["peak_mem_gib"]), r
         assert _positive(r["extra"]["readers_max_rss_gib"])
         # each row as a share of its own model-only rate, in the same precision
         assert r["extra"]["of_model_only"] == pytest.approx(r["tiles_per_s"] / r["extra"]["model_only_tiles_per_s"],
                                                             rel=1e-2, abs=1e-4)
+        # the precision the features files record, and where their native tiles were decoded
+        assert r["precision"] in ("bf16-autocast", "fp32")
+        device, host = r["extra"]["natives_device"], r["extra"]["natives_host"]
         assert r["note"] == f"{r['extra']['mosaic']}, decode {r['extra']['decode']}, " \
-                            f"{r['extra']['of_model_only']:.2f} of model-only"
+                            f"{r['extra']['of_model_only']:.2f} of model-only; natives on device {device}, on host {host}"
+        assert not r["extra"].get("fell_back")
 
 
 def test_cpu_compiled_row(tmp_path):
@@ -173,3 +180,67 @@ def test_hard_limit_stops_a_running_measurement(tmp_path, monkeypatch):
     rows = json.loads(out.read_text())["rows"]
     assert rows[0]["note"].startswith("phase error: OutOfTime: hard limit of")
     assert all(r["note"].startswith("skipped: time budget") for r in rows[1:])
+
+
+def test_the_gpu_plan_measures_the_device_path_first(capsys):
+    """--dry-run on any machine: the rows a GPU run measures, in order. The extraction
+    phase comes first, and in it every GPU-decode row before any CPU-decode row."""
+    dc = _load()
+    assert dc.main(["--dry-run", "--device", "cuda", "--precisions", "bf16", "--batch-sizes", "256",
+                    "--no-compile"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    kinds = [r["kind"] for r in rows]
+    assert kinds[:2] == ["decode", "decode"] and kinds.index("mm") > max(i for i, k in enumerate(kinds) if k == "extract")
+    paths = [r["device_path"] for r in rows if r["kind"] == "extract"]
+    assert paths == sorted(paths, reverse=True) and paths[0] and not paths[-1]
+    assert {r["decode"] for r in rows if r.get("device_path")} == {"gpu"}
+    assert [r["kind"] for r in rows[-2:]] == ["distill", "distill"]
+    # a CPU run keeps its order: matrix multiply and forward first
+    assert dc.main(["--dry-run", "--cpu"]) == 0
+    assert [r["kind"] for r in json.loads(capsys.readouterr().out)["rows"]][:2] == ["mm", "mm"]
+
+
+def test_the_mosaics_are_shrunk_to_their_budget():
+    dc = _load()
+    wanted = {"20x": (5, 4), "40x": (7, 6)}
+    assert dc.plan_mosaics(wanted, 0.1, 100.0) == wanted  # 62 copies in 6.2 s
+    small = dc.plan_mosaics(wanted, 1.0, 30.0)
+    assert sum(c * r for c, r in small.values()) <= 30 and all(c >= 1 and r >= 1 for c, r in small.values())
+    assert dc.plan_mosaics(wanted, 100.0, 1.0) == {"20x": (1, 1), "40x": (1, 1)}  # never below one copy
+
+
+def _features(path, **attrs):
+    import h5py
+
+    with h5py.File(path, "w") as h5:
+        h5.attrs.update(attrs)
+    return path
+
+
+def test_a_device_path_row_that_fell_back_is_marked_and_gives_no_rate(tmp_path):
+    dc = _load()
+
+    def row(decode):
+        return dc.Row(kind="extract", model="twt-6", precision="bf16-autocast", batch=256,
+                      extra={"decode": decode, "mosaic": "20x"})
+
+    ok = [_features(tmp_path / f"a{i}.h5", natives_decoded_device=100, natives_decoded_host=0, decode_fallback="",
+                    precision="bf16-autocast") for i in range(2)]
+    record = dc.decode_record(ok)
+    assert record == {"natives_device": 200, "natives_host": 0, "fallback": "", "precision": "bf16-autocast"}
+    r = row("gpu")
+    dc.record_row(r, 900.0, record, 1000.0)
+    assert r.tiles_per_s == 900.0 and r.note == "20x, decode gpu, 0.90 of model-only; natives on device 200, on host 0"
+    fell = ok[:1] + [_features(tmp_path / "b.h5", natives_decoded_device=3, natives_decoded_host=97, precision="fp32",
+                               decode_fallback="the GPU decoder's pixels differ from libjpeg's by 40 grey levels")]
+    r = row("gpu")
+    dc.record_row(r, 900.0, dc.decode_record(fell), 1000.0)
+    assert r.tiles_per_s is None and r.extra["fell_back"] and r.precision == "bf16-autocast, fp32"
+    assert r.note.startswith("20x, decode gpu: FELL BACK (b: the GPU decoder's pixels differ") and "on host 97" in r.note
+    # files that record nothing say so, and a CPU-decode row's host natives are its own
+    silent = dc.decode_record([_features(tmp_path / "c.h5", precision="fp32")])
+    assert silent == {"natives_device": "not recorded", "natives_host": "not recorded", "fallback": "not recorded",
+                      "precision": "fp32"}
+    r = row("cpu")
+    dc.record_row(r, 500.0, silent, 1000.0)
+    assert r.tiles_per_s == 500.0 and r.note.endswith("natives on device not recorded, on host not recorded")

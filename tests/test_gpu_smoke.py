@@ -1,6 +1,8 @@
 """benchmarks/gpu_smoke in CPU mode: it prepares its carried data under 64 MiB, runs every
 phase on its own (a phase that fails leaves the next to run) and rewrites its JSON after
-each, so the run on a GPU machine is one command."""
+each, so the run on a GPU machine is one command; its dry run checks, on any machine, the
+carried files, that the GPU's data path is measured first and that a run fits the device
+minutes with room for a rerun."""
 
 from __future__ import annotations
 
@@ -57,14 +59,56 @@ def test_cpu_mode_every_phase_on_its_own(tmp_path, shared_slides):
     assert printed.splitlines()[1] == "gpu_smoke: environment ..."
     result = json.loads((work / "gpu_smoke.json").read_text())
     phases = result["phases"]
-    assert list(phases) == ["environment", "demo", "real_slides", "device_check"]
+    assert list(phases) == ["environment", "device_check", "real_slides", "demo"]
     env = phases["environment"]
     assert env["ok"] and env["device"] == "cpu" and "torch" in env and "timm" in env and "dev_shm_gib" in env
+    assert env["gpu_decoders"] == "the model runs on cpu: no GPU decode"
     assert not phases["demo"]["ok"] and "demo" in phases["demo"]["error"]
     real = phases["real_slides"]
     assert real["ok"], real
     assert [s["slide"] for s in real["slides"]] == ["CMU-1-Small-Region.svs", "b005.jpeg"]
     assert all(f["device"] == "cpu" and f["tiles"] > 0 for f in real["features"].values())
-    assert phases["device_check"]["ok"] and phases["device_check"]["rows"] > 0
+    assert all(f["decode"] and f["precision"] and "natives_decoded_device" in f for f in real["features"].values())
+    check = phases["device_check"]
+    assert check["ok"] and check["rows"] > 0 and check["mosaics"]["20x"]["copies"] == [1, 1]
     assert "gpu_smoke: done" in printed and "failed: demo" in printed
     assert not list(work.glob("*.tmp"))
+
+
+def test_the_dry_run_checks_the_plan_on_any_machine(tmp_path):
+    """The whole smoke run planned for the GPU machine, here: the carried wheels meet every
+    requirement and carry the GPU decoder with its nvJPEG backend, the device check measures
+    the GPU's data path first, and a run fits the device minutes twice after a start."""
+    out = tmp_path / "plan.json"
+    res = _smoke(["--dry-run", "--work", str(tmp_path / "work"), "--json", str(out)], tmp_path / "unprepared",
+                 timeout=120)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    plan = json.loads(out.read_text())
+    assert plan["problems"] == []
+    assert [p["phase"] for p in plan["phases"]] == ["environment", "device_check", "real_slides", "demo"]
+    assert plan["run_s"] == plan["install_s"] + sum(p["limit_s"] for p in plan["phases"]) <= plan["run_limit_s"]
+    assert plan["start_s"] + 2 * plan["run_s"] <= plan["device_s"] == 900
+    assert plan["carried"]["wheel_mib"] <= 60 and plan["carried"]["shrunk"] == {"nvidia-nvimgcodec-cu13": 5}
+    assert plan["carried"]["prepared"].startswith("not prepared")
+    rows = plan["device_check_rows"]
+    assert [r["kind"] for r in rows[:2]] == ["decode", "decode"]
+    extract = [r for r in rows if r["kind"] == "extract"]
+    assert [r["decode"] for r in extract] == ["gpu"] * 4 + ["cpu"] * 4  # the GPU rows first
+    assert rows.index(extract[-1]) < next(i for i, r in enumerate(rows) if r["kind"] == "forward")
+    # a budget that leaves no room for a rerun is one line, and the exit says so
+    res = _smoke(["--dry-run", "--work", str(tmp_path / "work"), "--device-check-budget", "200", "--json", str(out)],
+                 tmp_path / "unprepared", timeout=120)
+    assert res.returncode == 1 and res.stderr.count("\n") == 1 and "at most 360 s a run" in res.stderr
+
+
+def test_the_dry_run_checks_a_prepared_folder(tmp_path):
+    data = tmp_path / "data"
+    (data / "wheels").mkdir(parents=True)
+    (data / "wheels" / "stale-0.1-py3-none-any.whl").write_bytes(b"old")
+    res = _smoke(["--dry-run", "--work", str(tmp_path / "work"), "--json", str(tmp_path / "p.json")], data,
+                 timeout=120)
+    problems = json.loads((tmp_path / "p.json").read_text())["problems"]
+    assert res.returncode == 1
+    assert "carried folder: stale-0.1-py3-none-any.whl is not in the lock" in problems
+    assert any(p.startswith("carried folder: nvidia_nvimgcodec_cu13-") and "missing" in p for p in problems)
+    assert any(p.startswith("carried folder: no slides") for p in problems)

@@ -176,8 +176,11 @@ def test_decode_is_resolved_once_into_where_and_which_decoder(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.version.hip", None)
     installed = {"nvimgcodec": False, "torchvision": True}
+    # each GPU decoder checks itself when it is made, on the GPU: here the host decoder stands in
+    host = gpu_decoders.GPU_DECODERS["host"].make
     monkeypatch.setattr(gpu_decoders, "GPU_DECODERS", {
-        name: ((lambda n=name: installed.get(n, True)), make, gpu) for name, (_i, make, gpu) in gpu_decoders.GPU_DECODERS.items()})
+        name: ((lambda n=name: installed.get(n, True)), host, gpu) for name, (_i, _make, gpu) in gpu_decoders.GPU_DECODERS.items()})
+    monkeypatch.setattr(gpu_decoders, "_USABLE", {})
     assert decoding.resolve_decode("auto", "cuda:0") == decoding.Decoding("gpu", "torchvision")
     installed["nvimgcodec"] = True  # the maintained decoder with the hardware engines comes first
     assert decoding.resolve_decode("gpu", "cuda") == decoding.Decoding("gpu", "nvimgcodec")

@@ -1,7 +1,8 @@
 """The GPU smoke run's carried wheels (benchmarks/smoke_wheels.py): the lock plus the GPU
-image's packages meet every requirement of pathtwt, the runner and each wheel, offline;
---prepare fetches exactly the lock's files into the carried folder and fails naming one it
-cannot get; the run's phases fit 6 minutes."""
+image's packages meet every requirement of pathtwt, its GPU decoder and the runner and
+each wheel, offline; --prepare fetches exactly the lock's files into the carried folder
+(nvImageCodec shrunk to what the image decodes JPEG on its GPU with) and fails naming one
+it cannot get; the run's phases fit the device minutes with a rerun."""
 
 from __future__ import annotations
 
@@ -34,9 +35,17 @@ def test_the_lock_and_the_image_meet_every_requirement():
     wheels = smoke_wheels.load_lock()
     assert smoke_wheels.unmet(wheels, smoke_wheels.image_packages()) == []
     names = {w.name for w in wheels}
-    # what the image lacks travels: pathtwt's readers, the schema check and the runner
-    assert {"openslide-python", "openslide-bin", "tiffslide", "imagecodecs", "zarr", "jsonschema",
-            "snakemake"} <= names
+    # what the image lacks travels: pathtwt's readers, the schema check, the runner, and the
+    # GPU JPEG decoder for the image's CUDA 13 with its GPU backend (nvJPEG of CUDA 13.0)
+    assert {"openslide-python", "openslide-bin", "tiffslide", "imagecodecs", "simplejpeg", "zarr", "jsonschema",
+            "snakemake", "nvidia-nvimgcodec-cu13", "nvidia-nvjpeg"} <= names
+    locked = {w.name: w for w in wheels}
+    assert locked["nvidia-nvjpeg"].version.startswith("13.0.")
+    nvimgcodec = locked["nvidia-nvimgcodec-cu13"]
+    assert nvimgcodec.version.startswith("0.9.") and nvimgcodec.size < 6 * 2**20  # shrunk from 25 MB
+    assert "nvidia/nvimgcodec/nvimgcodec_impl.cpython-312-x86_64-linux-gnu.so" in nvimgcodec.kept
+    assert any(k.startswith("nvidia/nvimgcodec/extensions/libnvjpeg_ext.so") for k in nvimgcodec.kept)
+    assert not [k for k in nvimgcodec.kept if "cpython-3" in k and "cpython-312" not in k]
     # the image's torch is the one used: nothing that would replace it travels
     assert not names & {"torch", "torchvision", "numpy", "timm", "triton"}
     assert sum(w.size for w in wheels) <= smoke_wheels.LIMIT_BYTES
@@ -141,6 +150,7 @@ def test_the_run_installs_the_carried_wheels_where_a_module_is_missing(tmp_path,
     _installable_wheel(data / "wheels", "carried_only_module", "VALUE = 42\n")
     monkeypatch.setattr(g, "DATA", data)
     monkeypatch.setattr(g, "NEEDED_MODULES", ("json", "carried_only_module"))
+    monkeypatch.setattr(g, "GPU_DECODE_MODULES", ())
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no pathtwt command on it
     done = g.carried_packages(work)
@@ -164,6 +174,7 @@ def test_a_missing_module_without_carried_wheels_says_what_to_do(tmp_path, monke
     g = _gpu_smoke()
     monkeypatch.setattr(g, "DATA", tmp_path / "data")
     monkeypatch.setattr(g, "NEEDED_MODULES", ("carried_only_module",))
+    monkeypatch.setattr(g, "GPU_DECODE_MODULES", ())
     done = g.carried_packages(tmp_path / "work")
     assert "carried_only_module do not import" in done["error"] and "--prepare" in done["error"]
 
@@ -183,14 +194,32 @@ def test_a_changed_wheel_is_refetched(tmp_path, monkeypatch):
 
 def test_the_phases_limits_leave_room_for_a_rerun():
     g = _gpu_smoke()
-    worst = g.DEMO_TIMEOUT_S + g.REAL_TIMEOUT_S + g.DEVICE_CHECK_BUDGET_S + g.HARD_MARGIN_S + g.INSTALL_S
-    assert worst <= 6 * 60
+    worst = sum(p.limit_s + p.margin_s for p in g.PHASES) + g.INSTALL_S
+    assert g.START_S + 2 * worst <= g.DEVICE_S == 15 * 60
     # device_check stops itself before the run's own hard limit, so that its JSON is written
     assert "--hard-limit-s" in (REPO / "benchmarks" / "gpu_smoke").read_text()
 
 
+def test_a_wheel_is_shrunk_to_its_kept_members_with_a_true_record(tmp_path):
+    wheel = _installable_wheel(tmp_path, "big_module", "VALUE = 1\n")
+    with zipfile.ZipFile(wheel, "a") as z:  # a second module, then the RECORD names it too
+        z.writestr("big_module_extra.py", "X = 2\n")
+    kept = smoke_wheels.shrink(wheel, ("big_module.py",))
+    assert kept == ("big_module.py",)
+    assert smoke_wheels.wheel_members(wheel) == {"big_module.py"}  # each member as its RECORD says
+    lock = smoke_wheels.Wheel("big-module", "1.0", wheel.name, "0" * 64, (), wheel.stat().st_size, kept=kept)
+    assert smoke_wheels.carried_differs(wheel, lock) == ""
+    other = smoke_wheels.Wheel("big-module", "1.0", wheel.name, "0" * 64, (), 0, kept=("big_module_extra.py",))
+    assert "unlike the lock's members" in smoke_wheels.carried_differs(wheel, other)
+
+
+def _carried_wheels() -> Path:
+    """The carried folder's wheels (PATHTWT_SMOKE_DATA, else .smoke_data)."""
+    return _gpu_smoke().DATA / "wheels"
+
+
 def test_the_carried_wheels_match_the_lock():
-    wheels = REPO / ".smoke_data" / "wheels"
+    wheels = _carried_wheels()
     if not wheels.is_dir():
         pytest.skip("benchmarks/gpu_smoke --prepare has not been run here (it needs PyPI)")
     lock = {w.file: w for w in smoke_wheels.load_lock()}
@@ -199,8 +228,7 @@ def test_the_carried_wheels_match_the_lock():
         name, version, requires = smoke_wheels.metadata(path)
         w = lock[path.name]
         assert (name, version, requires) == (w.name, w.version, w.requires)
-        if not w.built:
-            assert smoke_wheels.sha256(path) == w.sha256
+        assert smoke_wheels.carried_differs(path, w) == ""  # the published sha256, or a shrunk wheel's members
 
 
 def _python_3_12() -> str | None:
@@ -213,7 +241,7 @@ def _python_3_12() -> str | None:
 def test_the_carried_wheels_install_on_python_3_12(tmp_path):
     """The install the GPU machine runs, with a Python 3.12 here (pip checks every wheel's
     tags against the interpreter): no registry, no dependency resolution, no torch."""
-    wheels = REPO / ".smoke_data" / "wheels"
+    wheels = _carried_wheels()
     python = _python_3_12()
     if not wheels.is_dir() or python is None:
         pytest.skip("needs benchmarks/gpu_smoke --prepare (PyPI) and a python3.12 on the PATH")
@@ -230,3 +258,9 @@ def test_the_carried_wheels_install_on_python_3_12(tmp_path):
                          capture_output=True, env={**os.environ, "PYTHONPATH": str(target)})
     locked = {w.name: w.version for w in smoke_wheels.load_lock()}
     assert res.returncode == 0 and res.stdout.strip() == locked["snakemake"], res.stderr[-1000:]
+    # the shrunk nvImageCodec imports on that Python and finds the carried nvJPEG (it says
+    # "Failed to load nvjpeg library" where it does not); no GPU here, so no decoder is made
+    res = subprocess.run([python, "-c", "from nvidia import nvimgcodec; print(nvimgcodec.__version__)"], text=True,
+                         capture_output=True, env={**os.environ, "PYTHONPATH": str(target)})
+    assert res.returncode == 0 and res.stdout.strip() == "0.9.0", res.stderr[-1000:]
+    assert "Failed to load nvjpeg" not in res.stderr and "nvjpeg-ext" not in res.stderr, res.stderr[-1000:]

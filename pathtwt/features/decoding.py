@@ -10,8 +10,10 @@ any reading process starts:
   :data:`pathtwt.features.gpu_decoders.GPU_DECODERS` installed here; slides whose read
   level is not JPEG-tiled still come as finished tiles.
 
-``auto`` is ``gpu`` where the model runs on CUDA and a GPU decoder is installed, ``cpu``
-otherwise (a CPU, an AMD GPU: neither decoder runs on ROCm).
+``auto`` is ``gpu`` where the model runs on CUDA and a GPU decoder installed here decodes
+JPEG on its GPU (each checks itself when it is made: nvImageCodec without its nvJPEG
+extension is said in one line naming the pip command, and the next decoder is taken),
+``cpu`` otherwise (a CPU, an AMD GPU: neither decoder runs on ROCm).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _cuda() -> bool:
 def resolve_decode(request: str | None, device: Any = None) -> Decoding:
     """The decoding for ``request`` (auto, cpu, gpu; None is auto) with the model on
     ``device``. ``gpu`` where it cannot run is one line."""
-    from pathtwt.features.gpu_decoders import usable_gpu_decoder
+    from pathtwt.features.gpu_decoders import GPU_DECODERS, INSTALL_GPU_DECODER, usable_gpu_decoder
 
     name = (request or "auto").strip().lower()
     if name not in DECODE_CHOICES:
@@ -54,15 +56,18 @@ def resolve_decode(request: str | None, device: Any = None) -> Decoding:
         return Decoding("cpu")
     on_cuda = str(getattr(device, "type", device)).startswith("cuda")
     cuda = _cuda()
-    gpu = usable_gpu_decoder(cuda)
     if name == "auto":
-        return Decoding("gpu", gpu) if on_cuda and gpu else Decoding("cpu")
+        gpu = usable_gpu_decoder(device) if on_cuda and cuda else None
+        return Decoding("gpu", gpu) if gpu else Decoding("cpu")
     if not cuda:
         raise ConfigError("decode gpu: CUDA is not available on this machine (an AMD GPU decodes on the CPU); "
                           "use --decode cpu or auto")
-    if gpu is None:
-        raise ConfigError("decode gpu: no GPU JPEG decoder is installed here (pip install nvidia-nvimgcodec-cu12, "
-                          "or torchvision); use --decode cpu or auto")
     if not on_cuda:
         raise ConfigError(f"decode gpu: the model runs on {device}, not CUDA; use --device cuda or --decode auto")
+    gpu = usable_gpu_decoder(device)
+    if gpu is None:
+        installed = [n for n, entry in GPU_DECODERS.items() if entry[2] and entry[0]()]
+        why = f"{', '.join(installed)} cannot (said above)" if installed else "none is installed"
+        raise ConfigError(f"decode gpu: no GPU JPEG decoder decodes on {device} here ({why}; {INSTALL_GPU_DECODER}); "
+                          "use --decode cpu or auto")
     return Decoding("gpu", gpu)

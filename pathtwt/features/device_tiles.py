@@ -51,10 +51,18 @@ def pin_host_memory(ring: Ring, device: Any) -> Callable[[], None]:
         return lambda: None
     import ctypes
 
+    from pathtwt.features.cuda_runtime import clear_last_error
+
     address = ctypes.addressof(ctypes.c_char.from_buffer(ring.memory))
     cudart = torch.cuda.cudart()
-    if int(cudart.cudaHostRegister(address, ring.size.total, 0)) != 0:
-        log.warning("could not pin the tile ring (%s); copies to the GPU go through a staging buffer", ring.describe())
+    status = int(cudart.cudaHostRegister(address, ring.size.total, 0))
+    if status != 0:
+        why = f"could not pin the tile ring ({ring.describe()}): cudaHostRegister failed, " \
+              f"{cudart.cudaGetErrorString(cudart.cudaError(status))} ({status})"
+        # its error stays the runtime's last one, which the next kernel launch would report
+        # as its own: cleared, or the job stops with this line
+        clear_last_error(why)
+        log.warning("%s; copies to the GPU go through a staging buffer", why)
         return lambda: None
     return lambda: cudart.cudaHostUnregister(address)
 

@@ -1,19 +1,32 @@
 """Batch JPEG decoders that run where the model runs: one table, one entry per decoder.
 
-Each is made once per job for its device and called with a list of complete JPEG streams
-(buffers into the ring); it gives, per stream, a uint8 (h, w, 3) tensor on the device, or
-None for a stream it refuses (the caller decodes that one on the host, with one log line).
+``make_decoder(name, device)`` gives a :class:`BatchDecoder`: called with a list of
+complete JPEG streams (buffers into the ring), it gives per stream a uint8 (h, w, 3)
+tensor on the device that the caller owns, or None for a stream it refuses (the caller
+decodes that one on the host, with one log line). Its attributes are what the device side
+needs: ``name``, ``is_host``, ``reference`` (libjpeg on the host decoding a stream the way
+this decoder does), ``tolerance`` (grey levels) and ``decodes_rgb`` (whether it decodes
+RGB JPEGs with an Adobe transform-0 marker, Aperio's tiles, as RGB).
 
-- ``nvimgcodec`` (NVIDIA nvImageCodec, ``nvidia-nvimgcodec-cu12`` / ``-cu13``): the
-  choice where it is installed. It decodes a batch on the hardware JPEG engines of the
-  A100, H100 and H200 (falling back to CUDA kernels elsewhere), is maintained, and also
-  decodes JPEG 2000 on the GPU. Output is interleaved RGB, as the model's input is.
-- ``torchvision``: ``torchvision.io.decode_jpeg(device="cuda")`` (nvJPEG through CUDA
-  kernels, no hardware engine); deprecated since torchvision 0.29, kept for a CUDA
-  machine without nvImageCodec.
-- ``host``: libjpeg-turbo (imagecodecs) in the embedding process, the tiles then copied to
-  the device. The stand-in that drives the whole device path on a CPU (the tests, the
-  feed-rate benchmark), and what a GPU without a GPU decoder would use.
+A GPU decoder checks itself when it is made (:func:`_checked`): it decodes two test
+JPEGs (:func:`pathtwt.features.jpeg_reference.probes`) on the device, and its reference
+is libjpeg with the chroma upsampling its pixels match; ``decodes_rgb`` is measured the
+same way. A decoder that decodes nothing on the GPU (nvImageCodec without its nvJPEG
+extension, torchvision built without nvJPEG) raises :class:`GpuDecoderUnavailable`, one
+line saying what to install; ``--decode auto`` then takes the next decoder.
+
+- ``nvimgcodec`` (NVIDIA nvImageCodec 0.9, ``nvidia-nvimgcodec-cu13[nvjpeg]`` or
+  ``-cu12[nvjpeg]``): the choice where it is installed. It decodes a batch on the hardware
+  JPEG engines of the A100, H100 and H200 (CUDA kernels elsewhere), told to upsample
+  chroma fancily (``:fancy_upsampling=1``, as libjpeg does). Only its GPU backends are
+  allowed: without them it would decode on the CPU in a thread pool as large as the
+  machine, beside the readers. Its output buffers are reused from batch to batch.
+- ``torchvision``: ``torchvision.io.decode_jpeg(device="cuda")`` (nvJPEG, plain
+  upsampling; a list of streams needs torchvision 0.19); deprecated since torchvision
+  0.29, kept for a CUDA machine without nvImageCodec.
+- ``host``: libjpeg-turbo (imagecodecs) in the embedding process, the tiles then copied
+  to the device. The stand-in that drives the whole device path on a CPU (the tests, the
+  feed-rate benchmark).
 
 AMD GPUs (ROCm) have neither GPU decoder: ``auto`` keeps the CPU path there
 (:func:`pathtwt.features.decoding.resolve_decode`).
@@ -22,66 +35,251 @@ AMD GPUs (ROCm) have neither GPU decoder: ``auto`` keeps the CPU path there
 from __future__ import annotations
 
 import importlib.util
+import logging
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
-Decoder = Callable[[Sequence[Any]], list]
+from pathtwt.errors import ConfigError
+from pathtwt.features import jpeg_reference
+
+log = logging.getLogger(__name__)
+
+# the nvImageCodec release whose Python API the calls below are written and tested against
+# (pyproject.toml's gpu extras pin the same)
+NVIMGCODEC_SERIES, NVIMGCODEC_PIN = "0.9", ">=0.9,<0.10"
+# what to install for the first decoder of the table
+INSTALL_GPU_DECODER = (f"pip install 'nvidia-nvimgcodec-cu13[nvjpeg]{NVIMGCODEC_PIN}' for CUDA 13, "
+                       "-cu12[nvjpeg] for CUDA 12 (pathtwt's extras gpu and gpu-cu12)")
+# the chroma upsampling libjpeg does; nvImageCodec's default was off in 0.5-0.8
+NVIMGCODEC_OPTIONS = ":fancy_upsampling=1"
+# host threads of its decoder (parsing, and the Huffman decode of its hybrid backend): the
+# job's other cores read slides
+NVIMGCODEC_CPU_THREADS = 4
 
 
-def _nvimgcodec(device: torch.device) -> Decoder:
+class GpuDecoderUnavailable(ConfigError):
+    """A GPU decoder that cannot decode JPEG on this GPU: one line, what to install."""
+
+
+def nvimgcodec_install(nvimgcodec: Any) -> str:
+    """The pip command for nvImageCodec with its GPU JPEG backend, for the CUDA major
+    of the wheel installed (``__cuda_version__``, e.g. 13030)."""
+    major = int(getattr(nvimgcodec, "__cuda_version__", 13000)) // 1000
+    return f"pip install 'nvidia-nvimgcodec-cu{major}[nvjpeg]{NVIMGCODEC_PIN}'"
+
+
+def nvimgcodec_backends(nvimgcodec: Any) -> list:
+    """nvImageCodec's GPU backends (the hardware engines, CUDA kernels, the hybrid nvJPEG
+    decoder): never its CPU ones."""
+    kinds = nvimgcodec.BackendKind
+    return [nvimgcodec.Backend(kind) for kind in (kinds.HW_GPU_ONLY, kinds.GPU_ONLY, kinds.HYBRID_CPU_GPU)]
+
+
+def nvimgcodec_params(nvimgcodec: Any) -> Any:
+    """The decode parameters: interleaved 8-bit sRGB, as the model's input is; no EXIF
+    rotation (tiles have none, and libjpeg, the reference, applies none)."""
+    return nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB,
+                                   allow_any_depth=False, sample_format=nvimgcodec.SampleFormat.I_RGB)
+
+
+class BatchDecoder:
+    """``decode(streams) -> list[Tensor | None]`` with the facts the device side uses."""
+
+    def __init__(self, name: str, decode: Callable[[Sequence[Any]], list], *, is_host: bool = False,
+                 reference: jpeg_reference.Reference = jpeg_reference.fancy, tolerance: int = jpeg_reference.TOLERANCE,
+                 decodes_rgb: bool = False) -> None:
+        self.name = name
+        self._decode = decode
+        self.is_host = is_host
+        self.reference = reference
+        self.tolerance = int(tolerance)
+        self.decodes_rgb = decodes_rgb
+
+    def __call__(self, streams: Sequence[Any]) -> list:
+        return self._decode(streams)
+
+    def __repr__(self) -> str:
+        upsampling = "fancy" if self.reference is jpeg_reference.fancy else "plain"
+        return (f"BatchDecoder({self.name}, {upsampling} upsampling, tolerance {self.tolerance}, "
+                f"RGB JPEG {'yes' if self.decodes_rgb else 'no'})")
+
+
+def _owned(tensors: list) -> list:
+    """The decoded tiles (None kept) as views of one tensor the caller owns: one copy
+    for the batch when the tiles share a shape, one per tile otherwise (cropped edge
+    tiles)."""
+    present = [t for t in tensors if t is not None]
+    if not present:
+        return list(tensors)
+    if all(t.shape == present[0].shape for t in present):
+        rows = iter(torch.stack(present).unbind(0))
+    else:
+        rows = iter([t.clone() for t in present])
+    return [None if t is None else next(rows) for t in tensors]
+
+
+def _nvimgcodec(device: torch.device, *, device_id: int | None = None, backends: list | None = None) -> BatchDecoder:
+    """nvImageCodec on ``device``'s GPU, its GPU backends only. ``device_id`` and
+    ``backends`` are for the binding tests, which run the same calls on its CPU backend."""
     from nvidia import nvimgcodec
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    decoder = nvimgcodec.Decoder(device_id=index)
-    params = nvimgcodec.DecodeParams(color_spec=nvimgcodec.ColorSpec.RGB, allow_any_depth=False)
+    version = getattr(nvimgcodec, "__version__", "?")
+    try:
+        params = nvimgcodec_params(nvimgcodec)
+        chosen = nvimgcodec_backends(nvimgcodec) if backends is None else backends
+    except (TypeError, AttributeError) as exc:
+        raise GpuDecoderUnavailable(f"nvImageCodec {version}'s Python API is not {NVIMGCODEC_SERIES}'s, which pathtwt "
+                                    f"calls ({type(exc).__name__}: {exc}); {nvimgcodec_install(nvimgcodec)}") from None
+    try:
+        if device_id is None:
+            device_id = device.index if device.index is not None else torch.cuda.current_device()
+        # with only GPU backends allowed, no decoder can be made where none of them loads
+        decoder = nvimgcodec.Decoder(device_id=device_id, max_num_cpu_threads=NVIMGCODEC_CPU_THREADS,
+                                     backends=chosen, options=NVIMGCODEC_OPTIONS)
+    except RuntimeError as exc:
+        raise GpuDecoderUnavailable(_no_gpu_backend(nvimgcodec, device, exc)) from None
+    decode = _NvImageCodecBatches(nvimgcodec, decoder, params, device)
+    return _checked(BatchDecoder("nvimgcodec", decode), device, f"nvImageCodec {version}",
+                    nvimgcodec_install(nvimgcodec), _no_gpu_backend(nvimgcodec, device))
 
-    def decode(streams: Sequence[Any]) -> list:
-        stream = torch.cuda.current_stream(device).cuda_stream
-        images = decoder.decode([np.frombuffer(s, np.uint8) for s in streams], params=params, cuda_stream=stream)
-        return [None if image is None else torch.as_tensor(image, device=device) for image in images]
 
-    return decode
+class _NvImageCodecBatches:
+    """nvImageCodec's ``decode`` of a batch on the caller's stream (the images are written,
+    and their buffers reused, in its order), the Images of the last full batch decoded
+    into again (``pool``): no allocation per tile per batch."""
+
+    def __init__(self, nvimgcodec: Any, decoder: Any, params: Any, device: torch.device) -> None:
+        self.lib, self.decoder, self.params, self.device = nvimgcodec, decoder, params, device
+        self.pool: list = []
+
+    def __call__(self, streams: Sequence[Any]) -> list:
+        sources = [self.lib.CodeStream(np.frombuffer(s, np.uint8)) for s in streams]
+        reuse = self.pool[:len(sources)] if len(self.pool) >= len(sources) else None
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+        images = self.decoder.decode(sources, images=reuse, params=self.params, cuda_stream=stream)
+        if reuse is None and all(image is not None for image in images):
+            self.pool = list(images)
+        return _owned([None if image is None else _tensor(image, self.device) for image in images])
 
 
-def _torchvision(device: torch.device) -> Decoder:
+def _tensor(image: Any, device: torch.device) -> torch.Tensor:
+    """A decoded nvImageCodec Image as a tensor on ``device`` without a copy: the device
+    buffer through ``__cuda_array_interface__``, a host one through ``__array_interface__``."""
+    if device.type == "cuda":
+        return torch.as_tensor(image, device=device)
+    return torch.from_numpy(np.asarray(image))
+
+
+def _no_gpu_backend(nvimgcodec: Any, device: torch.device, exc: BaseException | None = None) -> str:
+    version = getattr(nvimgcodec, "__version__", "?")
+    why = f" ({' '.join(str(exc).split())[:160]})" if exc is not None else ""
+    return (f"nvImageCodec {version} decodes no JPEG on the GPU of {device}{why}: its GPU backend is the nvJPEG "
+            f"extension, without which it would decode on the CPU; {nvimgcodec_install(nvimgcodec)}")
+
+
+def _torchvision(device: torch.device) -> BatchDecoder:
+    import torchvision
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    def decode(streams: Sequence[Any]) -> list:
-        data = [torch.frombuffer(bytearray(s), dtype=torch.uint8) for s in streams]
+    version = tuple(int(p) for p in torchvision.__version__.split("+")[0].split(".")[:2])
+    if version < (0, 19):
+        raise GpuDecoderUnavailable(f"torchvision {torchvision.__version__} decodes one JPEG per call on the GPU; "
+                                    "pathtwt's GPU decode needs 0.19 or later: pip install 'torchvision>=0.19'")
+    cuda = device.type == "cuda"
+    # decode_jpeg allocates its outputs on the current stream and writes them on a stream of
+    # its own, which waits for nothing: a block freed by work still queued on the current
+    # stream could be written under it. So the current stream is one of ours (made on the
+    # first call), which nothing else queues work on; the tiles are copied out there, the
+    # caller's stream waits for that copy, and the next call waits for it before
+    # torchvision may be handed those blocks again.
+    side: list = []  # the stream, once made
+    copied: list = []  # the event after the last batch's copy
+
+    def run(data: list) -> list:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", category=UserWarning)  # its deprecation, said in the docs
+            # torchvision 0.29 deprecates its image decoding (said in docs/gpus.md)
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torchvision\.")
             try:
-                images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+                return list(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
             except RuntimeError:
-                # one bad stream fails the whole call: decode one by one to find it
-                images = []
-                for d in data:
-                    try:
-                        images.append(decode_jpeg(d, mode=ImageReadMode.RGB, device=device))
-                    except RuntimeError:
-                        images.append(None)
-        return [None if im is None else im.permute(1, 2, 0) for im in images]
+                pass  # one bad stream fails the whole call: one by one to find it
+            out = []
+            for d in data:
+                try:
+                    out.append(decode_jpeg(d, mode=ImageReadMode.RGB, device=device))
+                except RuntimeError:
+                    out.append(None)
+            return out
 
-    return decode
+    def decode(streams: Sequence[Any]) -> list:
+        data = [torch.frombuffer(s if _writable(s) else bytearray(s), dtype=torch.uint8) for s in streams]
+        if not cuda:
+            return _owned([None if im is None else im.permute(1, 2, 0) for im in run(data)])
+        if not side:
+            side.append(torch.cuda.Stream(device))
+        if copied:
+            copied.pop().synchronize()  # last batch's outputs were copied out: their blocks may be reused
+        with torch.cuda.device(device), torch.cuda.stream(side[0]):
+            tiles = _owned([None if im is None else im.permute(1, 2, 0) for im in run(data)])
+            done = torch.cuda.Event()
+            done.record(side[0])
+        copied.append(done)
+        main = torch.cuda.current_stream(device)
+        main.wait_stream(side[0])
+        for t in {t.untyped_storage().data_ptr(): t for t in tiles if t is not None}.values():
+            t.record_stream(main)  # allocated on our stream, used on the caller's
+        return tiles
+
+    install = "install torchvision>=0.19 built with nvJPEG (its CUDA wheels are)"
+    return _checked(BatchDecoder("torchvision", decode), device, f"torchvision {torchvision.__version__}", install,
+                    f"torchvision {torchvision.__version__} decoded no test JPEG on {device}; {install}")
 
 
-def _host(device: torch.device) -> Decoder:
-    from pathtwt.features.device_tiles import host_decode
+def _writable(buffer: Any) -> bool:
+    return isinstance(buffer, (bytearray, np.ndarray)) or (isinstance(buffer, memoryview) and not buffer.readonly)
 
+
+def _host(device: torch.device) -> BatchDecoder:
     def decode(streams: Sequence[Any]) -> list:
         out = []
         for s in streams:
             try:
-                out.append(torch.from_numpy(host_decode(s)).to(device))
+                out.append(torch.from_numpy(jpeg_reference.fancy(s)).to(device))
             except Exception:  # noqa: BLE001 - refused: the caller tries again and names the tile
                 out.append(None)
         return out
 
-    decode.is_host = True  # type: ignore[attr-defined] - the reference other decoders are checked against
-    return decode
+    # the reference itself: nothing to check it against
+    return BatchDecoder("host", decode, is_host=True, reference=jpeg_reference.fancy, tolerance=0, decodes_rgb=True)
+
+
+def _checked(made: BatchDecoder, device: torch.device, library: str, install: str, nothing: str) -> BatchDecoder:
+    """``made`` after it decoded the two test JPEGs: its reference the libjpeg decode its
+    pixels match (fancy or plain chroma upsampling) within its tolerance, ``decodes_rgb``
+    measured. :class:`GpuDecoderUnavailable` when it fails (naming ``library`` and what
+    to ``install``), decodes nothing (the line ``nothing``) or matches neither."""
+    ycc, rgb = jpeg_reference.probes()
+    try:
+        got = made([ycc, rgb])
+    except Exception as exc:  # noqa: BLE001 - a library's own error types: said in one line
+        raise GpuDecoderUnavailable(f"{library} could not decode a test JPEG on {device} ({type(exc).__name__}: "
+                                    f"{' '.join(str(exc).split())[:160]}); {install}") from None
+    if got[0] is None:
+        raise GpuDecoderUnavailable(nothing)
+    pixels = got[0].cpu().numpy()
+    off = {ref: jpeg_reference.max_difference(pixels, ref(ycc)) for ref in (jpeg_reference.fancy, jpeg_reference.plain)}
+    reference = min(off, key=off.get)
+    if off[reference] > made.tolerance:
+        raise GpuDecoderUnavailable(f"{library} on {device}: a test JPEG decodes {off[reference]} grey levels away "
+                                    f"from libjpeg's (more than {made.tolerance}, with fancy or plain chroma "
+                                    "upsampling); decode on the CPU with --decode cpu")
+    made.reference = reference
+    made.decodes_rgb = got[1] is not None and \
+        jpeg_reference.max_difference(got[1].cpu().numpy(), reference(rgb)) <= made.tolerance
+    return made
 
 
 def _installed(module: str) -> Callable[[], bool]:
@@ -94,21 +292,62 @@ def _installed(module: str) -> Callable[[], bool]:
     return check
 
 
-# name -> (is it installed?, maker(device) -> decoder, needs CUDA), in order of preference
-GPU_DECODERS: dict[str, tuple[Callable[[], bool], Callable[[torch.device], Decoder], bool]] = {
-    "nvimgcodec": (_installed("nvidia.nvimgcodec"), _nvimgcodec, True),
-    "torchvision": (_installed("torchvision"), _torchvision, True),
-    "host": (lambda: True, _host, False),
+class Entry(NamedTuple):
+    installed: Callable[[], bool]  # is its library installed here?
+    make: Callable[[torch.device], Any]  # maker(device) -> decoder
+    on_gpu: bool  # does it decode on the GPU?
+
+
+# name -> entry, in order of preference (--decode auto takes the first that works here)
+GPU_DECODERS: dict[str, Entry] = {
+    "nvimgcodec": Entry(_installed("nvidia.nvimgcodec"), _nvimgcodec, True),
+    "torchvision": Entry(_installed("torchvision"), _torchvision, True),
+    "host": Entry(lambda: True, _host, False),
 }
 
 
-def usable_gpu_decoder(cuda: bool) -> str | None:
-    """The first decoder of the table installed here that decodes on the GPU (None when
-    none does, or without CUDA)."""
-    if not cuda:
-        return None
-    return next((name for name, (installed, _make, on_gpu) in GPU_DECODERS.items() if on_gpu and installed()), None)
+def make_decoder(name: str, device: Any) -> BatchDecoder:
+    """The decoder ``name`` of :data:`GPU_DECODERS` on ``device``; a maker's plain callable
+    (a benchmark's stand-in) gets the attributes it lacks."""
+    made = Entry(*GPU_DECODERS[name]).make(torch.device(device))
+    if isinstance(made, BatchDecoder):
+        return made
+    return BatchDecoder(name, made, is_host=bool(getattr(made, "is_host", False)),
+                        reference=getattr(made, "reference", jpeg_reference.fancy),
+                        tolerance=getattr(made, "tolerance", jpeg_reference.TOLERANCE),
+                        decodes_rgb=bool(getattr(made, "decodes_rgb", False)))
 
 
-def make_decoder(name: str, device: Any) -> Decoder:
-    return GPU_DECODERS[name][1](torch.device(device))
+_USABLE: dict[tuple[str, Any, str], str | None] = {}  # (name, maker, device) -> why it cannot decode here
+
+
+def usable_gpu_decoder(device: Any) -> str | None:
+    """The first decoder of the table installed here that decodes JPEG on ``device``'s
+    GPU (each made once per process and device: it checks itself); one warning per
+    decoder that cannot, naming what to install. None when none can."""
+    for name, entry in GPU_DECODERS.items():
+        installed, make, on_gpu = entry
+        if not (on_gpu and installed()):
+            continue
+        key = (name, make, _device_key(device))
+        if key not in _USABLE:
+            try:
+                make_decoder(name, device)
+                _USABLE[key] = None
+            except GpuDecoderUnavailable as exc:
+                _USABLE[key] = str(exc)
+                log.warning("%s; decoding with the next decoder instead", exc)
+        if _USABLE[key] is None:
+            return name
+    return None
+
+
+def _device_key(device: Any) -> str:
+    """``device`` as one name for the same GPU ("cuda" and "cuda:0" where 0 is current)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        try:
+            return f"cuda:{torch.cuda.current_device()}"
+        except (RuntimeError, AssertionError):  # no CUDA here (tests): the name as given
+            pass
+    return str(device)
