@@ -5,6 +5,8 @@ no free GPU first (which would leave a context on another rank's GPU and a wrong
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -25,8 +27,9 @@ def srun_rank_1(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: None)
-    yield
+    joined = []
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: joined.append({"backend": backend, **kw}))
+    yield joined
     monkeypatch.setattr(ranks, "_device", "cpu")
 
 
@@ -34,6 +37,8 @@ def test_an_srun_rank_takes_its_own_gpu_and_claims_none(monkeypatch, srun_rank_1
     current = []
     monkeypatch.setattr(torch.cuda, "set_device", current.append)
     monkeypatch.setattr(devices, "claim_gpus", lambda *a, **k: pytest.fail("an srun rank claimed a GPU"))
-    assert process_device("cuda") == "cuda:1"
+    assert process_device("cuda", 2.5) == "cuda:1"
     assert current == [1]
     assert "claimed" not in capsys.readouterr().err
+    # the group waits --rank-timeout for a collective, not torch's 30 minutes
+    assert len(srun_rank_1) == 1 and srun_rank_1[0]["timeout"] == timedelta(minutes=2.5)
