@@ -14,7 +14,9 @@ break; nothing in the package knows about it.
   collectives (a rank stuck in a CUDA wait, which no signal interrupts);
 - ``argv:R:FLAG=VALUE`` - rank R is started with ``--FLAG VALUE`` added;
 - ``mark:R:PATH`` - rank R writes PATH when it starts step 2 and then spends a second in it
-  (a test signals the job then).
+  (a test signals the job then);
+- ``stopexport:R`` - rank R is sent SIGTERM during its export, between the weights file
+  and the ``model.json`` that completes the folder.
 
 ``SLOW_TILES=S``: every tile read takes S seconds.
 """
@@ -88,6 +90,18 @@ def _mark(path: str) -> None:
     time.sleep(1.0)  # the signals land inside the step
 
 
+def _stop_during_export() -> None:
+    from pathtwt.models import hub_format
+
+    original = hub_format.write_hub_format
+
+    def write(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    hub_format.write_hub_format = write
+
+
 def _slow_tiles(seconds: float) -> None:
     from pathtwt.compress.training_tiles import ArrayTiles
 
@@ -115,6 +129,8 @@ def main() -> int:
         _at_step(lambda: time.sleep(float(faults["busy"])))
     if "mark" in faults:
         _at_step(lambda: _mark(faults["mark"]))
+    if "stopexport" in faults:
+        _stop_during_export()
     if "argv" in faults:
         flag, value = faults["argv"].split("=", 1)
         argv += [f"--{flag}", value]

@@ -126,6 +126,7 @@ class PeerWatch(threading.Thread):
             if time.monotonic() - seen_at >= GRACE_S and not self.done.is_set() and _claim_report():
                 os.write(2, f"{self.prefix}rank {self.me} of {self.world}: stopped because {notice.cause()}\n".encode())
                 os._exit(1)
+                return
 
 
 _watch: PeerWatch | None = None
