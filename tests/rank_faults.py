@@ -143,3 +143,33 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def two_gloo_ranks(script: Path, *, timeout: float = 120) -> list[tuple[int, str, str]]:
+    """Run ``script`` as ranks 0 and 1 of a gloo group (the environment torchrun gives, on a
+    free port); (return code, stdout, stderr) of each."""
+    import socket
+    import subprocess
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    repo = Path(__file__).resolve().parents[1]
+    base = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    procs = [subprocess.Popen([sys.executable, str(script)], env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outputs = [p.communicate(timeout=timeout) for p in procs]
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
+
+
+def write_tiles(folder: Path, n: int) -> Path:
+    """``n`` random 56 px PNG tiles in ``folder``: a calibration source ``pathtwt compress`` reads."""
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(folder / f"t{i}.png")
+    return folder

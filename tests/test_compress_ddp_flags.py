@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 
 from pathtwt.compress import distill as distill_module
-from pathtwt.compress.calibration import CalibrationSet
 from pathtwt.compress.intermediates import tiles_to_batch
 from pathtwt.compress.pipeline import CompressOptions
 from pathtwt.compress.registry import METHODS, get_method
-from tiny_teacher import tiny_teacher
+from tiny_teacher import tiny_calibration, tiny_teacher
 
 # what each method is run with here: its smallest real run
 SETTINGS = {
@@ -29,10 +27,6 @@ SETTINGS = {
 }
 
 
-def _tiles(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, size=(n, 56, 56, 3), dtype=np.uint8)
-
-
 @pytest.fixture(scope="module")
 def teacher():
     return tiny_teacher(3)
@@ -40,7 +34,7 @@ def teacher():
 
 @pytest.fixture(scope="module")
 def calib():
-    return CalibrationSet(fit=_tiles(8, 1), select=_tiles(4, 3), report=_tiles(4, 2), patch_size=56, seed=0)
+    return tiny_calibration()
 
 
 def _untrained(student, teacher, objective, tiles, step: int) -> list[str]:

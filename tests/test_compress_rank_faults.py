@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from rank_faults import write_tiles
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -32,13 +32,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds torchr
 
 @pytest.fixture(scope="module")
 def tiles(tmp_path_factory) -> Path:
-    from PIL import Image
-
-    folder = tmp_path_factory.mktemp("tiles")
-    rng = np.random.default_rng(0)
-    for i in range(12):
-        Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(folder / f"t{i}.png")
-    return folder
+    return write_tiles(tmp_path_factory.mktemp("tiles"), 12)
 
 
 class Job:

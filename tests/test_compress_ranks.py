@@ -9,13 +9,9 @@ on each."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +21,6 @@ from pathtwt import devices
 from pathtwt.cli.compress import process_device
 from pathtwt.compress import ranks
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -79,18 +74,14 @@ def test_rank_0_decides_for_all_and_a_mismatch_is_one_line_on_every_rank(tmp_pat
     """Two real gloo ranks whose own choices differ: each gets rank 0's (the one that
     differed says so); a value that must agree and does not is the same one line on both,
     at once."""
+    from rank_faults import two_gloo_ranks
+
     script = tmp_path / "decide.py"
     script.write_text(DECISIONS)
-    base = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29900 + os.getpid() % 90)}
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    results, errors = [], []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-        errors.append(err)
+    runs = two_gloo_ranks(script)
+    assert [code for code, _, _ in runs] == [0, 0], runs[0][2][-2000:] + runs[1][2][-2000:]
+    results = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in runs]
+    errors = [err for _, _, err in runs]
     for res in results:
         assert res["plan"] == {"blocks": [[1, 6], [7, 12]], "eps": None}
         assert res["layers"] == [[0, 2], "select", []] and res["agreed"]

@@ -86,15 +86,9 @@ def test_sigterm_to_the_whole_job_checkpoints_the_step_and_resumes(tmp_path):
 
 
 def test_a_stop_during_the_export_leaves_no_weights_file_and_the_rerun_exports(tmp_path):
-    from PIL import Image
+    from rank_faults import write_tiles
 
-    import numpy as np
-
-    tiles = tmp_path / "tiles"
-    tiles.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(8):
-        Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(tiles / f"t{i}.png")
+    tiles = write_tiles(tmp_path / "tiles", 8)
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO / "tests" / "rank_faults.py"), "compress", "--backbone", "vit-s14-tiny", "--random-init",
            "--calibration", str(tiles), "--depth", "2", "--steps", "2", "--batch-size", "4", "--audition-steps", "0",
