@@ -27,7 +27,10 @@ from pathtwt.compress import ranks
 def srun_rank_1(monkeypatch):
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
                  "PATHTWT_GPU_CLAIMS"):
-        monkeypatch.delenv(name, raising=False)
+        # set, then removed: the test's end restores each as it was, also those the code under
+        # test writes (launched_world_size fills in WORLD_SIZE, RANK, LOCAL_RANK from SLURM's)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     # plain srun, one task per GPU of a 2-GPU node: SLURM's variables and rank 0's address only
     for name, value in {"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "2", "MASTER_ADDR": "127.0.0.1"}.items():
         monkeypatch.setenv(name, value)

@@ -93,7 +93,9 @@ def test_a_stop_during_the_export_leaves_no_weights_file_and_the_rerun_exports(t
     cmd = [sys.executable, str(REPO / "tests" / "rank_faults.py"), "compress", "--backbone", "vit-s14-tiny", "--random-init",
            "--calibration", str(tiles), "--depth", "2", "--steps", "2", "--batch-size", "4", "--audition-steps", "0",
            "--device", "cpu", "--precision", "fp32", "--no-progress", "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}", "OMP_NUM_THREADS": "1"}
+    launcher = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID")  # one process
+    env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}",
+           "OMP_NUM_THREADS": "1"}
     stopped = subprocess.run(cmd, env={**env, "RANK_FAULT": "stopexport:0"}, capture_output=True, text=True, timeout=300)
     assert stopped.returncode == 130, stopped.stderr[-2000:]
     assert stopped.stderr.strip().splitlines()[-1] == "pathtwt compress: interrupted"
