@@ -4,7 +4,9 @@ cuda:1, the GPU of its rank, and claims no free GPU first (which would leave a c
 another rank's GPU and a wrong ``device:`` line); its group waits --rank-timeout for a
 collective (mocked torch.cuda and torch.distributed, as tests/test_gpu_wiring.py). Two real
 gloo ranks: rank 0 decides for both, and a value that must agree and does not is one line
-on each."""
+on each. A failing rank's line, posted for the others, and the watcher that ends a rank
+stuck where no error reaches it (a store in a dict); only rank 0 writes the subset search's
+record."""
 
 from __future__ import annotations
 
@@ -175,3 +177,23 @@ def test_the_watcher_ends_a_rank_stuck_while_another_failed(rank_1_of_2, monkeyp
     watch.done.set()
     assert ended == [1] and lines == [(2, "pathtwt compress: error: rank 1 of 2: stopped because rank 0 failed: training "
                                           "tile 8: OSError: [Errno 5] Input/output error\n")]
+
+
+def test_only_rank_0_writes_the_subset_search_record(tmp_path, monkeypatch):
+    from pathtwt.compress.methods import subset
+    from pathtwt.compress.methods.subset import run_search, search_settings
+    from pathtwt.compress.pipeline import CompressOptions
+    from tiny_teacher import tiny_calibration, tiny_teacher
+
+    teacher, calib = tiny_teacher(2), tiny_calibration()
+    # who writes the record is the point here, not how subsets score: a planted landscape
+    monkeypatch.setattr(subset, "distillation_scorer", lambda *a, **k: lambda kept: -sum((i - 5) ** 2 for i in kept))
+    options = CompressOptions.from_flat(out=tmp_path, depth=3, steps=2, batch_size=4, progress=False,
+                                        extra={"search_budget": 13, "search_steps": 0})
+    settings = search_settings(teacher, calib, options, 2)
+    monkeypatch.setattr(ranks, "is_writer", lambda: False)
+    record = run_search(teacher, calib, options, settings)
+    assert len(record["local"]["best_layers"]) == 3 and not (tmp_path / "subset_search.json").exists()
+    monkeypatch.setattr(ranks, "is_writer", lambda: True)
+    assert run_search(teacher, calib, options, settings) == record  # the same search (scores memoised), now kept
+    assert json.loads((tmp_path / "subset_search.json").read_text()) == record
