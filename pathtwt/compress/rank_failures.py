@@ -172,23 +172,27 @@ def leave_after_error(exc: BaseException, own_line: str | None) -> BaseException
     _claim_report()  # the watcher must not end the rank while it says so itself
     stop_watching()
     where = f"rank {me} of {world}"
-    other = read(store)
     replacement: BaseException | None
     if isinstance(exc, KeyboardInterrupt):
         post(store, Notice(me, "interrupted", "interrupted"))
         replacement = None
     elif lost_contact(exc):
-        if other is not None and other.rank != me:
-            replacement = KeyboardInterrupt() if other.kind == "interrupted" else \
-                PathtwtError(f"{where}: stopped because {other.cause()}")
-        else:
-            replacement = PathtwtError(
-                f"{where}: lost contact with the other ranks ({_first_words(exc)}); a rank that ended without a line of "
-                "its own was killed (out of memory, kill -9, a failed node: see the job's log), or was busy alone longer "
-                "than --rank-timeout")
+        replacement = _consequence(where, me, exc, read(store))
     else:
         line = own_line if own_line is not None else f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
         post(store, Notice(me, "failed", line))
         replacement = PathtwtError(f"{where}: {line}") if own_line is not None else None
     ranks.abort()
     return replacement
+
+
+def _consequence(where: str, me: int, exc: BaseException, other: Notice | None) -> BaseException:
+    """What a rank whose collective broke raises: the other rank's interrupt or failure,
+    or, when it left no notice, lost contact (it was killed)."""
+    from pathtwt.errors import PathtwtError
+
+    if other is not None and other.rank != me:
+        return KeyboardInterrupt() if other.kind == "interrupted" else PathtwtError(f"{where}: stopped because {other.cause()}")
+    return PathtwtError(
+        f"{where}: lost contact with the other ranks ({_first_words(exc)}); a rank that ended without a line of its own "
+        "was killed (out of memory, kill -9, a failed node: see the job's log), or was busy alone longer than --rank-timeout")
