@@ -72,3 +72,33 @@ def test_weights_file_with_a_code_pickle_is_refused(tmp_path):
     with pytest.raises(WeightsError) as info:
         load_state_dict_file(path)
     assert "weights.pt" in str(info.value) and "\n" not in str(info.value) and not marker.exists()
+
+
+def test_the_cuda_generators_state_is_checkpointed_and_restored(tmp_path, monkeypatch):
+    """A run on a GPU keeps its rank's CUDA generator state with the other RNG states and
+    gets it back on resume (mocked torch.cuda: the states are plain byte tensors); a CPU
+    run, which never initialised CUDA, keeps none and touches no GPU."""
+    from torch import nn
+
+    from pathtwt.compress import distill
+
+    student = nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(student.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    common = dict(student=student, optimizer=optimizer, scheduler=scheduler, step=3, fingerprint={}, history=[],
+                  sampler={"position": 12})
+    assert distill._cuda_rng_states() is None  # CPU: CUDA never initialised here
+    distill.save_checkpoint(tmp_path / "cpu.pt", **common, cuda_rng=distill._cuda_rng_states())
+    assert "cuda" not in distill.load_checkpoint(tmp_path / "cpu.pt")["rng"]
+
+    state = torch.arange(16, dtype=torch.uint8)
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: state.clone() if device == 1 else None)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device: restored.append((s, device)))
+    distill.save_checkpoint(tmp_path / "gpu.pt", **common, cuda_rng=distill._cuda_rng_states())
+    saved = distill.load_checkpoint(tmp_path / "gpu.pt")["rng"]  # weights_only: plain tensors
+    assert len(saved["cuda"]) == 1 and torch.equal(saved["cuda"][0], state)
+    distill._set_rng_state(saved)
+    assert len(restored) == 1 and torch.equal(restored[0][0], state) and restored[0][1] == 1

@@ -1,8 +1,10 @@
 """A time limit on SLURM: SIGTERM reaches every process of the job, the tile-reading
-workers included. A real short distillation in its own process group is sent SIGTERM
-(to the whole group, as SLURM does) in the middle of an optimiser step whose next
+workers included, and under torchrun each rank gets it twice (torchrun forwards it). A
+real short distillation in its own process group is sent SIGTERM twice (to the whole
+group, as SLURM does) and SIGINT in the middle of an optimiser step whose next
 micro-batch the workers have not read yet: the run checkpoints at the end of that step,
-exits as interrupted, and a rerun resumes from that step to the end."""
+exits as interrupted, and a rerun resumes from that step to the end. A stop during the
+export leaves no weights file that looks finished."""
 
 from __future__ import annotations
 
@@ -35,6 +37,10 @@ SCRIPT = textwrap.dedent("""
         def loss(self, student, x, targets, step):
             if step == 2 and os.environ.pop("SEND_SIGTERM", None):
                 os.killpg(0, signal.SIGTERM)  # the whole group, as SLURM does at a time limit
+                time.sleep(0.1)
+                os.killpg(0, signal.SIGTERM)  # and again, as torchrun forwards it to its ranks
+                time.sleep(0.1)
+                os.kill(os.getpid(), signal.SIGINT)  # and a Ctrl-C on top
             return super().loss(student, x, targets, step)
 
     if __name__ == "__main__":
@@ -77,3 +83,26 @@ def test_sigterm_to_the_whole_job_checkpoints_the_step_and_resumes(tmp_path):
     resumed = _run(script, ckpt)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert json.loads(resumed.stdout.strip().splitlines()[-1]) == {"resumed_from": 3, "steps": 4}
+
+
+def test_a_stop_during_the_export_leaves_no_weights_file_and_the_rerun_exports(tmp_path):
+    from rank_faults import write_tiles
+
+    tiles = write_tiles(tmp_path / "tiles", 8)
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "tests" / "rank_faults.py"), "compress", "--backbone", "vit-s14-tiny", "--random-init",
+           "--calibration", str(tiles), "--depth", "2", "--steps", "2", "--batch-size", "4", "--audition-steps", "0",
+           "--device", "cpu", "--precision", "fp32", "--no-progress", "--out", str(out)]
+    launcher = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID")  # one process
+    env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}",
+           "OMP_NUM_THREADS": "1"}
+    stopped = subprocess.run(cmd, env={**env, "RANK_FAULT": "stopexport:0"}, capture_output=True, text=True, timeout=300)
+    assert stopped.returncode == 130, stopped.stderr[-2000:]
+    assert stopped.stderr.strip().splitlines()[-1] == "pathtwt compress: interrupted"
+    assert not (out / "model.safetensors").exists() and not (out / "model.json").exists()
+    assert not [p for p in out.iterdir() if p.name.startswith(".") and "model" in p.name]  # no temporary left either
+    assert (out / "checkpoint.pt").exists()  # the trained steps are kept
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    meta = json.loads((out / "model.json").read_text())
+    assert meta["distillation"]["resumed_from"] == 2 and (out / "model.safetensors").exists()

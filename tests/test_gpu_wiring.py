@@ -7,9 +7,6 @@ error as one line."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -104,18 +101,15 @@ RANK_SCRIPT = textwrap.dedent("""
 def test_two_gloo_ranks_average_through_all_mean(tmp_path):
     """Two real ranks (gloo, as a CPU run): the reduction reaches all_reduce on the CPU,
     served by gloo, and averages across the ranks."""
+    from rank_faults import two_gloo_ranks
+
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    base = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 400)}
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     import json
 
     results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
+    for code, out, err in two_gloo_ranks(script):
+        assert code == 0, err[-2000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
     for res in results:
         assert res["device"] == "cpu" and res["mean"] == [0.5, 10.0]

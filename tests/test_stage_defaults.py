@@ -50,8 +50,9 @@ def test_compress_defaults_are_one_table():
     assert shared >= {"steps", "epochs", "batch_size", "accumulate", "lr", "warmup_steps", "augment", "loss_norm", "seed"}
     assert {k: distill[k] for k in shared} == {k: table[k] for k in shared}
     options = CompressOptions(out=Path("x"))
-    # holdout is the calibration draw's (load_calibration), not an option of the method
-    own = [k for k in table if k not in ("precision", "holdout")]
+    # holdout is the calibration draw's (load_calibration), rank_timeout the process group's
+    # (pathtwt.compress.ranks.init_from_env): neither is an option of the method
+    own = [k for k in table if k not in ("precision", "holdout", "rank_timeout")]
     # each from the object that holds it: the method's settings, or its distillation's
     held = {k: getattr(options, k) if k in CompressOptions.__dataclass_fields__ else getattr(options.distill, k)
             for k in own}

@@ -80,9 +80,31 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def error_line(command: str, exc: BaseException) -> str | None:
+    """The one line for an expected failure of ``command`` (a PathtwtError; a full disk, a
+    full quota or a read-only folder met outside the atomic writers; a GPU out of memory),
+    None for anything else: a bug, whose traceback is shown."""
     from pathtwt.errors import PathtwtError
 
+    if isinstance(exc, PathtwtError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        from pathtwt.io.write_errors import raise_for_os_error
+
+        try:
+            raise_for_os_error(exc)
+        except PathtwtError as line:
+            return str(line)
+        return None
+    if isinstance(exc, RuntimeError):  # torch.cuda.OutOfMemoryError is one
+        from pathtwt.cli.out_of_memory import is_out_of_memory, out_of_memory_line
+
+        if is_out_of_memory(exc):
+            return out_of_memory_line(command, exc)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=chosen if chosen in COMMANDS else "")
@@ -92,28 +114,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if not argv else 2
     try:
         code = args._module.run(args)
-    except PathtwtError as exc:
-        # Expected, user-facing failures: one line, no traceback.
-        print(f"pathtwt {args.command}: error: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print(f"pathtwt {args.command}: interrupted", file=sys.stderr)
         return 130
-    except OSError as exc:  # a full disk or a read-only folder met outside the atomic writers
-        from pathtwt.io.write_errors import raise_for_os_error
-
-        try:
-            raise_for_os_error(exc)
-        except PathtwtError as line:
-            print(f"pathtwt {args.command}: error: {line}", file=sys.stderr)
-            return 1
-        raise
-    except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
-        from pathtwt.cli.out_of_memory import is_out_of_memory, out_of_memory_line
-
-        if not is_out_of_memory(exc):
+    except Exception as exc:
+        # expected, user-facing failures: one line, no traceback
+        line = error_line(args.command, exc)
+        if line is None:
             raise
-        print(f"pathtwt {args.command}: error: {out_of_memory_line(args.command, exc)}", file=sys.stderr)
+        print(f"pathtwt {args.command}: error: {line}", file=sys.stderr)
         return 1
     return int(code or 0)
 

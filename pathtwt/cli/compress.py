@@ -78,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-after", type=int, default=None,
                         help="stop after this many steps, keeping the checkpoint; rerun to resume "
                         "(default: run to the end)")
+    parser.add_argument("--rank-timeout", type=float, default=D.rank_timeout, metavar="MINUTES",
+                        help="data-parallel ranks (torchrun, srun): minutes a rank waits for the others in a collective "
+                        "before the job ends with a line naming the rank that stopped answering (default %(default)g)")
     parser.add_argument(
         "--option", action="append", default=[], metavar="KEY=VALUE",
         help="a method-specific setting, repeatable: " + ", ".join(f"{k} ({describe(k)})" for k in METHOD_OPTIONS),
@@ -124,24 +127,45 @@ def compress_options(args: argparse.Namespace, **resolved) -> "CompressOptions":
     return CompressOptions(distill=distill, **own)
 
 
-def process_device(requested: str) -> str:
+ERROR_PREFIX = "pathtwt compress: error: "
+
+
+def process_device(requested: str, timeout_minutes: float) -> str:
     """This process's device, joining the process group under torchrun / srun. An srun rank
     learns its rank (LOCAL_RANK from SLURM_LOCALID) before the device is resolved, so it
-    takes the GPU of its rank and claims no other one."""
+    takes the GPU of its rank and claims no other one. A rank of several watches the others
+    from then on (:mod:`pathtwt.compress.rank_failures`)."""
+    from pathtwt.compress.rank_failures import watch_peers
     from pathtwt.compress.ranks import init_from_env, launched_world_size
     from pathtwt.devices import use_device
 
     launched_world_size()
-    return init_from_env(use_device(requested))
+    device = init_from_env(use_device(requested), timeout_minutes)
+    watch_peers(ERROR_PREFIX)
+    return device
 
 
 def run(args: argparse.Namespace) -> int:
+    """The run, with stop signals handled for all of it (:mod:`pathtwt.compress.stopping`);
+    a rank of several that fails leaves its group so that every rank ends, each with one
+    line (:func:`pathtwt.compress.rank_failures.leave_after_error`)."""
+    from pathtwt.cli import error_line
+    from pathtwt.compress.rank_failures import leave_after_error, stop_watching
     from pathtwt.compress.ranks import shutdown
+    from pathtwt.compress.stopping import stop_signals_handled
 
-    try:
-        return _run(args)
-    finally:
+    with stop_signals_handled():
+        try:
+            code = _run(args)
+        except BaseException as exc:
+            own = None if isinstance(exc, KeyboardInterrupt) else error_line(args.command, exc)
+            replacement = leave_after_error(exc, own)
+            if replacement is None:
+                raise
+            raise replacement from None
+        stop_watching()
         shutdown()
+        return code
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -149,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
     from pathtwt.compress.registry import CLOSED_FORM, get_method
     from pathtwt.models.registry import create_backbone
 
-    from pathtwt.compress.ranks import is_writer, world_size
+    from pathtwt.compress.ranks import decide, is_writer, world_size
     from pathtwt.models.precision import resolve_precision
 
     method = get_method(args.method)  # fail on an unknown method before loading anything
@@ -158,12 +182,13 @@ def _run(args: argparse.Namespace) -> int:
         from pathtwt.errors import ConfigError
 
         raise ConfigError(f"--accumulate {args.accumulate}: must be >= 1")
-    device = process_device(args.device)
+    device = process_device(args.device, args.rank_timeout)
     if args.batch_size % world_size():
         from pathtwt.errors import ConfigError
 
         raise ConfigError(f"--batch-size {args.batch_size} is not divisible by the {world_size()} ranks; choose a multiple")
-    precision = resolve_precision(args.precision, device, training=True).compute
+    # resolved per rank (auto: by its device), decided once
+    precision = decide("the training precision", resolve_precision(args.precision, device, training=True).compute)
     # float32 teacher whatever the backbone's inference precision: its outputs are the targets
     from pathtwt.cli.options import normalisation
 
@@ -179,6 +204,7 @@ def _run(args: argparse.Namespace) -> int:
 
     workers = default_workers(device, bool(args.train_coords)) if args.workers is None else args.workers
     options = compress_options(args, precision=precision, workers=workers or 0, device=teacher.device, extra=extra)
+    agree_on_inputs(args, teacher, calib)
     if is_writer() and args.method not in CLOSED_FORM:
         from pathtwt.compress.distill import plan_summary
         from pathtwt.compress.pipeline import distill_options
@@ -198,3 +224,18 @@ def _run(args: argparse.Namespace) -> int:
           f"embedding R^2 on {fid.get('on', '?')} tiles {fid.get('initial', {}).get('r2', float('nan')):.4f} -> "
           f"{fid.get('final', {}).get('r2', float('nan')):.4f} (CKA {fid.get('final', {}).get('cka', float('nan')):.4f})")
     return 0
+
+
+def agree_on_inputs(args: argparse.Namespace, teacher, calib) -> None:
+    """Several ranks: every rank runs the same command on the same teacher and tiles (an
+    srun task started with other arguments, or a node that sees another file, is one line
+    on every rank before any training)."""
+    from pathtwt.compress.ranks import agree
+
+    settings = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "rank_timeout"}
+    inputs = {"teacher_weights_sha256": teacher.weights_sha256,
+              "calibration_tiles": {split: len(tiles) for split, tiles in
+                                    (("fit", calib.fit), ("select", calib.select), ("report", calib.report))},
+              "training_tiles": len(calib.training_tiles())}
+    agree("the run's settings and inputs", {**settings, **inputs},
+          "start every rank with the same command, on files every rank reads the same")

@@ -38,6 +38,9 @@ class CompressDefaults:
     tokens: str = "all"  # token mode of the similarity matrix when compress discovers itself
     holdout: float = 0.1  # share of the drawn calibration tiles kept out of fitting (half select, half report)
     checkpoint_every: int = 100  # optimiser steps between distillation checkpoints
+    # minutes a data-parallel rank waits for the others in a collective before the job ends
+    # (torch's own default for a GPU run's group is 30): longer than any rank's work alone
+    rank_timeout: float = 10.0
 
 
 COMPRESS_DEFAULTS = CompressDefaults()

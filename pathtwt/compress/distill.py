@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pathtwt.compress import ranks
 from pathtwt.compress.bf16_step import first_step_precision
 from pathtwt.compress.distill_options import BF16_LOSS_TOLERANCE, DistillOptions, Objective, Transform  # noqa: F401 - the loop's names
 from pathtwt.compress.targets import TargetCache, target_source, teacher_targets
@@ -165,17 +166,42 @@ def normalised_objective(objective: Objective, teacher: nn.Module, source: Any, 
 # read with torch.load(weights_only=True), which refuses anything else: loading a file
 # never runs code stored in it.
 
-def _rng_state() -> dict[str, Any]:
+def _rng_state(cuda: list[torch.Tensor] | None = None) -> dict[str, Any]:
+    """The RNG states a checkpoint keeps; ``cuda``: each rank's CUDA generator state
+    (:func:`_cuda_rng_states`), absent where no rank uses CUDA."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss = random.getstate()
     return {"torch": torch.get_rng_state(),
             "numpy": {"name": str(name), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-            "python": {"version": int(version), "internal": list(internal), "gauss": gauss}}
+            "python": {"version": int(version), "internal": list(internal), "gauss": gauss},
+            **({"cuda": cuda} if cuda else {})}
+
+
+def _cuda_rng_states() -> list[torch.Tensor] | None:
+    """The CUDA generator state of every rank's own GPU, in rank order (a collective when
+    several ranks use CUDA, so every rank calls it at the same checkpoint); None where this
+    process has not initialised CUDA (a CPU run never touches a GPU for it)."""
+    if not torch.cuda.is_initialized():
+        return None
+    own = torch.cuda.get_rng_state(torch.cuda.current_device())
+    if ranks.world_size() == 1:
+        return [own]
+    import torch.distributed as dist
+
+    device = ranks.collective_device()
+    gathered = [torch.empty_like(own, device=device) for _ in range(ranks.world_size())]
+    dist.all_gather(gathered, own.to(device))
+    return [g.cpu() for g in gathered]
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_initialized():
+        # this rank's own GPU takes the state its rank saved (a run resumed on more ranks:
+        # the saved ranks' states in turn); a run on the CPU leaves the GPUs alone
+        torch.cuda.set_rng_state(cuda[ranks.rank() % len(cuda)], torch.cuda.current_device())
     n = state["numpy"]
     np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     p = state["python"]
@@ -192,9 +218,10 @@ def _fingerprint(options: DistillOptions, n_tiles: int, total: int) -> dict[str,
 
 
 def save_checkpoint(path: Path, *, student: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, step: int,
-                    fingerprint: dict[str, Any], history: list[dict[str, float]], sampler: dict[str, int]) -> None:
+                    fingerprint: dict[str, Any], history: list[dict[str, float]], sampler: dict[str, int],
+                    cuda_rng: list[torch.Tensor] | None = None) -> None:
     state = {"format": CHECKPOINT_FORMAT, "step": step, "fingerprint": fingerprint, "student": student.state_dict(),
-             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(),
+             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(cuda_rng),
              "sampler": sampler, "history": history}
     with atomic_output(path) as tmp:
         torch.save(state, tmp)
@@ -314,6 +341,9 @@ def distill(
                     train.checkpoint(student, step, run, options)
                 if shared[-1] > 0:
                     train.checkpoint(student, step, run, options)  # an interrupted run keeps its progress
+                    # no rank leaves before rank 0's checkpoint is on disk: torchrun signals the
+                    # ranks still running as soon as one has exited
+                    ranks.barrier()
                     raise KeyboardInterrupt(f"stopped by signal {stop.signum or 'on another rank'} after step {step}")
         finally:
             bar.close()
@@ -402,12 +432,15 @@ class _Optimisation:
     saved_at: int = 0
 
     def checkpoint(self, student: nn.Module, step: int, run: _Run, options: DistillOptions) -> None:
-        """Save the state after ``step`` (rank 0 writes), unless that step is saved already."""
-        if self.ckpt is not None and self.saved_at != step and run.writer:
-            save_checkpoint(self.ckpt, student=student, optimizer=self.optimizer, scheduler=self.scheduler, step=step,
-                            fingerprint=self.fingerprint, history=self.history,
-                            sampler={"position": step * run.accumulate * run.sharding.batch, "seed": options.seed,
-                                     "n_tiles": run.n_tiles})
+        """Save the state after ``step`` (rank 0 writes; every rank calls it, at the same
+        steps), unless that step is saved already."""
+        if self.ckpt is not None and self.saved_at != step:
+            cuda = _cuda_rng_states()
+            if run.writer:
+                save_checkpoint(self.ckpt, student=student, optimizer=self.optimizer, scheduler=self.scheduler, step=step,
+                                fingerprint=self.fingerprint, history=self.history,
+                                sampler={"position": step * run.accumulate * run.sharding.batch, "seed": options.seed,
+                                         "n_tiles": run.n_tiles}, cuda_rng=cuda)
         self.saved_at = step
 
 
@@ -428,6 +461,10 @@ def _optimisation(student: nn.Module, options: DistillOptions, run: _Run) -> _Op
         expected = train.start * run.accumulate * run.sharding.batch
         if int(state.get("sampler", {}).get("position", expected)) != expected:
             raise PathtwtError(f"{ckpt}: sampler position {state['sampler']} does not match step {train.start}; delete it to start over")
+    if ckpt is not None:
+        # each rank reads the checkpoint itself: one that sees another file (a node-local --out) would run other steps
+        ranks.agree("the step distillation resumes from", train.start,
+                    f"put the checkpoint ({ckpt}) where every rank reads the same file")
     train.saved_at = train.start
     return train
 
@@ -452,15 +489,23 @@ def _feed(student: nn.Module, run: _Run, options: DistillOptions, start: int, en
     if run.world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        # unused parameters (e.g. the patch embedding in a block-wise stage) keep no
-        # gradient, as in a single process, so AdamW treats them identically
         device_ids = [torch.device(run.device).index] if run.device.startswith("cuda") else None
-        model = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=True)
+        model = DistributedDataParallel(model, device_ids=device_ids,
+                                        find_unused_parameters=finds_unused_parameters(run.objective))
     items = TrainingItems(run.source, run.transform, augment=options.augment, seed=options.seed)
     order = EpochOrder(run.n_tiles, options.seed)
     batches = loader(items, MicroBatches(order, run.sharding, start * run.accumulate, end * run.accumulate),
                      workers=run.workers, pin_memory=run.device.startswith("cuda"))
     return model, items, batches
+
+
+def finds_unused_parameters(objective: Objective) -> bool:
+    """Whether DistributedDataParallel must look for parameters the step left unused: only
+    for an objective that says it leaves some (``leaves_parameters_unused``: Raptor's
+    block-wise stage, NOSE once diluted). They then keep no gradient, as in a single
+    process, so AdamW treats them identically; for every other objective the search would
+    cost a graph walk, an extra reduction and a device-to-host copy each step."""
+    return bool(getattr(objective, "leaves_parameters_unused", False))
 
 
 def _accumulated_loss(model: nn.Module, stream: Any, items: Any, cache: "TargetCache | None", teacher: nn.Module,

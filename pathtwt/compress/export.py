@@ -14,10 +14,11 @@ two files. Methods whose student is not a plain ViT describe the difference in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from torch import nn
 
@@ -46,6 +47,15 @@ def cost(model: nn.Module, input_size: int) -> dict[str, int]:
     from pathtwt.models.flops import count_macs, count_params
 
     return {"params": int(count_params(model)), "macs_per_tile": int(count_macs(model, input_size=input_size))}
+
+
+@contextlib.contextmanager
+def _removed_unless_completed(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
 
 
 def export_backbone(
@@ -85,35 +95,40 @@ def export_backbone(
         raise PathtwtError(f"{method}: student does not match {spec.timm_name} at depth {depth} ({str(exc).splitlines()[0]})") from exc
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    with atomic_output(out / "model.safetensors") as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt"})
-    meta = variant_metadata(spec, depth)
-    base = meta["base_backbone"]
-    teacher_sha = teacher.weights_sha256
-    own = {
-        "name": name or f"{base}/{method}-{depth}",
-        "method": method,
-        **cost(model, spec.input_size),
-        "weights_sha256": sha256_file(out / "model.safetensors"),
-        "teacher_weights_sha256": teacher_sha,
-        "layer_patches": dict(layer_patches or {}),
-    }
-    if params is not None:
-        own["params"] = int(params)
-    # "depth" too: model.json records it once, in timm_kwargs (pathtwt.models.registry.variant_depth)
-    clash = sorted(set(extra or {}) & (set(meta) | set(own) | {"provenance", "depth"}))
-    if clash:
-        raise ValueError(f"{method}: extra keys {clash} would overwrite the variant's own model.json entries")
-    meta.update({**own, **(extra or {})})
-    meta["provenance"] = {
-        "teacher": spec.name,
-        "teacher_source": str(teacher.source),
-        "teacher_weights_sha256": teacher_sha,
-        "calibration_sha256": calibration_hashes(calibration_sources or []),
-        "options": options or {},
-        "versions": _versions(),
-        "device": device_provenance(teacher.device),
-    }
-    write_hub_format(out, meta)  # timm's config.json + README.md model card, before the model.json that completes the folder
-    write_json_atomic(out / "model.json", meta)
-    return out
+    # model.json, written last, completes the folder: one left from before would describe
+    # weights being replaced, and weights left without theirs (an error or a stop before it
+    # is written) would look finished to whoever lists the folder
+    (out / "model.json").unlink(missing_ok=True)
+    with _removed_unless_completed(out / "model.safetensors"):
+        with atomic_output(out / "model.safetensors") as tmp:
+            save_file(state, str(tmp), metadata={"format": "pt"})
+        meta = variant_metadata(spec, depth)
+        base = meta["base_backbone"]
+        teacher_sha = teacher.weights_sha256
+        own = {
+            "name": name or f"{base}/{method}-{depth}",
+            "method": method,
+            **cost(model, spec.input_size),
+            "weights_sha256": sha256_file(out / "model.safetensors"),
+            "teacher_weights_sha256": teacher_sha,
+            "layer_patches": dict(layer_patches or {}),
+        }
+        if params is not None:
+            own["params"] = int(params)
+        # "depth" too: model.json records it once, in timm_kwargs (pathtwt.models.registry.variant_depth)
+        clash = sorted(set(extra or {}) & (set(meta) | set(own) | {"provenance", "depth"}))
+        if clash:
+            raise ValueError(f"{method}: extra keys {clash} would overwrite the variant's own model.json entries")
+        meta.update({**own, **(extra or {})})
+        meta["provenance"] = {
+            "teacher": spec.name,
+            "teacher_source": str(teacher.source),
+            "teacher_weights_sha256": teacher_sha,
+            "calibration_sha256": calibration_hashes(calibration_sources or []),
+            "options": options or {},
+            "versions": _versions(),
+            "device": device_provenance(teacher.device),
+        }
+        write_hub_format(out, meta)  # timm's config.json + README.md model card, before the model.json that completes the folder
+        write_json_atomic(out / "model.json", meta)
+        return out

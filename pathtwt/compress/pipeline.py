@@ -141,7 +141,14 @@ def read_plan(path: Path, num_layers: int) -> dict[str, Any]:
 
 def resolve_plan(teacher: "Backbone", calib: "CalibrationSet", options: CompressOptions) -> dict[str, Any]:
     """The merge plan: ``options.plan`` if given, else discovery on the fit tiles for
-    ``options.depth`` (exactly K blocks) or ``options.eps`` (fewest blocks)."""
+    ``options.depth`` (exactly K blocks) or ``options.eps`` (fewest blocks); rank 0's
+    when several ranks run (each discovers, :func:`pathtwt.compress.ranks.decide`)."""
+    from pathtwt.compress.ranks import decide
+
+    return decide("the merge plan", _own_plan(teacher, calib, options))
+
+
+def _own_plan(teacher: "Backbone", calib: "CalibrationSet", options: CompressOptions) -> dict[str, Any]:
     num_layers = len(teacher.model.blocks)
     if options.plan is not None:
         return read_plan(options.plan, num_layers)
@@ -238,10 +245,12 @@ def export_variant(
     from pathtwt.compress.export import export_backbone
     from pathtwt.compress.fidelity import fidelity_record
     from pathtwt.compress.ranks import is_writer
+    from pathtwt.compress.stopping import raise_if_stopped
     from pathtwt.compress.student import fold_branch_scales
 
     if not is_writer():
         return Path(options.out)  # rank 0 measures and writes
+    raise_if_stopped()  # a stop that came after the loop's last step: the checkpoint holds that step
     clash = sorted(set(extra) & {*EXPORT_KEYS, *ROUTE_KEYS})
     if clash:
         raise ValueError(f"{method}: extra keys {clash} belong to the shared model.json schema")

@@ -3,8 +3,16 @@
 A run launched by ``torchrun`` (or ``srun``, one task per GPU) has ``WORLD_SIZE`` > 1 in
 its environment; :func:`init_from_env` joins the process group and picks this rank's
 device. Every rank computes the same discovery, auditioning and fidelity (cheap next to
-distillation) so that they need no communication; only distillation is split, and only
-rank 0 writes files.
+distillation); only distillation is split, and only rank 0 writes files. What a rank
+computes alone and what decides what runs next (the merge plan, the audition's winners,
+NOSE's layers, the subset search's choice, the precision) is then taken from rank 0 by
+:func:`decide`, so the ranks never go on with different choices (a near tie of two floats
+can fall differently on two GPUs); what must simply be the same everywhere (the settings,
+the step a run resumes from) is compared by :func:`agree`, whose mismatch is one line on
+every rank instead of a hang.
+
+The group waits at most ``timeout`` (``--rank-timeout``) for a collective; a rank that fails
+leaves it with :func:`abort`, never :func:`shutdown` (:mod:`pathtwt.compress.rank_failures`).
 
 A GPU run's group has a backend per device type, ``cpu:gloo,cuda:nccl`` (NCCL is RCCL on
 ROCm builds): NCCL alone handles CUDA tensors only, and a CPU tensor reaching a plain
@@ -16,9 +24,18 @@ collectives that are CPU by nature. A CPU run uses gloo alone.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+from datetime import timedelta
+from typing import Any
 
 import torch
+
+from pathtwt.compress.defaults import COMPRESS_DEFAULTS
+from pathtwt.errors import PathtwtError
+
+log = logging.getLogger(__name__)
 
 
 def _env_int(*names: str, default: int) -> int:
@@ -61,9 +78,11 @@ def check_rendezvous() -> None:
         )
 
 
-def init_from_env(device: str) -> str:
+def init_from_env(device: str, timeout_minutes: float = COMPRESS_DEFAULTS.rank_timeout) -> str:
     """Join the process group when launched with several ranks; returns this rank's
-    device (``cuda:LOCAL_RANK`` on CUDA). A single-process run is left untouched."""
+    device (``cuda:LOCAL_RANK`` on CUDA). A single-process run is left untouched.
+    ``timeout_minutes`` bounds every collective's wait: torch's default for the
+    ``cpu:gloo,cuda:nccl`` group is 30 minutes, spent waiting for a rank that is gone."""
     import torch.distributed as dist
 
     global _device
@@ -77,7 +96,12 @@ def init_from_env(device: str) -> str:
         local %= max(1, torch.cuda.device_count())
         torch.cuda.set_device(local)
         device = f"cuda:{local}"
-    dist.init_process_group(backend=GPU_BACKEND if on_cuda else CPU_BACKEND)
+    if not timeout_minutes > 0:
+        from pathtwt.errors import ConfigError
+
+        raise ConfigError(f"--rank-timeout {timeout_minutes}: give the minutes a rank waits for the others, above 0")
+    dist.init_process_group(backend=GPU_BACKEND if on_cuda else CPU_BACKEND,
+                            timeout=timedelta(minutes=float(timeout_minutes)))
     _device = device
     return device
 
@@ -105,10 +129,9 @@ def is_writer() -> bool:
 
 
 def barrier() -> None:
-    if world_size() > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
+    """Wait for every rank: a one-value reduction on this rank's device (NCCL's own barrier
+    guesses the GPU from the rank number)."""
+    all_mean(torch.zeros(1, dtype=torch.float64))
 
 
 def all_mean(values: torch.Tensor) -> torch.Tensor:
@@ -123,10 +146,89 @@ def all_mean(values: torch.Tensor) -> torch.Tensor:
     return (out / world_size()).to(values.device)
 
 
+def decide(name: str, value: Any) -> Any:
+    """Rank 0's ``value`` (JSON: tuples come back as lists) on every rank: a choice each
+    rank computed alone, made once for all. A rank whose own value differed says so."""
+    if world_size() == 1:
+        return json.loads(json.dumps(value))  # the same types as several ranks get
+    import torch.distributed as dist
+
+    device = collective_device()
+    data = json.dumps(value).encode() if rank() == 0 else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, 0)
+    if rank() == 0:
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buffer = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buffer, 0)
+    chosen = json.loads(bytes(buffer.cpu().numpy()))
+    if rank() != 0 and json.dumps(value) != json.dumps(chosen):
+        log.warning("rank %d: %s differs from rank 0's; rank 0's is used", rank(), name)
+    return chosen
+
+
+def _gather_json(value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order (two small all-gathers)."""
+    import torch.distributed as dist
+
+    device, n = collective_device(), world_size()
+    data = json.dumps(value, sort_keys=True, default=str).encode()
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(n)]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64, device=device))
+    longest = max(int(s.item()) for s in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8, device=device)
+    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    gathered = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(gathered, mine)
+    return [json.loads(bytes(g[: int(s.item())].cpu().numpy())) for g, s in zip(gathered, sizes)]
+
+
+def agree(name: str, value: Any, remedy: str) -> None:
+    """Every rank must hold the same ``value`` (JSON-able): on a mismatch every rank raises
+    the same one line naming ``name``, the ranks that differ from rank 0 and how."""
+    if world_size() == 1:
+        return
+    values = _gather_json(value)
+    differ = [r for r, v in enumerate(values) if v != values[0]]
+    if differ:
+        first = differ[0]
+        raise PathtwtError(f"the ranks disagree on {name}: rank(s) {', '.join(map(str, differ))} differ from rank 0 "
+                           f"({_difference(values[0], values[first], first)}); {remedy}")
+
+
+def _difference(ours: Any, theirs: Any, other: int) -> str:
+    """What rank ``other`` holds that rank 0 does not, shortly: the keys that differ."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        keys = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+        return "; ".join(f"{k}: rank 0 {ours.get(k)!r:.60}, rank {other} {theirs.get(k)!r:.60}" for k in keys[:4])
+    return f"rank 0 {ours!r:.80}, rank {other} {theirs!r:.80}"
+
+
 def shutdown() -> None:
+    """Leave the group after a run that ended well: every collective has completed, so
+    destroying it (NCCL: ncclCommFinalize, which waits for them) returns at once."""
     import torch.distributed as dist
 
     global _device
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _device = "cpu"
+
+
+def abort() -> None:
+    """Leave the group after an error: abort it, which never waits. Destroying it instead
+    would, under NCCL, wait in ncclCommFinalize for a collective the other ranks never
+    complete (they wait in theirs until the timeout), so no rank would exit and the
+    launcher could not clean up. Gloo aborts too (closing its connections, which the other
+    ranks see at once)."""
+    import torch.distributed as dist
+
+    global _device
+    _device = "cpu"
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        dist.distributed_c10d._abort_process_group()
+    except Exception as exc:  # noqa: BLE001 - leaving anyway; the error being raised is the one to show
+        log.warning("aborting the process group failed (%s); leaving without it", exc)

@@ -110,7 +110,7 @@ MIL_OVERRIDES = {"epochs": "--epochs", "accumulation": "--accumulation", "hidden
                  "transmil_heads": "--heads", "landmarks": "--landmarks"}
 # the `pathtwt compress` settings the workflow config has a key for (same name, "_" for "-")
 SCHEMA_COMPRESS_KEYS = ("steps", "epochs", "batch_size", "accumulate", "precision", "lr", "warmup_steps",
-                        "audition_steps", "schedule", "layer_scale", "augment", "loss_norm", "seed")
+                        "audition_steps", "schedule", "layer_scale", "augment", "loss_norm", "seed", "rank_timeout")
 
 
 def with_stage_defaults(schema: dict) -> dict:

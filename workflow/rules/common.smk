@@ -467,7 +467,8 @@ def get_compress_settings_args(wildcards):
     flags = {"batch_size": c["batch_size"], "accumulate": c["accumulate"], "precision": c["precision"],
              "seed": c["seed"], "lr": c["lr"], "warmup_steps": c["warmup_steps"],
              "audition_steps": c["audition_steps"], "schedule": c["schedule"], "layer_scale": c["layer_scale"],
-             "augment": c["augment"], "loss_norm": c["loss_norm"], "tokens": config["discovery"]["tokens"]}
+             "augment": c["augment"], "loss_norm": c["loss_norm"], "tokens": config["discovery"]["tokens"],
+             "rank_timeout": c["rank_timeout"]}
     return [
         word for key, value in flags.items() if value is not None
         for word in (f"--{key.replace('_', '-')}", ("on" if value else "off") if isinstance(value, bool) else str(value))

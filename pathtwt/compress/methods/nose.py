@@ -101,7 +101,11 @@ def make_attention_free_copy(block: torch.nn.Module) -> torch.nn.Module:
 
 
 class DilutedDeepSupervision:
-    """TWT's deep supervision at every layer, moving the dilution coefficient each step."""
+    """TWT's deep supervision at every layer, moving the dilution coefficient each step.
+    Once diluted (a = 1) the selected layers' attention is skipped, so its parameters get
+    no gradient from then on."""
+
+    leaves_parameters_unused = True  # DistributedDataParallel looks for them each step
 
     def __init__(self, blocks: Sequence[DilutedAttentionBlock], dilute_steps: int, num_layers: int) -> None:
         from pathtwt.compress.distill import DeepSupervision
@@ -135,6 +139,7 @@ def finish_attention_free(student: torch.nn.Module, chosen: Sequence[int]) -> to
 def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions) -> Path | None:
     """Registry entry (``--method nose``): select (K > 0), dilute, distill, export."""
     from pathtwt.compress.methods.truncation import truncated_student
+    from pathtwt.compress.ranks import decide
 
     num_layers = len(teacher.model.blocks)
     if options.depth is not None or options.eps is not None or options.plan is not None:
@@ -149,7 +154,9 @@ def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions)
     if keep == 0:
         chosen, split, trace = list(range(num_layers)), None, []
     else:
-        chosen, split, trace = greedy_attention_removal(teacher, calib, options, num_layers - keep)
+        # several ranks: rank 0's choice for all (each rank scores the candidates alone)
+        chosen, split, trace = decide("NOSE's attention-free layers",
+                                      greedy_attention_removal(teacher, calib, options, num_layers - keep))
     student = truncated_student(teacher, num_layers)  # a trainable copy of the whole teacher
     diluted = [DilutedAttentionBlock(student.blocks[i]) for i in chosen]
     for i, b in zip(chosen, diluted):

@@ -53,7 +53,10 @@ Blocks = Sequence[Sequence[int]]
 
 class BlockwiseRollout:
     """Stage 1's objective: every block's shared layer against the teacher's layer outputs
-    inside that block, teacher-forced and rolled out, mixed by the step."""
+    inside that block, teacher-forced and rolled out, mixed by the step. Only the blocks
+    are trained: the embeddings and the final norm get no gradient."""
+
+    leaves_parameters_unused = True  # DistributedDataParallel looks for them each step
 
     def __init__(self, blocks: Blocks, ramp_steps: int) -> None:
         self.blocks = [(int(s), int(e)) for s, e in blocks]

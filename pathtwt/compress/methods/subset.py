@@ -253,14 +253,16 @@ def _memoised(scorer: Scorer, memo: dict[Subset, float]) -> Scorer:
 def run_search(teacher: Backbone, calib: CalibrationSet, options: CompressOptions, settings: dict[str, Any]) -> dict[str, Any]:
     """Local search (and the random-search control if asked), as a JSON-ready record; the
     single-deletion ranking control is the local search's start (``local.start_layers``).
-    The record is kept in ``OUT/subset_search.json`` so a resumed run does not search again."""
+    The record is kept in ``OUT/subset_search.json`` so a resumed run does not search again.
+    Several ranks search together (each candidate's short distillation is data-parallel):
+    whether to search and what was chosen are rank 0's, and only rank 0 writes the record."""
+    from pathtwt.compress.ranks import decide, is_writer
     from pathtwt.io.atomic import write_json_atomic
 
     record_path = Path(options.out) / "subset_search.json"
-    if record_path.exists():
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-        if record.get("settings") == settings:
-            return record
+    stored = decide("the stored subset search", _stored_search(record_path, settings))
+    if stored is not None:
+        return stored
     num_layers, keep = len(teacher.model.blocks), settings["depth"]
     # scores depend on the tiles, the teacher and the short run's settings, not on the depth
     memo_key = ("subset_scores", id(teacher.model), settings["search_steps"], settings["batch_size"], settings["lr"],
@@ -271,8 +273,18 @@ def run_search(teacher: Backbone, calib: CalibrationSet, options: CompressOption
                               "local": local_search(num_layers, keep, scorer, budget=settings["budget"], seed=settings["seed"]).to_dict()}
     if settings["random_control"]:
         record["random"] = random_search(num_layers, keep, scorer, budget=settings["budget"], seed=settings["seed"]).to_dict()
-    write_json_atomic(record_path, record)
+    record = decide("the subset search's choice", record)
+    if is_writer():
+        write_json_atomic(record_path, record)
     return record
+
+
+def _stored_search(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The search record of an earlier run with the same settings, if ``path`` holds one."""
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text(encoding="utf-8"))
+    return record if record.get("settings") == settings else None
 
 
 def compress(teacher: Backbone, calib: CalibrationSet, options: CompressOptions) -> Path | None:

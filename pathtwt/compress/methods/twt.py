@@ -25,6 +25,7 @@ def build_twt_student(teacher: Backbone, calib: CalibrationSet, plan: dict[str, 
     from pathtwt.compress.audition import AuditionOptions, audition
     from pathtwt.compress.method_options import method_option
     from pathtwt.compress.methods.common import seeded
+    from pathtwt.compress.ranks import decide
     from pathtwt.compress.student import stitch_student
     from pathtwt.compress.teacher_cache import fit_layer_outputs, held_out_outputs
 
@@ -46,6 +47,9 @@ def build_twt_student(teacher: Backbone, calib: CalibrationSet, plan: dict[str, 
         held = held_out_outputs(teacher, calib, "select", n_tiles=aopts.max_select_tiles)
         layers, report = audition(teacher.model, blocks, calib.fit, calib.choosing_tiles(), transform=teacher.transform,
                                   options=aopts, fit_outputs=outputs, select_outputs=held)
+        # several ranks: rank 0's winners are the record, and its weights everyone's
+        # (DistributedDataParallel starts every rank from rank 0's parameters)
+        report = decide("the audition's winners", report)
     else:
         raise ValueError(f"unknown init {options.init!r}")
     return stitch_student(teacher.model, layers, spec=spec), report
