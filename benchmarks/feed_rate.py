@@ -173,19 +173,22 @@ def _null_backbone(device: str):
 
 
 def _stub_decoders():
-    """A GPU decoder that decodes nothing: a meta tensor of the tile's shape per stream."""
+    """A GPU decoder that decodes nothing: per stream, a view of one meta tensor of the
+    batch's tiles. Its outputs cost one allocation a call, as a real decoder's are wrapped
+    without a dispatched operation each (nvImageCodec's by ``__cuda_array_interface__``)."""
     import torch
 
     from pathtwt.features import gpu_decoders
 
-    def make_stub(device):
+    def make_stub(name, device):
         def decode(streams):
-            return [torch.empty((256, 256, 3), dtype=torch.uint8, device=device) for _ in streams]
+            return list(torch.empty((len(streams), 256, 256, 3), dtype=torch.uint8, device=device).unbind(0))
 
         decode.is_host = True  # nothing to check it against
         return decode
 
-    gpu_decoders.GPU_DECODERS["stub"] = (lambda: True, make_stub, False)
+    real = gpu_decoders.make_decoder
+    gpu_decoders.make_decoder = lambda name, device: make_stub(name, device) if name == "stub" else real(name, device)
 
 
 def host_us_per_tile(slide: Path, coords: Path, folder: Path) -> float:
@@ -251,7 +254,7 @@ def decode_amplification(slide: Path, coords: Path, folder: Path) -> tuple[float
     out = folder / "amplification.h5"
     extract_many([ExtractJob(slide, coords, out)], backbone, batch_size=32, workers=4, progress=False, decode="cpu")
     with h5py.File(out, "r") as f:
-        decoded = int(f.attrs["native_tiles_decoded"])
+        decoded = int(f.attrs["natives_decoded_host"])
     return decoded / needed, decoded, needed
 
 
