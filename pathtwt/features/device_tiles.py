@@ -252,18 +252,36 @@ class DeviceTiles:
     # -- the GPU path ----------------------------------------------------------------------
     def _from_bytes(self, msg: BatchMessage) -> DeviceBatch:
         plan: CutPlan = msg.plan
-        shape = (plan.grid.tile_height, plan.grid.tile_width)
         kept_natives, kept = self._bands.get(msg.band, (np.zeros(0, np.int64), None))
-        fresh = len(msg.fresh)
-        if fresh + len(kept_natives) != len(plan.natives):
+        if len(msg.fresh) + len(kept_natives) != len(plan.natives):
             raise RuntimeError(f"band {msg.band}: the native tiles kept on the device do not match the reader's")
         rec = self.record(msg.slide)
         self._colours(msg, rec)
+        stack = self._stack(msg, rec, kept)
+        rec.reused += len(kept_natives)
+        axes, lut, keep = self._indices(msg, kept_natives)
+        if len(keep):
+            self._bands[msg.band] = (np.asarray(msg.keep), stack.index_select(0, keep))
+        else:
+            self._bands.pop(msg.band, None)
+        n, size = msg.end - msg.start, self.input_size
+
+        def make(lo: int, hi: int) -> torch.Tensor:
+            part = axes if (lo, hi) == (0, n) else axes[:, lo:hi]
+            return area_resize(area_resize(cut(stack, part, lut), plan.patch_size), size)
+
+        return DeviceBatch(n, make, (stack, axes, lut))
+
+    def _stack(self, msg: BatchMessage, rec: SlideDecode, kept: torch.Tensor | None) -> torch.Tensor:
+        """The batch's native tiles on the device, one ``torch.stack``: the fresh ones in the
+        slot's order (decoded in parts after the GPU ran out of memory), the ones the band
+        kept, the fill tile. What was decoded where is counted once it all fits."""
+        plan = msg.plan
+        shape = (plan.grid.tile_height, plan.grid.tile_width)
         slot = self.ring.slot(msg.slot)
         streams = [slot[o:o + n] for o, n in zip(msg.offsets.tolist(), msg.lengths.tolist())]
-        tail = [self._fill(shape, plan.fill)]
-        if kept is not None:
-            tail = [*kept.unbind(0), *tail]
+        tail = [*(kept.unbind(0) if kept is not None else ()), self._fill(shape, plan.fill)]
+        fresh = len(streams)
 
         def decode_and_stack() -> tuple[torch.Tensor, dict[str, int]]:
             counts = {"device": 0, "host": 0, "refused": 0}
@@ -277,19 +295,7 @@ class DeviceTiles:
         rec.device += counts["device"]
         rec.host += counts["host"]
         rec.refused += counts["refused"]
-        rec.reused += len(kept_natives)
-        axes, lut, keep = self._indices(msg, kept_natives)
-        if len(msg.keep if msg.keep is not None else ()):
-            self._bands[msg.band] = (np.asarray(msg.keep), stack.index_select(0, keep))
-        else:
-            self._bands.pop(msg.band, None)
-        n, size = msg.end - msg.start, self.input_size
-
-        def make(lo: int, hi: int) -> torch.Tensor:
-            part = axes if (lo, hi) == (0, n) else axes[:, lo:hi]
-            return area_resize(area_resize(cut(stack, part, lut), plan.patch_size), size)
-
-        return DeviceBatch(n, make, (stack, axes, lut))
+        return stack
 
     def _indices(self, msg: BatchMessage, kept_natives: np.ndarray) -> tuple[torch.Tensor, ...]:
         """The cut's ``axes`` and ``lut`` and the stack rows to keep for the band's next

@@ -162,7 +162,7 @@ class EmbedJob:
                     if made is not None:
                         self.hand_to_writer(msg, state, made, self.embed(made), began)
                     else:  # the slide failed: its remaining batches are dropped
-                        self.made.forget(msg.band)
+                        self.device_tiles.forget(msg.band)
                         self.source.release(msg.slot)
                     self.settle(msg, state, began)
                     yield from self.outcomes(self.sink.done())
@@ -194,7 +194,7 @@ class EmbedJob:
         self.unpin = pin_host_memory(self.ring, self.device)
         decoder = gpu_decoders.make_decoder(options.gpu_decoder or self.decoding.decoder, self.device) \
             if ship_bytes else None
-        self.made = DeviceTiles(self.ring, self.device, size, decoder=decoder,
+        self.device_tiles = DeviceTiles(self.ring, self.device, size, decoder=decoder,
                                 use_tiles=lambda j: modes.__setitem__(j, SLIDE_TILES), steps=self.steps,
                                 slide_name=lambda j: str(self.jobs[j].slide))
         self.timing = FeedTiming(workers, self.ring.describe())
@@ -269,7 +269,7 @@ class EmbedJob:
             return None
         try:
             with torch.cuda.stream(self.side_stream) if self.side_stream is not None else contextlib.nullcontext():
-                batch = self.made.batch(msg)
+                batch = self.device_tiles.batch(msg)
                 tiles = self.steps.whole(batch.n, batch.make, "cutting and shrinking the tiles")
                 ready = torch.cuda.Event() if self.on_cuda else None
                 if ready is not None:
@@ -338,7 +338,7 @@ class EmbedJob:
         self.bar.update(msg.end - msg.start)
         state.left -= 1
         if state.left == 0:
-            state.decoding = self.made.take_record(msg.slide)
+            state.decoding = self.device_tiles.take_record(msg.slide)
             if self.decoding.where == "gpu" and state.decoding.fallback() and not state.failed:
                 self.fell_back += 1
             self.sink.finish(state)
