@@ -20,8 +20,11 @@ The keys (the issue's targets in brackets):
   nothing computed: what a GPU's asynchronous launches cost the host): receiving,
   planning the gather, normalising, the forward call, the outputs and the HDF5 writes.
   Steady state: a job of 4 copies of the slide less a job of one, the least of three.
-  ``torch_ops_per_batch`` says how much of it is the meta device's own cost: each tensor
-  operation costs it about 100 us of Python, a CUDA launch some microseconds;
+  ``torch_ops_per_batch`` [<= 64 at the GPU batch] counts the tensor operations the
+  embedding process dispatches per batch (each a kernel launch or a view on a GPU, some
+  microseconds of host time; the meta device spends tens to hundreds of microseconds on
+  some, its shape rules being Python). The stub decoder allocates its batch's tiles once
+  per call, as a real decoder's outputs are wrapped without an operation each;
 - ``decode_amplification`` [<= 1.05]: native tiles the CPU path's 4 reading processes
   decoded over the native tiles under the tiles (SLIDE20);
 - ``cpu_reader_share_of_limit`` {20x, 40x} [>= 0.6 at 20x]: the CPU path's reader (one

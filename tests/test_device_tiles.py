@@ -107,6 +107,18 @@ def test_splice_joins_tables_and_stream():
         splice(tables, b"\x00\x00" + stream)
 
 
+def test_the_colour_transform_is_read_from_the_marker_segments_as_libjpeg_reads_it():
+    from pathtwt.wsi.jpeg_streams import adobe_transform
+
+    table = b"\xff\xdb\x00\x06\x00\xff\xee\x00"  # a quantisation table whose bytes hold an APP14 marker's
+    ycbcr = ADOBE_RGB[:-1] + b"\x01"
+    assert adobe_transform(table + b"\xff\xda\x00\x02") is None
+    assert adobe_transform(ADOBE_RGB + table) == 0
+    assert adobe_transform(ADOBE_RGB + ycbcr + b"\xff\xda\x00\x02" + ADOBE_RGB) == 1  # the last before the SOS
+    assert StreamHeader.of(None, b"\xff\xd8" + table, rgb=True).rgb  # spliced: the table's bytes are no marker
+    assert not StreamHeader.of(None, b"\xff\xd8" + ycbcr, rgb=True).rgb  # the stream's own marker stays
+
+
 def test_streams_are_packed_into_the_slot_with_one_read_each(cmu, tmp_path):
     import os
 
