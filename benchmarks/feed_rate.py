@@ -20,8 +20,11 @@ The keys (the issue's targets in brackets):
   nothing computed: what a GPU's asynchronous launches cost the host): receiving,
   planning the gather, normalising, the forward call, the outputs and the HDF5 writes.
   Steady state: a job of 4 copies of the slide less a job of one, the least of three.
-  ``torch_ops_per_batch`` says how much of it is the meta device's own cost: each tensor
-  operation costs it about 100 us of Python, a CUDA launch some microseconds;
+  ``torch_ops_per_batch`` [<= 64 at the GPU batch] counts the tensor operations the
+  embedding process dispatches per batch (each a kernel launch or a view on a GPU, some
+  microseconds of host time; the meta device spends tens to hundreds of microseconds on
+  some, its shape rules being Python). The stub decoder allocates its batch's tiles once
+  per call, as a real decoder's outputs are wrapped without an operation each;
 - ``decode_amplification`` [<= 1.05]: native tiles the CPU path's 4 reading processes
   decoded over the native tiles under the tiles (SLIDE20);
 - ``cpu_reader_share_of_limit`` {20x, 40x} [>= 0.6 at 20x]: the CPU path's reader (one
@@ -173,19 +176,22 @@ def _null_backbone(device: str):
 
 
 def _stub_decoders():
-    """A GPU decoder that decodes nothing: a meta tensor of the tile's shape per stream."""
+    """A GPU decoder that decodes nothing: per stream, a view of one meta tensor of the
+    batch's tiles. Its outputs cost one allocation a call, as a real decoder's are wrapped
+    without a dispatched operation each (nvImageCodec's by ``__cuda_array_interface__``)."""
     import torch
 
     from pathtwt.features import gpu_decoders
 
-    def make_stub(device):
+    def make_stub(name, device):
         def decode(streams):
-            return [torch.empty((256, 256, 3), dtype=torch.uint8, device=device) for _ in streams]
+            return list(torch.empty((len(streams), 256, 256, 3), dtype=torch.uint8, device=device).unbind(0))
 
         decode.is_host = True  # nothing to check it against
         return decode
 
-    gpu_decoders.GPU_DECODERS["stub"] = (lambda: True, make_stub, False)
+    real = gpu_decoders.make_decoder
+    gpu_decoders.make_decoder = lambda name, device: make_stub(name, device) if name == "stub" else real(name, device)
 
 
 def host_us_per_tile(slide: Path, coords: Path, folder: Path) -> float:
@@ -251,7 +257,7 @@ def decode_amplification(slide: Path, coords: Path, folder: Path) -> tuple[float
     out = folder / "amplification.h5"
     extract_many([ExtractJob(slide, coords, out)], backbone, batch_size=32, workers=4, progress=False, decode="cpu")
     with h5py.File(out, "r") as f:
-        decoded = int(f.attrs["native_tiles_decoded"])
+        decoded = int(f.attrs["natives_decoded_host"])
     return decoded / needed, decoded, needed
 
 

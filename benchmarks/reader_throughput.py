@@ -20,7 +20,10 @@ Readers, one process, one thread, every whole tile of the first ``--rows`` tile 
 Extraction end to end with the near-free backbone (``vit-s14-tiny``, random init, one
 torch thread) at 1 and 2 reading workers over the whole slide, in steady state: a job of
 ``--jobs`` copies of the slide minus a job of one, and the model alone on the same
-batches. ``--backbone vit-s14-imgfocus`` runs the same with the real ViT-S architecture
+batches. ``--against DIR`` also measures extraction with one reader by the code of another
+checkout (say ``git worktree add /tmp/main-ref main``), each code in its own fresh
+process, in turn, the best of ``--repeat``: the ratio says whether this code extracts on
+the CPU path as fast as that one, in the same run. ``--backbone vit-s14-imgfocus`` runs the same with the real ViT-S architecture
 (random weights: the rate does not depend on them), where the question is whether the
 reader keeps extraction at the model's own rate.
 """
@@ -31,6 +34,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import subprocess
 import sys
 import tempfile
 import time
@@ -204,6 +208,29 @@ def extraction(slide_path: Path, coords: Path, folder: Path, jobs: int, workers:
     return (jobs - 1) * n / max(seconds[1] - seconds[0], 1e-9)
 
 
+def extraction_by(code: Path, slide_path: Path, coords: Path, folder: Path, jobs: int, workers: int) -> float:
+    """:func:`extraction` run by the pathtwt of checkout ``code``, in a fresh process."""
+    script = "; ".join([
+        "import sys", f"sys.path.insert(0, {str(code)!r})", "import pathtwt",
+        f"assert pathtwt.__file__.startswith({str(code)!r}), pathtwt.__file__",
+        f"sys.path.insert(1, {str(REPO / 'benchmarks')!r})", "import reader_throughput as rt", f"rt.MODEL = {MODEL!r}",
+        f"print(rt.extraction(rt.Path({str(slide_path)!r}), rt.Path({str(coords)!r}), rt.Path({str(folder)!r}), "
+        f"{jobs}, {workers}))"])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def against(code: Path, path: Path, coords: Path, folder: Path, jobs: int, repeat: int) -> tuple[float, float]:
+    """(this code's, ``code``'s) steady-state tiles/s with one reader, best of ``repeat``
+    each, run in turn."""
+    ours = theirs = 0.0
+    for _ in range(repeat):
+        ours = max(ours, extraction_by(REPO, path, coords, folder, jobs, 1))
+        theirs = max(theirs, extraction_by(code, path, coords, folder, jobs, 1))
+    return ours, theirs
+
+
 def main() -> int:
     global MODEL
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -213,6 +240,8 @@ def main() -> int:
     parser.add_argument("--no-extract", action="store_true")
     parser.add_argument("--profile", action="store_true", help="cProfile the new reader on each case")
     parser.add_argument("--backbone", default=MODEL, help="the extraction's model (default the near-free one)")
+    parser.add_argument("--against", metavar="DIR", help="also extract with the code of this checkout, in turn")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each code with --against (the best is kept)")
     args = parser.parse_args()
     MODEL = args.backbone
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -245,6 +274,11 @@ def main() -> int:
                   f"{share['new']:.2f} ({r['new']:.0f}/s) | {share['today']:.2f} ({r['today']:.0f}/s) | "
                   f"{share['openslide']:.2f} | {e1 / limit:.2f} ({e1:.0f}/s) | {e2 / limit:.2f} ({e2:.0f}/s) | "
                   f"{e2 / e1:.2f} | {e1 / alone:.2f} |", flush=True)
+            if args.against:
+                ours, theirs = against(Path(args.against).resolve(), path, coords, tmp, args.jobs, args.repeat)
+                print(f"# {case}: extraction, 1 reader, fresh processes, best of {args.repeat}: this code "
+                      f"{ours:.0f} tiles/s, {args.against}'s {theirs:.0f} tiles/s: {ours / theirs:.3f} of it",
+                      flush=True)
     return 0
 
 

@@ -22,7 +22,7 @@ from pathtwt.features.reading import Band, BatchReader, SlideRead, plan_bands
 from pathtwt.features.ring import Ring, RingSize
 from pathtwt.wsi import jpeg_streams
 from pathtwt.wsi.coords_tiles import TileGeometry
-from pathtwt.wsi.cut_plan import CutPlan, LevelGrid, natives_under
+from pathtwt.wsi.cut_plan import CutPlan, LevelGrid, gather_plan, natives_under
 from pathtwt.wsi.jpeg_streams import ADOBE_RGB, StreamHeader, pack_streams, splice, tile_streams
 from pathtwt.wsi.native_tiles import decode_native_tiles
 
@@ -107,6 +107,18 @@ def test_splice_joins_tables_and_stream():
         splice(tables, b"\x00\x00" + stream)
 
 
+def test_the_colour_transform_is_read_from_the_marker_segments_as_libjpeg_reads_it():
+    from pathtwt.wsi.jpeg_streams import adobe_transform
+
+    table = b"\xff\xdb\x00\x06\x00\xff\xee\x00"  # a quantisation table whose bytes hold an APP14 marker's
+    ycbcr = ADOBE_RGB[:-1] + b"\x01"
+    assert adobe_transform(table + b"\xff\xda\x00\x02") is None
+    assert adobe_transform(ADOBE_RGB + table) == 0
+    assert adobe_transform(ADOBE_RGB + ycbcr + b"\xff\xda\x00\x02" + ADOBE_RGB) == 1  # the last before the SOS
+    assert StreamHeader.of(None, b"\xff\xd8" + table, rgb=True).rgb  # spliced: the table's bytes are no marker
+    assert not StreamHeader.of(None, b"\xff\xd8" + ycbcr, rgb=True).rgb  # the stream's own marker stays
+
+
 def test_streams_are_packed_into_the_slot_with_one_read_each(cmu, tmp_path):
     import os
 
@@ -157,7 +169,8 @@ def test_cut_and_shrink_give_the_slides_read_tile(cmu):
             decoded = np.stack(decode_native_tiles(page, natives) + [np.full((240, 240, 3), 255, np.uint8)])
             stack = torch.from_numpy(decoded)  # the natives, then the fill tile
             plan = CutPlan(grid, natives, xy, side, size)
-            tiles = area_resize(cut(stack, plan), size)
+            axes, lut = map(torch.from_numpy, gather_plan(plan))
+            tiles = area_resize(cut(stack, axes, lut), size)
             assert tiles.shape == (len(xy), size, size, 3) and tiles.dtype == torch.uint8
             for tile, (x, y) in zip(tiles, xy):
                 # whole factors: cv2's pixels; a fractional factor sums in another order (one grey
@@ -188,11 +201,12 @@ def test_a_bands_batches_share_their_native_tiles_on_the_device(bach_tiff):
     xy = np.array([(x, y) for y in range(0, 1000, 224) for x in range(0, 2600, 224)])
     messages, ring = _messages(bach_tiff, xy, 224, 224, batch=16)
     made = DeviceTiles(ring, "cpu", 224, decoder=make_decoder("host", "cpu"))
-    tiles = torch.cat([made.batch(m) for m in messages])
+    tiles = torch.cat([made.batch(m).tiles() for m in messages])
     shipped = sum(len(m.fresh) for m in messages)
     needed = len(natives_under(LevelGrid(2800, 1300, 256, 256), xy, 224))
     assert all(m.kind == "bytes" for m in messages)
-    assert shipped == needed == made.counts.decoded and made.counts.reused > 0  # each native tile once
+    record = made.records[0]
+    assert shipped == needed == record.device and record.reused > 0 and record.host == 0  # each native tile once
     with open_slide(bach_tiff) as slide:
         expected = slide.read_tiles(xy, 224, 0, 224)
     assert max(_max_diff(a, b) for a, b in zip(tiles, expected)) == 0
@@ -233,12 +247,13 @@ def test_a_stream_the_gpu_decoder_refuses_is_decoded_on_the_host_with_one_line(b
 
     made = DeviceTiles(ring, "cpu", 224, decoder=refusing)
     with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
-        tiles = torch.cat([made.batch(m) for m in messages])
+        tiles = torch.cat([made.batch(m).tiles() for m in messages])
     from pathtwt.wsi.slides import open_slide
 
     with open_slide(bach_tiff) as slide:
         assert max(_max_diff(a, b) for a, b in zip(tiles, slide.read_tiles(xy, 224, 0, 224))) == 0
-    assert made.counts.host_streams > 1
+    assert made.records[0].refused > 1 and made.records[0].host == made.records[0].refused
+    assert "refused" in made.records[0].fallback()
     lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(lines) == 1 and "\n" not in lines[0]
 
@@ -249,7 +264,7 @@ def test_a_native_tile_no_decoder_reads_fails_its_slide(bach_tiff, tmp_path):
     messages, ring = _messages(damaged, np.array([(0, 0), (224, 0), (448, 0)]), 224, 224, batch=3)
     made = DeviceTiles(ring, "cpu", 224, decoder=make_decoder("host", "cpu"))
     with pytest.raises(UndecodableTile, match="cannot decode a native tile at level 0"):
-        made.batch(messages[0])
+        made.batch(messages[0]).tiles()
 
 
 def test_pixels_off_the_host_decoders_send_the_slide_to_the_cpu_path(bach_tiff, caplog):
@@ -265,13 +280,14 @@ def test_pixels_off_the_host_decoders_send_the_slide_to_the_cpu_path(bach_tiff, 
 
     made = DeviceTiles(ring, "cpu", 224, decoder=off, use_tiles=told.append)
     with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
-        tiles = torch.cat([made.batch(m) for m in messages])
+        tiles = torch.cat([made.batch(m).tiles() for m in messages])
     from pathtwt.wsi.slides import open_slide
 
     with open_slide(bach_tiff) as slide:
         assert max(_max_diff(a, b) for a, b in zip(tiles, slide.read_tiles(xy, 224, 0, 224))) == 0
-    assert told == [0] and made.counts.pages_to_cpu == {0}
-    assert len([r for r in caplog.records if "differ from libjpeg" in r.getMessage()]) == 1
+    record = made.records[0]
+    assert told == [0] and record.to_cpu and record.device == 0 and record.host > 0
+    assert len([r for r in caplog.records if "differ from its host reference by 9" in r.getMessage()]) == 1
 
 
 def test_levels_that_are_not_jpeg_tiled_come_as_finished_tiles(tmp_path):
@@ -281,7 +297,125 @@ def test_levels_that_are_not_jpeg_tiled_come_as_finished_tiles(tmp_path):
                      resolution=(1e4 / 0.5, 1e4 / 0.5), resolutionunit="CENTIMETER")
     messages, ring = _messages(path, np.array([(0, 0), (256, 256)]), 256, 256, batch=2)
     assert [m.kind for m in messages] == ["tiles"]
-    made = DeviceTiles(ring, "cpu", 256)
-    tiles = made.batch(messages[0]).numpy()
+    made = DeviceTiles(ring, "cpu", 256, decoder=make_decoder("host", "cpu"))
+    tiles = made.batch(messages[0]).tiles().numpy()
     assert np.array_equal(tiles[0], image[:256, :256]) and np.array_equal(tiles[1], image[256:, 256:])
+    # the slide's features file does not claim the GPU decoded it, and says why
+    attrs = made.records[0].attrs("GPU (host, embedding process)", True, 0)
+    assert attrs["decode"].startswith("CPU") and attrs["natives_decoded_device"] == 0
+    assert attrs["decode_fallback"] == "level 0 is not a JPEG-tiled TIFF page: decoded by the reading processes"
     assert jpeg_streams.is_jpeg_tiled(tifffile.TiffFile(path).pages[0]) is False
+
+
+def _standin(decode, **said):
+    """A GPU decoder stand-in that says of itself what gpu_decoders.make_decoder's do."""
+    def call(streams):
+        return decode(streams)
+
+    call.name, call.is_host, call.reference, call.tolerance, call.decodes_rgb = "standin", False, host_decode, 2, True
+    for key, value in said.items():
+        setattr(call, key, value)
+    return call
+
+
+def _host_tiles(streams):
+    return [torch.from_numpy(host_decode(s)) for s in streams]
+
+
+def _warnings(caplog, words: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if words in r.getMessage()]
+
+
+def test_rgb_jpeg_tiles_with_a_decoder_that_reads_them_as_ycbcr_go_to_the_cpu_path(cmu, caplog):
+    """Aperio's tiles are RGB (Adobe transform 0): a decoder that takes every three-component
+    JPEG for YCbCr never sees them; the slide goes to the CPU path in one line naming it."""
+    from pathtwt.wsi.slides import open_slide
+
+    xy = np.array([(0, 0), (448, 0), (896, 0), (0, 448)])
+    messages, ring = _messages(cmu, xy, 448, 224, batch=2)
+    assert [m.rgb for m in messages] == [int(np.count_nonzero(m.lengths)) for m in messages] != [0, 0]
+    calls, told = [], []
+    decoder = _standin(lambda streams: calls.append(len(streams)) or _host_tiles(streams), decodes_rgb=False)
+    made = DeviceTiles(ring, "cpu", 224, decoder=decoder, use_tiles=told.append, slide_name=lambda j: "cmu.svs")
+    with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
+        tiles = torch.cat([made.batch(m).tiles() for m in messages])
+    with open_slide(cmu) as slide:
+        assert max(_max_diff(a, b) for a, b in zip(tiles, slide.read_tiles(xy, 448, 0, 224))) == 0
+    record = made.records[0]
+    assert calls == [] and told == [0] and record.device == 0 and record.host == sum(len(m.fresh) for m in messages)
+    (line,) = _warnings(caplog, "Adobe transform 0")
+    assert line.startswith("cmu.svs: ") and "standin decoder reads as YCbCr" in line and "decoded on the CPU" in line
+    assert "RGB JPEG tiles (Adobe transform 0)" in record.fallback()
+
+
+def test_a_slide_whose_tiles_mix_rgb_and_ycbcr_goes_to_the_cpu_path(bach_tiff, tmp_path, caplog):
+    """One tile carrying an Adobe marker (transform 0) among YCbCr ones: one decoder call
+    cannot read both, and the first tile's check saw only one of them."""
+    mixed = tmp_path / "mixed.tif"
+    shutil.copy(bach_tiff, mixed)
+    with tifffile.TiffFile(mixed) as tif:
+        offset = int(tif.pages[0].dataoffsets[1])
+    with open(mixed, "r+b") as fh:
+        fh.seek(offset + 2)
+        assert fh.read(4) == b"\xff\xe0\x00\x10"  # the tile's JFIF APP0: 18 bytes, becomes an APP14 of 18
+        fh.seek(offset + 2)
+        fh.write(b"\xff\xee\x00\x10Adobe\x00\x64\x00\x00\x00\x00\x00\x00\x00")
+    messages, ring = _messages(mixed, np.array([(0, 0), (256, 0), (0, 256)]), 224, 224, batch=1)
+    assert [m.rgb for m in messages] == [0, 1, 0]
+    told = []
+    made = DeviceTiles(ring, "cpu", 224, decoder=_standin(_host_tiles), use_tiles=told.append)
+    with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
+        for m in messages:
+            made.batch(m).tiles()
+    (line,) = _warnings(caplog, "mix RGB and YCbCr")
+    assert line.startswith("slide 0: ") and told == [0]
+    record = made.records[0]
+    assert record.to_cpu and record.device == 1 and record.host == sum(len(m.fresh) for m in messages[1:])
+
+
+def test_running_out_of_memory_while_decoding_halves_the_batch(bach_tiff, capsys):
+    xy = np.array([(x, y) for y in (0, 224) for x in range(0, 1400, 224)])
+    messages, ring = _messages(bach_tiff, xy, 224, 224, batch=12)
+    whole = DeviceTiles(ring, "cpu", 224, decoder=_standin(_host_tiles))
+    want = torch.cat([whole.batch(m).tiles() for m in messages])
+
+    def small(streams):  # a GPU that holds two decoded tiles at a time
+        if len(streams) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 MiB")
+        return _host_tiles(streams)
+
+    made = DeviceTiles(ring, "cpu", 224, decoder=_standin(small))
+    got = torch.cat([made.batch(m).tiles() for m in messages])
+    size = made.steps.size  # 14 native tiles: 7, then 3, then 1 a call
+    assert torch.equal(got, want) and size == 1
+    assert made.records[0].device == whole.records[0].device  # nothing counted twice by the retries
+    made.steps.say()
+    made.steps.say()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "out of memory decoding a batch of JPEG streams; going on with 1 tiles per pass" in line
+
+
+def test_index_arrays_without_room_in_the_slot_are_copied_from_plain_memory(bach_tiff, monkeypatch):
+    xy = np.array([(x, 0) for x in range(0, 1400, 224)])
+    messages, ring = _messages(bach_tiff, xy, 224, 224, batch=3)
+    made = DeviceTiles(ring, "cpu", 224, decoder=_standin(_host_tiles))
+    want = torch.cat([made.batch(m).tiles() for m in messages])
+    monkeypatch.setattr(DeviceTiles, "_tail", lambda self, msg: np.zeros(0, np.int32))
+    made = DeviceTiles(ring, "cpu", 224, decoder=_standin(_host_tiles))
+    assert torch.equal(torch.cat([made.batch(m).tiles() for m in messages]), want)
+
+
+def test_what_a_slide_records_of_where_its_tiles_were_decoded():
+    from pathtwt.features.device_tiles import SlideDecode
+
+    gpu = "GPU (nvimgcodec, embedding process)"
+    assert SlideDecode(device=40).attrs(gpu, True, 0) == {
+        "decode": gpu, "natives_decoded_device": 40, "natives_decoded_host": 0, "decode_fallback": ""}
+    refused = SlideDecode(device=38, host=2, refused=2).attrs(gpu, True, 0)
+    assert refused["decode"].startswith(gpu + " for 38 native tiles, CPU for the rest")
+    assert refused["decode_fallback"] == "the GPU decoder refused 2 JPEG stream(s), decoded on the host"
+    moved = SlideDecode(host=9, to_cpu=True, reasons=["why"]).attrs(gpu, True, 31)
+    assert moved["decode"].startswith("CPU") and moved["natives_decoded_host"] == 40 and moved["decode_fallback"] == "why"
+    cpu = SlideDecode().attrs("CPU (reading processes)", False, 12)
+    assert cpu == {"decode": "CPU (reading processes)", "natives_decoded_device": 0, "natives_decoded_host": 12,
+                   "decode_fallback": ""}

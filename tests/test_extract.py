@@ -156,3 +156,55 @@ def test_the_device_path_gives_the_cpu_paths_rows(tmp_path, shared_slides, tiny)
     assert np.abs(cpu[0] - gpu[0]).max() <= 1e-5 and np.array_equal(cpu[1], gpu[1])
     assert gpu[2]["decode"] == "GPU (host, embedding process)" and cpu[2]["decode"] == "CPU (reading processes)"
     assert device_tiles.TOLERANCE == 2  # what the first-stream check of each slide allows between decoders
+
+
+def _off_by_three(tolerance: int):
+    """A GPU decoder stand-in whose pixels are its reference's (libjpeg) plus 3 grey levels,
+    saying of itself what gpu_decoders.make_decoder's decoders say."""
+    from pathtwt.features.device_tiles import host_decode
+
+    def decode(streams):
+        return [torch.from_numpy(np.clip(host_decode(s).astype(np.int16) + 3, 0, 255).astype(np.uint8))
+                for s in streams]
+
+    decode.name, decode.is_host, decode.reference, decode.decodes_rgb = f"tolerance{tolerance}", False, host_decode, True
+    decode.tolerance = tolerance
+    return decode
+
+
+def test_a_gpu_decoder_off_by_more_than_its_tolerance_falls_back_and_the_features_file_says_so(
+        tmp_path, shared_slides, tiny, monkeypatch, caplog, capsys):
+    """Off by 3 with a tolerance of 2: the slide goes to the CPU path (one line naming it),
+    its rows are the CPU path's and its file records where its tiles were decoded; with a
+    tolerance of 6 the decoder's own pixels are used and nothing falls back."""
+    import logging
+
+    from pathtwt.features import gpu_decoders
+
+    decoders = {"tolerance2": _off_by_three(2), "tolerance6": _off_by_three(6)}
+    monkeypatch.setattr(gpu_decoders, "make_decoder", lambda name, device: decoders[name])
+    slide = shared_slides / CMU
+    coords = write_cmu_coords(tmp_path / "c.h5", slide, XY)
+    extract_slide(slide, coords, tmp_path / "cpu.h5", tiny, batch_size=3, workers=1, progress=False, decode="cpu")
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
+        extract_slide(slide, coords, tmp_path / "strict.h5", tiny, batch_size=3, workers=1, progress=False,
+                      gpu_decoder="tolerance2")
+    fell_back = capsys.readouterr().err
+    extract_slide(slide, coords, tmp_path / "loose.h5", tiny, batch_size=3, workers=1, progress=False,
+                  gpu_decoder="tolerance6")
+    kept = capsys.readouterr().err
+    cpu, strict, loose = (h5io.read_features(tmp_path / f"{n}.h5") for n in ("cpu", "strict", "loose"))
+    lines = [r.getMessage() for r in caplog.records if "differ" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith(f"{slide}: ") and "by 3 grey levels (more than 2)" in lines[0]
+    assert np.abs(cpu[0] - strict[0]).max() <= 1e-5
+    attrs = strict[2]
+    assert attrs["decode"].startswith("CPU") and "GPU (tolerance2" not in attrs["decode"]
+    assert attrs["natives_decoded_device"] == 0 and attrs["natives_decoded_host"] >= len(XY)
+    assert "differ from its reference by 3 grey levels (more than 2)" in attrs["decode_fallback"]
+    assert "1 slide(s) were decoded on the CPU" in fell_back and "decode_fallback" in fell_back
+    attrs = loose[2]
+    assert attrs["decode"] == "GPU (tolerance6, embedding process)" and attrs["decode_fallback"] == ""
+    assert attrs["natives_decoded_host"] == 0 and attrs["natives_decoded_device"] >= len(XY)
+    assert np.abs(cpu[0] - loose[0]).max() > 1e-3  # the decoder's own pixels made these rows
+    assert "decoded on the CPU" not in kept

@@ -159,3 +159,32 @@ def _refused_in_one_line(tmp_path, shared_slides, tiny, xy) -> str:
                      batch_size=2, workers=1, progress=False)
     assert "\n" not in str(err.value) and not (tmp_path / "f.h5").exists()
     return str(err.value)
+
+
+def test_out_of_memory_in_the_cut_halves_the_batch_said_once_and_the_features_do_not_change(
+        tmp_path, shared_slides, tiny, capsys, monkeypatch):
+    """The GPU path (the host decoder standing in) runs out of memory while cutting: the
+    batch is halved until it fits, said once, and the rows equal an uninterrupted run's."""
+    from pathtwt.features import device_tiles
+
+    slide = shared_slides / CMU
+    coords = write_cmu_coords(tmp_path / "c.h5", slide, GRID[:10])
+    extract_many([ExtractJob(slide, coords, tmp_path / "whole.h5")], tiny, batch_size=8, workers=1, progress=False,
+                 gpu_decoder="host")
+    capsys.readouterr()
+    cut = device_tiles.cut
+
+    def small_memory(stack, axes, lut):  # a GPU that holds 3 cut tiles at a time
+        if axes.shape[1] > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB")
+        return cut(stack, axes, lut)
+
+    monkeypatch.setattr(device_tiles, "cut", small_memory)
+    extract_many([ExtractJob(slide, coords, tmp_path / "halved.h5")], tiny, batch_size=8, workers=1, progress=False,
+                 gpu_decoder="host")
+    lines = [line for line in capsys.readouterr().err.splitlines() if "out of memory" in line]
+    assert len(lines) == 1 and "cutting and shrinking the tiles; going on with 2 tiles per pass" in lines[0]
+    assert "--batch-size 2" in lines[0]
+    whole, halved = h5io.read_features(tmp_path / "whole.h5"), h5io.read_features(tmp_path / "halved.h5")
+    assert np.abs(whole[0] - halved[0]).max() <= 1e-5 and np.array_equal(whole[1], halved[1])
+    assert halved[2]["forward_batch"] == 2 and halved[2]["status"] == "ok"

@@ -3,19 +3,32 @@
 The GPU path (``--decode gpu``): a batch arrives as the complete JPEG streams of the native
 tiles under it (in a ring slot) and a :class:`~pathtwt.wsi.cut_plan.CutPlan`. Here, in the
 one process that owns the job's GPU, the streams are decoded as one batch
-(:mod:`pathtwt.features.gpu_decoders`), stacked with the native tiles the band's previous
-batch left on the device, every output tile is cut with one gather (:func:`cut`), shrunk
-(:func:`area_resize`) and handed to the model. The pixels never cross PCIe after the bytes do.
+(:mod:`pathtwt.features.gpu_decoders`) and stacked with the native tiles the band's
+previous batch left on the device; every output tile is cut with two gathers (:func:`cut`)
+and shrunk (:func:`area_resize`). The pixels never cross PCIe after the bytes do.
 
-The CPU path: a batch arrives as finished uint8 tiles in a ring slot; it is copied to the
-device (from pinned memory, without a staging copy) and the slot goes back to the readers
-once the copy is done.
+The CPU path: a batch arrives as finished uint8 tiles in a ring slot and is copied to the
+device from it (pinned memory, without a staging copy).
 
-Faults, each said once and never fatal to the job: a stream the GPU decoder refuses is
-decoded on the host (imagecodecs: the libjpeg-turbo OpenSlide uses); a page whose GPU
-pixels differ from the host decoder's by more than :data:`TOLERANCE` grey levels (checked
-on each slide's first stream) is read on the CPU path from then on; a native tile neither
-decoder reads fails its slide with one line.
+What a batch costs the host does not grow with its native tiles: the gathers' index arrays
+(:func:`~pathtwt.wsi.cut_plan.gather_plan`, with the stack's order folded into its lookup
+table) are written into the free end of the batch's ring slot, pinned, and cross in one
+asynchronous copy; the stack is one ``torch.stack`` of the decoder's tiles and the band's
+kept ones. Nothing waits for the device, except the one comparison per slide below.
+
+Faults, each said once in one line naming the slide, and recorded in the slide's features
+file (:class:`SlideDecode`):
+
+- a stream the GPU decoder refuses is decoded on the host (imagecodecs: the libjpeg-turbo
+  OpenSlide and the CPU path use);
+- a slide whose first GPU-decoded tile differs from the decoder's own reference
+  (``decoder.reference``: the host decoding as the decoder does, e.g. the same chroma
+  upsampling) by more than ``decoder.tolerance`` grey levels, a slide of RGB JPEG tiles
+  (Adobe transform 0) with a decoder that does not decode RGB ones (``decoder.decodes_rgb``),
+  and a slide whose tiles mix RGB and YCbCr go to the CPU path: the readers send its tiles
+  finished from then on, and what is in flight is decoded on the host here;
+- a native tile neither decoder reads fails its slide;
+- running out of GPU memory halves the batch (:mod:`pathtwt.features.step_down`).
 """
 
 from __future__ import annotations
@@ -29,11 +42,13 @@ import torch
 
 from pathtwt.features.reading import BatchMessage
 from pathtwt.features.ring import Ring
+from pathtwt.features.step_down import StepDown
 from pathtwt.wsi.cut_plan import CutPlan, gather_plan
 
 log = logging.getLogger(__name__)
 
-# the most two decoders of the same JPEG stream may differ (IDCT and upsampling rounding)
+# the most two decoders of the same JPEG stream may differ (IDCT and upsampling rounding),
+# for a decoder that does not say its own tolerance
 TOLERANCE = 2
 
 
@@ -67,17 +82,14 @@ def pin_host_memory(ring: Ring, device: Any) -> Callable[[], None]:
     return lambda: cudart.cudaHostUnregister(address)
 
 
-def cut(stack: torch.Tensor, plan: CutPlan) -> torch.Tensor:
-    """The output tiles of ``plan`` (N, side, side, 3) uint8, cut from ``stack``: the
-    decoded native tiles in ``plan.natives``'s order and, after them, one tile of
-    ``plan.fill`` (pixels outside the level). The index arithmetic is the host's
-    (:func:`~pathtwt.wsi.cut_plan.gather_plan`, small arrays); here two gathers."""
-    axes, lut = gather_plan(plan)
-    axes = torch.from_numpy(axes).to(stack.device, non_blocking=True)
-    lut = torch.from_numpy(lut).to(stack.device, non_blocking=True)
-    rows, y_in, cols, x_in = axes
-    slot = lut[rows[:, :, None], cols[:, None, :]]  # (N, side, side): each pixel's native tile in the stack
-    return stack[slot, y_in[:, :, None], x_in[:, None, :]]
+def cut(stack: torch.Tensor, axes: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+    """Output tiles (N, side, side, 3) uint8 cut from ``stack`` (decoded native tiles, the
+    fill tile among them) with two gathers: ``axes`` (4, N, side) and ``lut`` are
+    :func:`~pathtwt.wsi.cut_plan.gather_plan`'s, on the stack's device, the lookup table's
+    values rows of the stack."""
+    rows, y_in, cols, x_in = axes.unbind(0)
+    slot = lut[rows.unsqueeze(2), cols.unsqueeze(1)]  # (N, side, side): each pixel's native tile in the stack
+    return stack[slot, y_in.unsqueeze(2), x_in.unsqueeze(1)]
 
 
 _WEIGHTS: dict[tuple[int, int, str], torch.Tensor] = {}
@@ -115,8 +127,8 @@ def area_resize(batch: torch.Tensor, size: int) -> torch.Tensor:
         return batch
     x = batch.permute(0, 3, 1, 2).to(torch.float32)  # (N, 3, h, w)
     if h > size and w > size:
-        wy, wx = _cached_weights(h, size, batch.device), _cached_weights(w, size, batch.device)
-        out = torch.matmul(torch.matmul(wy, x), wx.T)
+        wy, wx_t = _cached_weights(h, size, batch.device), _cached_weights(w, size, batch.device).T
+        out = torch.matmul(torch.matmul(wy, x), wx_t)
         # cv2 rounds a halving's box mean half up ((sum + 2) >> 2, its 2x2 fast path), any
         # other factor's float mean half to even (cvRound)
         halving = h == 2 * size and w == 2 * size
@@ -127,13 +139,59 @@ def area_resize(batch: torch.Tensor, size: int) -> torch.Tensor:
 
 
 @dataclass
-class DecodeCounts:
-    """What the device side did over a job (the job's log line and the features attrs)."""
+class SlideDecode:
+    """Where one slide's native tiles were decoded on the GPU path, and why any were not
+    decoded on the device (its features file's natives_decoded_* and decode_fallback)."""
 
-    decoded: int = 0  # native tiles decoded on the device
-    reused: int = 0  # native tiles taken from the band's previous batch instead
-    host_streams: int = 0  # streams the GPU decoder refused, decoded on the host
-    pages_to_cpu: set = field(default_factory=set)
+    device: int = 0  # native tiles the GPU decoder decoded (and whose pixels were used)
+    host: int = 0  # native tiles decoded on the host here: refused streams, batches of a slide sent to the CPU
+    reused: int = 0  # native tiles taken from the band's previous batch instead of being shipped again
+    refused: int = 0  # streams the GPU decoder refused
+    tile_batches: int = 0  # batches that came from the readers as finished tiles
+    checked: bool = False  # the decoder's first tile of the slide was compared with its reference
+    to_cpu: bool = False  # the slide is decoded on the host (the readers told to send it as tiles)
+    said_refused: bool = False
+    colours: set = field(default_factory=set)  # rgb, ycbcr: the colour spaces of its JPEG tiles
+    reasons: list = field(default_factory=list)  # why tiles were decoded off the device, in order
+
+    def fell_back(self, reason: str) -> None:
+        if reason and reason not in self.reasons:
+            self.reasons.append(reason)
+
+    def fallback(self) -> str:
+        """Why any native tile of the slide was decoded off the device ('' when none was)."""
+        refused = [f"the GPU decoder refused {self.refused} JPEG stream(s), decoded on the host"] if self.refused else []
+        return "; ".join(refused + self.reasons)
+
+    def attrs(self, describe: str, gpu_path: bool, reader_decoded: int) -> dict[str, Any]:
+        """The features file's attributes: ``describe``, the decoding asked for
+        (:meth:`~pathtwt.features.decoding.Decoding.describe`), unless the slide was decoded
+        elsewhere in whole or in part; ``reader_decoded``: the natives its readers decoded."""
+        host = self.host + int(reader_decoded)
+        off_device = host > 0 or self.tile_batches > 0
+        if gpu_path and off_device:
+            describe = "CPU (the GPU path fell back: decode_fallback says why)" if not self.device else \
+                f"{describe} for {self.device} native tiles, CPU for the rest (decode_fallback says why)"
+        return {"decode": describe, "natives_decoded_device": self.device, "natives_decoded_host": host,
+                "decode_fallback": self.fallback() if gpu_path else ""}
+
+
+@dataclass
+class DeviceBatch:
+    """A batch's tiles on the device: ``make(lo, hi)`` makes tiles [lo, hi) (the whole
+    batch at once, or in parts after the GPU ran out of memory). ``holds``: the device
+    tensors the parts read, for a stream other than the one that made them."""
+
+    n: int
+    make: Callable[[int, int], torch.Tensor]
+    holds: tuple = ()
+
+    def tiles(self, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        return self.make(lo, self.n if hi is None else hi)
+
+    def used_on(self, stream: Any) -> None:
+        for t in self.holds:
+            t.record_stream(stream)
 
 
 class DeviceTiles:
@@ -141,100 +199,229 @@ class DeviceTiles:
 
     ``decoder``: a batch decoder of :mod:`pathtwt.features.gpu_decoders` (None: the CPU
     path only). ``use_tiles(slide)``: tells the readers to send a slide as finished tiles
-    from now on (a page whose GPU pixels are off). ``input_size``: the model's."""
+    from now on. ``input_size``: the model's. ``steps``: the job's out-of-memory step-down.
+    ``slide_name(slide)``: the slide's file, for the lines said."""
 
     def __init__(self, ring: Ring, device: Any, input_size: int, decoder: Any = None,
-                 use_tiles: Callable[[int], None] = lambda slide: None) -> None:
+                 use_tiles: Callable[[int], None] = lambda slide: None, steps: StepDown | None = None,
+                 slide_name: Callable[[int], str] = lambda slide: f"slide {slide}") -> None:
         self.ring = ring
         self.device = torch.device(device)
         self.input_size = int(input_size)
         self.decoder = decoder
         self.use_tiles = use_tiles
-        # each slide's first stream is compared with the host decoder's, unless the decoder
-        # is the host decoder itself
+        self.steps = steps or StepDown()
+        self.slide_name = slide_name
+        # what the decoder says of itself (gpu_decoders.make_decoder), with the defaults of a
+        # decoder that does not: checked against libjpeg at TOLERANCE, RGB JPEGs honoured
+        self.name = getattr(decoder, "name", "gpu")
+        self.reference = getattr(decoder, "reference", host_decode)
+        self.tolerance = int(getattr(decoder, "tolerance", TOLERANCE))
+        self.decodes_rgb = bool(getattr(decoder, "decodes_rgb", True))
+        # each slide's first stream is compared with the reference, unless the decoder is
+        # the host decoder itself (the CPU path's pixels)
         self.check = decoder is not None and not getattr(decoder, "is_host", False)
-        self.counts = DecodeCounts()
+        self.records: dict[int, SlideDecode] = {}
         self._bands: dict[int, tuple[np.ndarray, torch.Tensor]] = {}  # band -> (native indices, their tiles)
-        self._checked: dict[int, bool] = {}  # slide -> the GPU decoder's pixels agree with the host's
-        self._told: set[tuple[int, str]] = set()
+        self._fills: dict[tuple[int, int, int], torch.Tensor] = {}
 
-    def batch(self, msg: BatchMessage) -> torch.Tensor:
+    def record(self, slide: int) -> SlideDecode:
+        rec = self.records.get(slide)
+        if rec is None:
+            rec = self.records[slide] = SlideDecode()
+        return rec
+
+    def take_record(self, slide: int) -> SlideDecode:
+        """A finished slide's record (forgotten here)."""
+        return self.records.pop(slide, None) or SlideDecode()
+
+    def batch(self, msg: BatchMessage) -> DeviceBatch:
         """The tiles of ``msg`` on the device. The caller gives the slot back once the work
-        queued on the device so far is done (:meth:`pathtwt.features.loop` records an event)."""
+        queued on the device that reads it is done (:mod:`pathtwt.features.loop` records
+        an event)."""
         if msg.kind == "tiles":
             self._bands.pop(msg.band, None)  # the reader keeps nothing past a batch it sent as tiles
+            if self.decoder is not None:
+                rec = self.record(msg.slide)
+                rec.tile_batches += 1
+                rec.fell_back(msg.why_tiles and f"{msg.why_tiles}: decoded by the reading processes")
             host = torch.from_numpy(self.ring.tiles(msg.slot, msg.end - msg.start, self.input_size))
-            return host.to(self.device, non_blocking=True)
+            n = msg.end - msg.start
+            return DeviceBatch(n, lambda lo, hi: (host if (lo, hi) == (0, n) else host[lo:hi])
+                               .to(self.device, non_blocking=True))
         if msg.kind != "bytes":
             raise ValueError(f"no tiles in a {msg.kind!r} message")
-        return self._from_bytes(msg)  # a band's last batch keeps nothing: its keep is empty
+        return self._from_bytes(msg)
 
     def forget(self, band: int) -> None:
         """Drop what a band left on the device (its slide failed)."""
         self._bands.pop(band, None)
 
-    def _from_bytes(self, msg: BatchMessage) -> torch.Tensor:
+    # -- the GPU path ----------------------------------------------------------------------
+    def _from_bytes(self, msg: BatchMessage) -> DeviceBatch:
         plan: CutPlan = msg.plan
-        slot = self.ring.slot(msg.slot)
-        streams = [slot[int(o):int(o) + int(n)] for o, n in zip(msg.offsets, msg.lengths)]
-        fresh_tiles = self._decode(msg, streams, (plan.grid.tile_height, plan.grid.tile_width))
-        shape = (plan.grid.tile_height, plan.grid.tile_width, 3)
-        stack = torch.empty((len(plan.natives) + 1, *shape), dtype=torch.uint8, device=self.device)
-        stack[-1] = plan.fill  # the tile pixels outside the level come from
-        if len(msg.fresh) == len(plan.natives):
-            stack[:-1] = fresh_tiles
-        elif len(msg.fresh):
-            stack[torch.from_numpy(np.asarray(msg.fresh, np.int64)).to(self.device)] = fresh_tiles
-        held = np.setdiff1d(np.arange(len(plan.natives)), msg.fresh)
-        if len(held):
-            kept_natives, kept = self._bands[msg.band]
-            rows = np.searchsorted(kept_natives, plan.natives[held])
-            stack[torch.from_numpy(held).to(self.device)] = kept[torch.from_numpy(rows).to(self.device)]
-            self.counts.reused += len(held)
-        if msg.keep is not None and len(msg.keep):
-            at = np.searchsorted(plan.natives, msg.keep)
-            self._bands[msg.band] = (np.asarray(msg.keep), stack[torch.from_numpy(at).to(self.device)])
+        kept_natives, kept = self._bands.get(msg.band, (np.zeros(0, np.int64), None))
+        if len(msg.fresh) + len(kept_natives) != len(plan.natives):
+            raise RuntimeError(f"band {msg.band}: the native tiles kept on the device do not match the reader's")
+        rec = self.record(msg.slide)
+        self._colours(msg, rec)
+        stack = self._stack(msg, rec, kept)
+        rec.reused += len(kept_natives)
+        axes, lut, keep = self._indices(msg, kept_natives)
+        if len(keep):
+            self._bands[msg.band] = (np.asarray(msg.keep), stack.index_select(0, keep))
         else:
             self._bands.pop(msg.band, None)
-        tiles = area_resize(cut(stack, plan), plan.patch_size)
-        return area_resize(tiles, self.input_size)
+        n, size = msg.end - msg.start, self.input_size
 
-    def _decode(self, msg: BatchMessage, streams: list, shape: tuple[int, int]) -> torch.Tensor:
-        """The fresh native tiles of a batch (F, h, w, 3) on the device; empty tiles of a
-        sparse TIFF (length 0) white."""
+        def make(lo: int, hi: int) -> torch.Tensor:
+            part = axes if (lo, hi) == (0, n) else axes[:, lo:hi]
+            return area_resize(area_resize(cut(stack, part, lut), plan.patch_size), size)
+
+        return DeviceBatch(n, make, (stack, axes, lut))
+
+    def _stack(self, msg: BatchMessage, rec: SlideDecode, kept: torch.Tensor | None) -> torch.Tensor:
+        """The batch's native tiles on the device, one ``torch.stack``: the fresh ones in the
+        slot's order (decoded in parts after the GPU ran out of memory), the ones the band
+        kept, the fill tile. What was decoded where is counted once it all fits."""
+        plan = msg.plan
+        shape = (plan.grid.tile_height, plan.grid.tile_width)
+        slot = self.ring.slot(msg.slot)
+        streams = [slot[o:o + n] for o, n in zip(msg.offsets.tolist(), msg.lengths.tolist())]
+        tail = [*(kept.unbind(0) if kept is not None else ()), self._fill(shape, plan.fill)]
+        fresh = len(streams)
+
+        def decode_and_stack() -> tuple[torch.Tensor, dict[str, int]]:
+            counts = {"device": 0, "host": 0, "refused": 0}
+            size = self.steps.part(max(fresh, 1))
+            tiles: list[torch.Tensor] = []
+            for lo in range(0, fresh, size):
+                tiles += self._decode(msg, rec, streams[lo:lo + size], shape, counts)
+            return torch.stack([*tiles, *tail]), counts
+
+        stack, counts = self.steps.attempt(decode_and_stack, max(fresh, 1), "decoding a batch of JPEG streams")
+        rec.device += counts["device"]
+        rec.host += counts["host"]
+        rec.refused += counts["refused"]
+        return stack
+
+    def _indices(self, msg: BatchMessage, kept_natives: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """The cut's ``axes`` and ``lut`` and the stack rows to keep for the band's next
+        batch, on the device, in one copy from the free end of the batch's ring slot
+        (pinned on CUDA, and the slot is the batch's until its device work is done). The
+        stack is the fresh natives in the slot's order, the kept ones, the fill tile: the
+        lookup table's positions in ``plan.natives`` are mapped to those rows here."""
+        plan = msg.plan
+        keep = msg.keep if msg.keep is not None else np.zeros(0, np.int64)
+        tail = self._tail(msg)
+        a = 4 * len(plan.origins) * plan.side
+        axes, lut = gather_plan(plan, out=tail[:a] if len(tail) >= a else None)
+        b = a + lut.size
+        host = tail[:b + len(keep)] if len(tail) >= b + len(keep) else np.empty(b + len(keep), np.int32)
+        if not np.shares_memory(host, axes):
+            host[:a] = axes.reshape(-1)  # the streams left too little room: a plain (pageable) copy
+        fresh = len(msg.fresh)
+        order = np.empty(len(plan.natives) + 1, np.int32)  # position in plan.natives -> stack row
+        order[msg.fresh] = np.arange(fresh, dtype=np.int32)
+        order[np.searchsorted(plan.natives, kept_natives)] = np.arange(fresh, fresh + len(kept_natives),
+                                                                       dtype=np.int32)
+        order[-1] = len(plan.natives)  # the fill tile, the stack's last row
+        np.take(order, lut.reshape(-1), out=host[a:b])
+        host[b:] = order[np.searchsorted(plan.natives, keep)]
+        block = torch.from_numpy(host).to(self.device, non_blocking=True)
+        return block[:a].view(axes.shape), block[a:b].view(lut.shape), block[b:]
+
+    def _tail(self, msg: BatchMessage) -> np.ndarray:
+        """The batch's ring slot after its streams, as int32."""
+        end = int((msg.offsets + msg.lengths).max()) if len(msg.offsets) else 0
+        at = -(-end // 64) * 64
+        return np.frombuffer(self.ring.slot(msg.slot), np.int32, offset=min(at, self.ring.size.slot_bytes))
+
+    def _fill(self, shape: tuple[int, int], value: int) -> torch.Tensor:
+        key = (*shape, int(value))
+        if key not in self._fills:
+            self._fills[key] = torch.full((*shape, 3), int(value), dtype=torch.uint8, device=self.device)
+        return self._fills[key]
+
+    def _colours(self, msg: BatchMessage, rec: SlideDecode) -> None:
+        """RGB JPEG tiles (Adobe transform 0) with a decoder that reads them as YCbCr, or
+        RGB and YCbCr tiles in one slide (the first-tile check sees one of them): the slide
+        goes to the CPU path."""
+        if not self.check:
+            return
+        present = int(np.count_nonzero(msg.lengths))
+        if msg.rgb:
+            rec.colours.add("rgb")
+        if present > msg.rgb:
+            rec.colours.add("ycbcr")
+        if rec.to_cpu:
+            return
+        name = self.slide_name(msg.slide)
+        if len(rec.colours) > 1:
+            self._to_cpu(msg.slide, rec, "its JPEG tiles mix RGB and YCbCr colour spaces",
+                         f"{name}: its JPEG tiles mix RGB and YCbCr colour spaces, which one GPU decoder call cannot "
+                         "tell apart; its tiles are decoded on the CPU")
+        elif "rgb" in rec.colours and not self.decodes_rgb:
+            self._to_cpu(msg.slide, rec, f"RGB JPEG tiles (Adobe transform 0), which the {self.name} decoder "
+                                         "reads as YCbCr",
+                         f"{name}: its JPEG tiles are RGB (Adobe transform 0), which the {self.name} decoder reads "
+                         "as YCbCr; its tiles are decoded on the CPU")
+
+    def _to_cpu(self, slide: int, rec: SlideDecode, reason: str, line: str) -> None:
+        """From now on the readers decode ``slide``; this batch and those in flight are
+        decoded on the host here."""
+        rec.to_cpu = True
+        rec.fell_back(f"{reason}: decoded on the CPU")
+        self.use_tiles(slide)
+        log.warning(line)
+
+    def _decode(self, msg: BatchMessage, rec: SlideDecode, streams: list, shape: tuple[int, int],
+                counts: dict[str, int]) -> list[torch.Tensor]:
+        """The native tiles of ``streams`` on the device, at the page's tile shape; empty
+        streams (a sparse TIFF's empty tiles) white. Adds what was decoded where to ``counts``."""
+        out = [self._fill(shape, 255)] * len(streams)
         present = [k for k, s in enumerate(streams) if len(s)]
         if not present:
-            return torch.full((len(streams), *shape, 3), 255, dtype=torch.uint8, device=self.device)
-        decoded = self.decoder([streams[k] for k in present]) if self.decoder is not None else [None] * len(present)
-        if len(present) == len(streams) and all(t is not None and tuple(t.shape[:2]) == shape for t in decoded):
-            out = torch.stack(decoded)  # the usual batch: one copy, not one per tile
-        else:
-            out = torch.full((len(streams), *shape, 3), 255, dtype=torch.uint8, device=self.device)
-            for k, tile in zip(present, decoded):
-                if tile is None:
-                    self.counts.host_streams += 1
-                    self._tell(msg.slide, "refused", f"slide {msg.slide}: the GPU decoder refused a JPEG stream; "
-                                                     "it is decoded on the host")
-                    tile = torch.from_numpy(self._host_decode(msg, streams[k])).to(self.device)
-                out[k] = _fit(tile, shape)
-        self.counts.decoded += len(present)
-        if self.check and msg.slide not in self._checked:
-            k = present[0]
-            reference = self._host_decode(msg, streams[k])
-            diff = int((out[k].cpu().to(torch.int16) - torch.from_numpy(_fit_np(reference, shape)).to(torch.int16))
-                       .abs().max())
-            self._checked[msg.slide] = diff <= TOLERANCE
-            if diff > TOLERANCE:
-                # from now on the readers decode this slide; this batch and those in flight
-                # are decoded on the host here
-                self.use_tiles(msg.slide)
-                self.counts.pages_to_cpu.add(msg.slide)
-                log.warning("slide %d: the GPU decoder's pixels differ from libjpeg's by %d grey levels (more than "
-                            "%d); its tiles are decoded on the CPU", msg.slide, diff, TOLERANCE)
-        if self._checked.get(msg.slide) is False:
-            for k in present:
-                out[k] = torch.from_numpy(_fit_np(self._host_decode(msg, streams[k]), shape)).to(self.device)
+            return out
+        if rec.to_cpu:
+            host = np.stack([_fit_np(self._host_decode(msg, streams[k]), shape) for k in present])
+            counts["host"] += len(present)
+            for k, tile in zip(present, torch.from_numpy(host).to(self.device).unbind(0)):
+                out[k] = tile
+            return out
+        decoded = self.decoder([streams[k] for k in present])
+        refused = [k for k, tile in zip(present, decoded) if tile is None]
+        for k, tile in zip(present, decoded):
+            if tile is None:
+                tile = torch.from_numpy(self._host_decode(msg, streams[k])).to(self.device)
+            out[k] = tile if tuple(tile.shape[:2]) == shape else _fit(tile, shape)
+        if refused and not rec.said_refused:
+            rec.said_refused = True
+            log.warning("%s: the GPU decoder (%s) refused a JPEG stream; it and any other it refuses are decoded on "
+                        "the host", self.slide_name(msg.slide), self.name)
+        first = next((k for k in present if k not in refused), None)  # the slide's check: a tile the decoder made
+        if self.check and not rec.checked and first is not None:
+            rec.checked = True
+            self._check(msg, rec, out[first], streams[first], shape)
+            if rec.to_cpu:  # this batch's tiles too
+                return self._decode(msg, rec, streams, shape, counts)
+        counts["device"] += len(present) - len(refused)
+        counts["host"] += len(refused)
+        counts["refused"] += len(refused)
         return out
+
+    def _check(self, msg: BatchMessage, rec: SlideDecode, tile: torch.Tensor, stream: Any,
+               shape: tuple[int, int]) -> None:
+        """The slide's first GPU-decoded tile against the decoder's reference (the one
+        host sync of a slide)."""
+        reference = _fit_np(np.asarray(self.reference(stream)), shape).astype(np.int16)
+        diff = int(np.abs(tile.cpu().numpy().astype(np.int16) - reference).max())
+        if diff > self.tolerance:
+            self._to_cpu(msg.slide, rec, f"the {self.name} decoder's pixels differ from its reference by {diff} grey "
+                                         f"levels (more than {self.tolerance})",
+                         f"{self.slide_name(msg.slide)}: the {self.name} decoder's pixels differ from its host "
+                         f"reference by {diff} grey levels (more than {self.tolerance}); its tiles are decoded on the "
+                         "CPU")
 
     def _host_decode(self, msg: BatchMessage, stream: Any) -> np.ndarray:
         try:
@@ -242,11 +429,6 @@ class DeviceTiles:
         except Exception as exc:  # noqa: BLE001 - imagecodecs raises its own error types
             raise UndecodableTile(f"cannot decode a native tile at level {msg.level} (tiles {msg.start}-{msg.end - 1} of "
                                   f"the slide): {' '.join(str(exc).split())}") from None
-
-    def _tell(self, slide: int, what: str, line: str) -> None:
-        if (slide, what) not in self._told:
-            self._told.add((slide, what))
-            log.warning(line)
 
 
 class UndecodableTile(RuntimeError):

@@ -64,7 +64,7 @@ def extract_many(jobs: Sequence[ExtractJob], backbone: Backbone, options: Extrac
     on and the MIL stage excludes or refuses it as configured; the other slides are
     extracted as usual. The table exists at the end even when nothing failed."""
     from pathtwt.features.decoding import Decoding, resolve_decode
-    from pathtwt.features.loop import embed_job
+    from pathtwt.features.loop import EmbedJob
 
     options = ExtractOptions.of(options, **overrides)
     summaries: dict[int, dict[str, Any]] = {}
@@ -87,7 +87,7 @@ def extract_many(jobs: Sequence[ExtractJob], backbone: Backbone, options: Extrac
         summaries[i] = record_failed_slide(jobs[i], backbone, str(exc), options.failures, options.embedding)
 
     if todo:
-        for k, outcome in embed_job([jobs[i] for i in todo], prepare, backbone, options, decoding, precision):
+        for k, outcome in EmbedJob([jobs[i] for i in todo], prepare, backbone, options, decoding, precision):
             if isinstance(outcome, (SlideError, NumericsError)):
                 failed(todo[k], outcome)
             else:

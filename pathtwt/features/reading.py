@@ -82,6 +82,8 @@ class BatchMessage:
     offsets: np.ndarray | None = None
     lengths: np.ndarray | None = None
     keep: np.ndarray | None = None  # native indices to hold for the band's next batch (bytes)
+    rgb: int = 0  # the shipped streams that decode as RGB (Adobe transform 0), not YCbCr (bytes)
+    why_tiles: str = ""  # why a batch of the GPU path comes as finished tiles (the slide's decode_fallback)
 
 
 def band_batches(n: int, batch_size: int) -> list[tuple[int, int]]:
@@ -174,6 +176,10 @@ class BatchReader:
                 plan = None
                 if self._bytes_for(read, slide):
                     plan = ahead if ahead is not None else self._byte_plan(read, slide, start, end)
+                    if plan is None:
+                        msg.why_tiles = "tiles whose corners fall between the read level's pixels"
+                elif self.ship_bytes and self._ships.get(read.geometry.read_level) is False:
+                    msg.why_tiles = f"level {read.geometry.read_level} is not a JPEG-tiled TIFF page"
                 ahead = None
                 if plan is not None:
                     following = band.batches[k + 1] if k + 1 < len(band.batches) else None
@@ -220,7 +226,7 @@ class BatchReader:
         """Write the streams the embedding process lacks into the slot. Returns the natives
         it should keep for the band's next batch, and that batch's plan (made here to know
         them; the next batch uses it)."""
-        from pathtwt.wsi.jpeg_streams import StreamHeader, pack_streams
+        from pathtwt.wsi.jpeg_streams import StreamHeader, pack_streams, rgb_streams
 
         page = slide.native_level(read.geometry.read_level).page
         header = self._headers.get(read.geometry.read_level)
@@ -229,11 +235,13 @@ class BatchReader:
         fresh = np.flatnonzero(~np.isin(plan.natives, keep_prev))
         packed = pack_streams(page, header, plan.natives[fresh], self._fd(read), self.ring.slot(msg.slot))
         if packed is None:  # more bytes than a slot holds: this batch is decoded here
+            msg.why_tiles = "a batch's JPEG streams larger than a ring slot"
             return np.zeros(0, np.int64), None
         nxt = self._byte_plan(read, slide, *following) if following is not None else None
         keep = np.intersect1d(plan.natives, nxt.natives) if nxt is not None else np.zeros(0, np.int64)
         msg.kind, msg.plan, msg.fresh, msg.keep = "bytes", plan, fresh, keep
         msg.offsets, msg.lengths = packed
+        msg.rgb = rgb_streams(self.ring.slot(msg.slot), *packed, header)
         return keep, nxt
 
     def _tiles(self, read: SlideRead, slide: Any, start: int, end: int, msg: BatchMessage) -> None:

@@ -32,6 +32,7 @@ class SlideState:
     seconds: float = 0.0
     embed_seconds: float = 0.0
     decoded: int = 0  # native tiles the readers decoded for it (the CPU path)
+    decoding: Any = None  # device_tiles.SlideDecode: where the GPU path decoded its native tiles
     error: Exception | None = None
     writer: FeaturesWriter | None = None
     outcome: Any = None

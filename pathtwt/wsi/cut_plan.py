@@ -72,14 +72,15 @@ def natives_under(grid: LevelGrid, origins: np.ndarray, side: int) -> np.ndarray
     return np.unique(index[ok])
 
 
-def gather_plan(plan: CutPlan) -> tuple[np.ndarray, np.ndarray]:
+def gather_plan(plan: CutPlan, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The host's half of the cut: (axes, lut). ``axes`` int32 (4, N, side): for each
     output tile's pixel rows, the native tile row (an index into ``lut``) and the row within
     that tile, then the same for its columns. ``lut`` int32 (rows + 1, columns + 1): the
     position in ``plan.natives`` of each native tile the batch spans; its last row and
     column, where pixels outside the level point, hold ``len(plan.natives)``, the fill
     tile's row in the decoded stack. The device then needs two gathers
-    (:func:`pathtwt.features.device_tiles.cut`)."""
+    (:func:`pathtwt.features.device_tiles.cut`). ``out``: int32 memory for ``axes``
+    (4 * N * side), such as a pinned buffer the device copies from."""
     g = plan.grid
     natives = np.asarray(plan.natives, np.int64)
     fill = len(natives)
@@ -94,15 +95,22 @@ def gather_plan(plan: CutPlan) -> tuple[np.ndarray, np.ndarray]:
     if fill:
         lut[nat_rows - r0, nat_cols - c0] = np.arange(fill, dtype=np.int32)
     origins = np.asarray(plan.origins, np.int64).reshape(-1, 2)
-    axes = np.empty((4, len(origins), plan.side), np.int32)
+    shape = (4, len(origins), plan.side)
+    axes = np.empty(shape, np.int32) if out is None else out.reshape(shape)
+    if not len(origins):
+        return axes, lut
     ar = np.arange(plan.side, dtype=np.int64)
     for k, (start, size, tile, first, pad) in enumerate(((origins[:, 1], g.height, g.tile_height, r0, rows),
                                                         (origins[:, 0], g.width, g.tile_width, c0, cols))):
-        at = start[:, None] + ar[None, :]  # (N, side) level pixels along this axis
+        # both arrays for each level pixel of the span the batch covers along this axis,
+        # then two lookups per output pixel (not a dozen passes over N x side)
+        lo = int(start.min())
+        at = np.arange(lo, int(start.max()) + plan.side)
         outside = (at < 0) | (at >= size)
         clipped = np.clip(at, 0, size - 1)
         native = clipped // tile - first
         native[outside | (native < 0) | (native >= pad)] = pad  # the lut's fill row (or column)
-        axes[2 * k] = native
-        axes[2 * k + 1] = clipped % tile
+        where = (start - lo)[:, None] + ar[None, :]  # (N, side): each output pixel's place in the span
+        np.take(native.astype(np.int32), where, out=axes[2 * k], mode="clip")  # in range by construction
+        np.take((clipped % tile).astype(np.int32), where, out=axes[2 * k + 1], mode="clip")
     return axes, lut

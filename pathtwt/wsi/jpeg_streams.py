@@ -31,7 +31,7 @@ JPEG = 7  # TIFF Compression: "new-style" JPEG (TIFF technote 2); old-style (6) 
 
 # Adobe APP14, version 100, no flags, transform 0: three components are RGB, not YCbCr
 ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
-_SOI, _EOI, _SOS, _APP14 = b"\xff\xd8", b"\xff\xd9", b"\xff\xda", b"\xff\xee"
+_SOI, _EOI = b"\xff\xd8", b"\xff\xd9"
 
 
 def splice(tables: bytes | None, stream: bytes, *, rgb: bool = False) -> bytes:
@@ -61,14 +61,15 @@ class StreamHeader:
             if not tables.startswith(_SOI):
                 raise ValueError("the page's JPEGTables do not start with a JPEG SOI marker")
             body = tables[2: len(tables) - 2 if tables.endswith(_EOI) else len(tables)]
-        if rgb:
-            # markers cannot occur in entropy-coded data (an FF there is followed by 00), and
-            # the header ends at the first SOS: search only before it
-            head = body + (bytes(first_stream)[2:] if first_stream else b"")
-            sos = head.find(_SOS)
-            if _APP14 not in head[: sos if sos >= 0 else len(head)]:
-                body = ADOBE_RGB + body
+        if rgb and adobe_transform(body + (bytes(first_stream)[2:] if first_stream else b"")) is None:
+            body = ADOBE_RGB + body
         return cls(_SOI + body)
+
+    @property
+    def rgb(self) -> bool:
+        """Whether a stream behind this header decodes as RGB (Adobe transform 0), unless
+        the stream carries an Adobe marker of its own."""
+        return adobe_transform(self.bytes, 2) == 0
 
     @classmethod
     def of_page(cls, page: Any) -> "StreamHeader":
@@ -77,6 +78,48 @@ class StreamHeader:
         if rgb:
             first = next((data for i in range(min(4, len(page.dataoffsets))) if (data := tile_bytes(page, i))), None)
         return cls.of(page.jpegtables, first, rgb=rgb)
+
+
+def adobe_transform(data: Any, start: int = 0) -> int | None:
+    """The colour transform of the last Adobe APP14 marker among the JPEG marker segments of
+    ``data`` (bytes or a memoryview) from ``start`` (just after an SOI) to the first SOS:
+    0 for RGB, 1 for YCbCr; None where there is none (a decoder then takes three components
+    for YCbCr). As libjpeg reads them, the last marker wins. The segments are walked by
+    their lengths, so a table's bytes are never taken for a marker."""
+    transform = None
+    at, end = int(start), len(data)
+    while at + 4 <= end and data[at] == 0xFF:
+        marker = data[at + 1]
+        if marker == 0xFF:  # a fill byte before a marker
+            at += 1
+            continue
+        if marker in (0xDA, 0xD9):  # SOS: the entropy-coded data begins; EOI
+            break
+        if marker == 0xD8 or 0xD0 <= marker <= 0xD7 or marker == 0x01:  # markers without a length
+            at += 2
+            continue
+        length = (data[at + 2] << 8) | data[at + 3]
+        if marker == 0xEE and length >= 14 and at + 16 <= end and bytes(data[at + 4: at + 9]) == b"Adobe":
+            transform = int(data[at + 15])
+        at += 2 + length
+    return transform
+
+
+def rgb_streams(arena: Any, offsets: np.ndarray, lengths: np.ndarray, header: StreamHeader) -> int:
+    """How many of the complete streams :func:`pack_streams` wrote into ``arena`` with
+    ``header`` decode as RGB (Adobe transform 0): the header's colour space, unless a
+    stream's own segments carry an Adobe marker (the last one read wins)."""
+    h, default = len(header.bytes), header.rgb
+    count = 0
+    for offset, length in zip(offsets.tolist(), lengths.tolist()):
+        if not length:
+            continue
+        # most streams hold no APP14 before their SOS: two searches say so, no walk
+        head = bytes(arena[offset + h: offset + min(length, h + 2048)])
+        sos = head.find(b"\xff\xda")
+        own = None if sos >= 0 and b"\xff\xee" not in head[:sos] else adobe_transform(arena[offset: offset + length], h)
+        count += (own == 0) if own is not None else default
+    return count
 
 
 def is_jpeg_tiled(page: Any) -> bool:
