@@ -443,10 +443,17 @@ def _copy_to(model, device: str, dtype: torch.dtype):
 MOSAICS_GPU = {"20x": (5, 4), "40x": (7, 6)}
 MOSAICS_CPU = {"20x": (2, 1), "40x": (2, 2)}
 MOSAIC_MPP = {"20x": 0.5, "40x": 0.25}  # 40x: the same pixels read at twice the resolution, 448 -> 224 px
+# 40x: level 0 alone, so its tiles are read there (448 -> 224 px), as in an Aperio 40x scan whose
+# next level is 4x down. A halving pyramid would be read at its second level instead (224 px
+# a tile, the 20x cost), and at an odd size that level's downsample is a shade over 2
+# (2967 -> 1484 rows): tiles whose corners fall between its pixels go as finished tiles,
+# and the GPU rows would measure the CPU path
+MOSAIC_LEVELS = {"20x": None, "40x": 1}
 
 
-def write_mosaic(path: Path, image: np.ndarray, copies: tuple[int, int], mpp: float) -> Path:
-    """A pyramidal JPEG TIFF of ``copies`` (columns, rows) of ``image`` side by side at ``mpp``."""
+def write_mosaic(path: Path, image: np.ndarray, copies: tuple[int, int], mpp: float, levels: int | None = None) -> Path:
+    """A JPEG TIFF of ``copies`` (columns, rows) of ``image`` side by side at ``mpp``, with
+    ``levels`` levels (None: the full halving pyramid)."""
     from pathtwt.demo.tiff_writer import write_pyramidal_tiff
 
     h, w = image.shape[:2]
@@ -454,7 +461,8 @@ def write_mosaic(path: Path, image: np.ndarray, copies: tuple[int, int], mpp: fl
     def region(x: int, y: int, rw: int, rh: int) -> np.ndarray:
         return image[(y + np.arange(rh)) % h][:, (x + np.arange(rw)) % w]
 
-    write_pyramidal_tiff(path, w * copies[0], h * copies[1], region, mpp=mpp, tile=256, quality=90)
+    write_pyramidal_tiff(path, w * copies[0], h * copies[1], region, mpp=mpp, levels=levels, tile=256,
+                         quality=90)
     return path
 
 
@@ -494,7 +502,7 @@ def build_mosaics(run: Run, image: np.ndarray, folder: Path) -> tuple[dict[str, 
     write_mosaic(folder / "timing.tiff", image, (1, 1), 0.5)
     per_copy = time.perf_counter() - began
     copies = plan_mosaics(s.mosaics, per_copy, max(s.mosaic_budget_s - per_copy, 0.0))
-    mosaics = {k: write_mosaic(folder / f"mosaic{k}.tiff", image, c, MOSAIC_MPP[k]) for k, c in copies.items()}
+    mosaics = {k: write_mosaic(folder / f"mosaic{k}.tiff", image, c, MOSAIC_MPP[k], MOSAIC_LEVELS[k]) for k, c in copies.items()}
     coords = {k: mosaic_coords(m, folder / f"coords{k}.h5") for k, m in mosaics.items()}
     seconds = time.perf_counter() - began
     run.info["mosaics"] = {k: {"copies": list(c), "wanted": list(s.mosaics[k]), "tiles": _tiles(coords[k])}

@@ -90,7 +90,7 @@ def test_spliced_rgb_streams_decode_to_tifffiles_and_openslides_pixels(cmu):
                 x, y = (index % across) * page.tilewidth, (index // across) * page.tilelength
                 w, h = min(page.tilewidth, page.imagewidth - x), min(page.tilelength, page.imagelength - y)
                 seen = np.asarray(slide.read_region((x, y), 0, (w, h)))[..., :3]
-                assert _max_diff(ours[index][:h, :w], seen) <= device_tiles.TOLERANCE
+                assert _max_diff(ours[index][:h, :w], seen) <= 2  # the same libjpeg-turbo: rounding only
         # why the Adobe marker is spliced in: a decoder takes three-component JPEGs for YCbCr
         raw = tile_streams(page, [0])[0].replace(ADOBE_RGB, b"", 1)
         assert _max_diff(host_decode(raw), reference[0]) > 50
@@ -269,14 +269,14 @@ def test_a_native_tile_no_decoder_reads_fails_its_slide(bach_tiff, tmp_path):
 
 def test_pixels_off_the_host_decoders_send_the_slide_to_the_cpu_path(bach_tiff, caplog):
     """A GPU decoder whose pixels differ from libjpeg's (say it ignored the colour-space
-    marker) is caught on the slide's first stream: the readers are told to send that slide
+    marker; 20 grey levels, past the measured IDCT bound) is caught on the slide's first stream: the readers are told to send that slide
     as finished tiles, and what is already in flight is decoded on the host."""
     xy = np.array([(x, 0) for x in range(0, 1400, 224)])
     messages, ring = _messages(bach_tiff, xy, 224, 224, batch=3)
     told = []
 
     def off(streams):
-        return [torch.from_numpy(np.clip(host_decode(s).astype(np.int16) + 9, 0, 255).astype(np.uint8)) for s in streams]
+        return [torch.from_numpy(np.clip(host_decode(s).astype(np.int16) + 20, 0, 255).astype(np.uint8)) for s in streams]
 
     made = DeviceTiles(ring, "cpu", 224, decoder=off, use_tiles=told.append)
     with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
@@ -287,7 +287,7 @@ def test_pixels_off_the_host_decoders_send_the_slide_to_the_cpu_path(bach_tiff, 
         assert max(_max_diff(a, b) for a, b in zip(tiles, slide.read_tiles(xy, 224, 0, 224))) == 0
     record = made.records[0]
     assert told == [0] and record.to_cpu and record.device == 0 and record.host > 0
-    assert len([r for r in caplog.records if "differ from its host reference by 9" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "differ from its host reference by 20" in r.getMessage()]) == 1
 
 
 def test_levels_that_are_not_jpeg_tiled_come_as_finished_tiles(tmp_path):

@@ -40,6 +40,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from pathtwt.features import jpeg_reference
 from pathtwt.features.reading import BatchMessage
 from pathtwt.features.ring import Ring
 from pathtwt.features.step_down import StepDown
@@ -47,9 +48,9 @@ from pathtwt.wsi.cut_plan import CutPlan, gather_plan
 
 log = logging.getLogger(__name__)
 
-# the most two decoders of the same JPEG stream may differ (IDCT and upsampling rounding),
-# for a decoder that does not say its own tolerance
-TOLERANCE = 2
+# the most two decoders of the same JPEG stream may differ, for a decoder that does not say
+# its own tolerance: the measured IDCT bound (pathtwt/features/jpeg_reference.py)
+TOLERANCE = jpeg_reference.TOLERANCE
 
 
 def host_decode(stream: Any) -> np.ndarray:
