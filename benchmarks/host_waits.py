@@ -1,12 +1,19 @@
-"""A GPU stand-in on the CPU that counts what a training loop makes the host wait for.
+"""How often a distillation step makes the host wait for the device, counted on a GPU and
+on the CPU alike (``benchmarks/distill_check.py``, ``benchmarks/compress_phases.py`` and
+the tests use it).
 
-``"cpu:0"`` plays the device and ``"cpu"`` the host (torch accepts both, computes both on
-the CPU, and copies a tensor moved from one to the other). A tensor is on the stand-in
-device when it was made by a move there (``.to("cpu:0")``, ``torch.tensor(...,
-device="cpu:0")``, a factory given that device, a module moved there) or computed from
-such tensors; every other tensor is host memory, and on the stand-in device
-``Tensor.device`` reads ``cpu:0``, so ``x.to(y.device)`` moves data as on a GPU. What is
-counted, as CUDA would pay it:
+On a CUDA device (:class:`CudaSyncs`): torch's own sync debug mode
+(``torch.cuda.set_sync_debug_mode("warn")``) warns at every operation that makes the host
+wait for the GPU (a blocking copy either way, ``.item()``, a value-dependent shape, a
+stream synchronisation); each warning is one wait.
+
+On the CPU (:class:`DeviceStandIn`): ``"cpu:0"`` plays the device and ``"cpu"`` the host
+(torch accepts both, computes both on the CPU, and copies a tensor moved from one to the
+other). A tensor is on the stand-in device when it was made by a move there
+(``.to("cpu:0")``, ``torch.tensor(..., device="cpu:0")``, a factory given that device, a
+module moved there) or computed from such tensors; every other tensor is host memory, and
+on the stand-in device ``Tensor.device`` reads ``cpu:0``, so ``x.to(y.device)`` moves data
+as on a GPU. What is counted, as CUDA would pay it:
 
 * host-to-device copies: blocking unless asked ``non_blocking`` (a blocking copy on CUDA
   waits for the device; a non-blocking one from pinned memory does not, and one from
@@ -18,19 +25,25 @@ counted, as CUDA would pay it:
   which CUDA answers by a copy of the count to the host;
 * explicit synchronisations (``torch.cuda.synchronize``, ``Stream``/``Event.synchronize``).
 
-What it cannot see: a move to the host written ``.to("cpu")`` of a stand-in tensor without
-a copy (on the CPU it is the tensor itself, and torch's own optimiser code moves a scalar
-``.to(device)`` with the device it groups tensors by, which reads ``cpu``), and whether a
-host tensor is pinned (nothing can be pinned without CUDA). Ops that mix a stand-in tensor
-with a host tensor of more than one element, which CUDA refuses, are listed in ``mixed``.
+What the stand-in cannot see: a move to the host written ``.to("cpu")`` of a stand-in
+tensor without a copy (on the CPU it is the tensor itself, and torch's own optimiser code
+moves a scalar ``.to(device)`` with the device it groups tensors by, which reads ``cpu``),
+and whether a host tensor is pinned (nothing can be pinned without CUDA). Ops that mix a
+stand-in tensor with a host tensor of more than one element, which CUDA refuses, are
+recorded as ``mixed``.
+
+:class:`StepMarks` notes where each optimiser step ends (torch's global step hook), so
+that :func:`per_step` counts the waits of whole steps only, not the run's set-up.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 import traceback
+import warnings
 import weakref
-from dataclasses import dataclass, field
+from collections import Counter
 from typing import Any, Iterator
 
 import torch
@@ -46,25 +59,28 @@ _DATA_DEPENDENT = {aten.nonzero.default, aten.masked_select.default, aten._uniqu
                    aten.unique_consecutive.default, aten.repeat_interleave.Tensor, aten.nonzero_numpy.default}
 
 
-@dataclass
+# the kinds of event that make the host wait (the others are recorded for the reader)
+WAITS = ("blocking_h2d", "d2h", "data_dependent", "explicit", "sync")
+
+
 class Traffic:
-    blocking_h2d: list[str] = field(default_factory=list)
-    async_h2d: list[str] = field(default_factory=list)
-    d2h: list[str] = field(default_factory=list)
-    data_dependent: list[str] = field(default_factory=list)
-    explicit: list[str] = field(default_factory=list)
-    mixed: list[str] = field(default_factory=list)
+    """Events in the order they happened: (kind, the pathtwt line that asked for it)."""
 
-    @property
-    def syncs(self) -> int:
-        """Host waits for the device: blocking copies either way, value-dependent shapes and
-        explicit synchronisations."""
-        return len(self.blocking_h2d) + len(self.d2h) + len(self.data_dependent) + len(self.explicit)
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
 
-    def summary(self) -> str:
-        return "; ".join(f"{name} {len(getattr(self, name))}: {sorted(set(getattr(self, name)))[:6]}"
-                         for name in ("blocking_h2d", "async_h2d", "d2h", "data_dependent", "explicit", "mixed")
-                         if getattr(self, name))
+    def of(self, kind: str, start: int = 0, end: int | None = None) -> list[str]:
+        return [where for k, where in self.events[start:end] if k == kind]
+
+    def waits(self, start: int = 0, end: int | None = None) -> int:
+        return sum(1 for kind, _ in self.events[start:end] if kind in WAITS)
+
+    def summary(self, start: int = 0, end: int | None = None) -> dict[str, dict[str, int]]:
+        """{kind: {where: count}} of the events start..end."""
+        out: dict[str, Counter] = {}
+        for kind, where in self.events[start:end]:
+            out.setdefault(kind, Counter())[where] += 1
+        return {kind: dict(c) for kind, c in out.items()}
 
 
 def _caller() -> str:
@@ -146,7 +162,7 @@ class DeviceStandIn(TorchDispatchMode):
         return out
 
     def _record(self, kind: str, what: str = "") -> None:
-        getattr(self.traffic, kind).append(f"{_caller()}{' ' + what if what else ''}")
+        self.traffic.events.append((kind, f"{_caller()}{' ' + what if what else ''}"))
 
     # ---- Python level ----------------------------------------------------------------
     def __enter__(self):
@@ -215,3 +231,74 @@ class DeviceStandIn(TorchDispatchMode):
             return super().__exit__(*exc)
         finally:
             self._patches.close()
+
+
+class CudaSyncs:
+    """Within the block, every operation that makes the host wait for a CUDA GPU, as torch's
+    sync debug mode reports it, is recorded into ``traffic`` (kind ``sync``)."""
+
+    MESSAGE = "called a synchronizing CUDA operation"
+
+    def __init__(self) -> None:
+        self.traffic = Traffic()
+        self._catch = warnings.catch_warnings()
+        self._mode = 0
+
+    def __enter__(self) -> "CudaSyncs":
+        self._catch.__enter__()
+        warnings.simplefilter("always")
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if self.MESSAGE in str(message):
+                self.traffic.events.append(("sync", _caller()))
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        self._mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.cuda.set_sync_debug_mode(self._mode)
+        self._catch.__exit__(*exc)
+
+
+def counter(device: str) -> "CudaSyncs | DeviceStandIn":
+    """The counter for a run on ``device``: torch's sync debug mode on a CUDA GPU, else the
+    stand-in (the run must then train on :data:`DEVICE`)."""
+    return CudaSyncs() if torch.device(device).type == "cuda" else DeviceStandIn()
+
+
+class StepMarks:
+    """Within the block, the end of every optimiser step: (events recorded so far, time)."""
+
+    def __init__(self, traffic: Traffic) -> None:
+        self.traffic = traffic
+        self.marks: list[tuple[int, float]] = []
+        self._handle = None
+
+    def __enter__(self) -> "StepMarks":
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._handle = register_optimizer_step_post_hook(self._mark)
+        return self
+
+    def _mark(self, optimizer, args, kwargs) -> None:
+        self.marks.append((len(self.traffic.events), time.perf_counter()))
+
+    def __exit__(self, *exc) -> None:
+        self._handle.remove()
+
+
+def per_step(traffic: Traffic, marks: list[tuple[int, float]]) -> dict[str, Any]:
+    """The waits per step over the steps from the second mark to the last (the first step
+    carries the run's once-only work: the target cache's placement), and where they were
+    asked for; None with fewer than three steps."""
+    if len(marks) < 3:
+        return {"host_waits_per_step": None, "steps_counted": 0, "where": {}}
+    start, end, steps = marks[1][0], marks[-1][0], len(marks) - 2
+    where = {kind: {w: n / steps for w, n in places.items()}
+             for kind, places in traffic.summary(start, end).items()}
+    return {"host_waits_per_step": traffic.waits(start, end) / steps, "steps_counted": steps, "where": where}
