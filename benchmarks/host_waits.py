@@ -26,9 +26,9 @@ as on a GPU. What is counted, as CUDA would pay it:
 * explicit synchronisations (``torch.cuda.synchronize``, ``Stream``/``Event.synchronize``).
 
 What the stand-in cannot see: a move to the host written ``.to("cpu")`` of a stand-in
-tensor without a copy (on the CPU it is the tensor itself, and torch's own optimiser code
-moves a scalar ``.to(device)`` with the device it groups tensors by, which reads ``cpu``),
-and whether a host tensor is pinned (nothing can be pinned without CUDA). Ops that mix a
+tensor (torch's own code moves tensors with their real device, which reads ``cpu`` on the
+stand-in too: autograd's backward of a cast, the optimiser's scalars), and whether a host
+tensor is pinned (nothing can be pinned without CUDA). Ops that mix a
 stand-in tensor with a host tensor of more than one element, which CUDA refuses, are
 recorded as ``mixed``.
 
@@ -52,7 +52,6 @@ from torch.utils._pytree import tree_leaves
 
 DEVICE = "cpu:0"
 _DEVICE = torch.device(DEVICE)
-_HOST = torch.device("cpu")
 aten = torch.ops.aten
 # ops whose output size CUDA learns by copying a count to the host
 _DATA_DEPENDENT = {aten.nonzero.default, aten.masked_select.default, aten._unique2.default, aten.unique_dim.default,
@@ -138,8 +137,9 @@ class DeviceStandIn(TorchDispatchMode):
         if func is aten._to_copy.default and target is not None:
             if target == _DEVICE and not on[0]:
                 self._record("async_h2d" if kwargs.get("non_blocking") else "blocking_h2d")
-            elif target == _HOST and on[0]:
-                self._record("d2h")
+            # a copy to "cpu" stays where its input is: autograd's cast backward passes the
+            # input's real device, which is "cpu" on the stand-in too (see the module doc)
+            target = _DEVICE if on[0] else target
         elif func is aten.copy_.default:
             dst, src = args[0], args[1]
             non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
