@@ -105,9 +105,11 @@ def gpu_wait_share(run) -> tuple[float | str, str]:
 
     handle = register_optimizer_step_post_hook(mark)
     try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        with profile(activities=activities) as prof:
             run()
-        torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
     finally:
         handle.remove()
     events = prof.events()

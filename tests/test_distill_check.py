@@ -5,24 +5,17 @@ GPU-only rows are not applicable."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("distill_check", REPO / "benchmarks" / "distill_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import distill_check as check  # noqa: E402
 
 
 def test_distill_check_runs_within_its_budget_and_reports(tmp_path, capsys):
-    check = _module()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -42,5 +35,13 @@ def test_distill_check_runs_within_its_budget_and_reports(tmp_path, capsys):
 
 
 def test_kernel_time_is_counted_once_where_streams_overlap():
-    check = _module()
     assert check._union([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == 4.0
+
+
+def test_the_idle_share_reads_the_steps_from_the_profile():
+    """On the CPU the profiler records the step ends but no kernel: the share is n/a."""
+    teacher, student, objective = check.build("vit-s14-tiny", 2, "cpu")
+    args = check.argparse.Namespace(batch_size=2, precision="fp32", augment=False)
+    tiles = check.random_tiles(6, teacher.spec.input_size)
+    share, note = check.gpu_wait_share(lambda: check.distill_run(teacher, student, objective, tiles, "cpu", args, 4))
+    assert share == "n/a" and note.startswith("the profiler saw 4 step ends and 0 kernels")
