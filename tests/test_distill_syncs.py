@@ -73,3 +73,25 @@ def test_the_stand_in_sees_what_a_gpu_would_wait_for():
     t = standin.traffic
     counts = [len(t.of(kind)) for kind in ("blocking_h2d", "async_h2d", "d2h", "data_dependent")]
     assert counts == [2, 1, 2, 1] and t.waits() == 5, t.summary()
+
+
+def test_target_tensors_that_do_not_fit_stay_on_the_host_and_cross_without_waiting(monkeypatch):
+    """The cache's placement: the target tensors within the device budget move there, the
+    others stay in host memory; a micro-batch's targets are the same either way, gathered
+    on the device or into (pinned, on a GPU) staging memory, with no copy waited for."""
+    from pathtwt.compress import targets
+
+    host = [torch.randn(12, 5, 8) for _ in range(4)]
+    nbytes = host[0].numel() * 4
+    monkeypatch.setattr(targets, "device_budget", lambda device: 2 * nbytes + 1)  # room for two
+    idx = torch.tensor([3, 0, 11, 3])
+    with DeviceStandIn() as standin:
+        cache = targets.TargetCache([t.clone() for t in host])
+        cache.settle(DEVICE)
+        settled = len(standin.traffic.events)
+        got = cache.get(idx, DEVICE)
+    assert cache.on_device == [True, True, False, False]
+    assert cache.describe() == {"device_bytes": 2 * nbytes, "host_bytes": 2 * nbytes, "sharers": 1}
+    assert all(torch.equal(g, t[idx]) for g, t in zip(got, host))
+    assert all(standin.on_device(g) for g in got)
+    assert standin.traffic.waits(settled) == 0 and len(standin.traffic.of("async_h2d", settled)) == 3

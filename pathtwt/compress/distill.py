@@ -14,6 +14,12 @@ Budgets are optimiser steps or epochs over the training tiles; an optimiser step
 torch.distributed run). bf16 autocast is optional; master weights and optimiser state
 stay float32, and the teacher's targets are computed under ``torch.inference_mode``.
 
+On a GPU a step waits for the device once, to read the loss it logs: tiles, target
+indices and augmentation parameters cross through pinned memory without waiting
+(:mod:`pathtwt.compress.device_copies`), the target cache moves to the device after the
+first step where it fits (:class:`pathtwt.compress.targets.TargetCache`), and the passes
+around the steps run at a rank's micro-batch (:mod:`pathtwt.compress.side_passes`).
+
 Exact resumption: the tiles of micro-batch m are a pure function of (seed, m), their
 augmentation of (seed, position), the schedules are functions of the step, and
 checkpoints hold the student, optimiser, LR scheduler, RNG states, sampler position and
