@@ -53,7 +53,9 @@ def device_budget(device: str) -> int | None:
 
 class TargetCache:
     """Teacher targets of every in-memory tile, computed once in a fixed order (so the
-    values depend neither on when a run was resumed nor on which rank computed them).
+    values depend neither on when a run was resumed nor on which rank of a node computed
+    them; a run resumed with another number of ranks computes them in other chunks, the
+    same to float rounding).
 
     Built in host memory, one copy per node (:mod:`pathtwt.compress.node_shared`), each rank
     of a node computing its share of the chunks at a rank's micro-batch
