@@ -17,6 +17,12 @@ fitting steps). ``--discover`` runs the backbone's ``pathtwt discover`` job firs
 workflow does: it leaves the teacher's shared pass over the fit tiles and the reference
 rows in the teacher cache, and its time is printed beside the table. The process start-up (interpreter, torch and timm imports) is measured once in a
 fresh interpreter and printed beside the table: every workflow job pays it.
+
+"Host waits per training step": how often a step of each job's (last) distillation made
+the host wait for the device (``benchmarks/host_waits.py``), counted after the jobs on a
+5-step replay of that distillation (its objective, options and tiles; a copy of its
+student and teacher), so the timed jobs run as they would: on a GPU with torch's sync
+debug mode, on the CPU on the stand-in device ``cpu:0``. The target is 1 (the logged loss).
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for _path in (str(REPO), str(REPO / "benchmarks")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+REPLAY_STEPS = 5  # the replay's steps: waits are counted over the 2nd to the 5th
 
 # (module, attribute, phase): the functions whose time is a phase of a compress job
 PHASES = [
@@ -106,6 +114,7 @@ def install(clock: PhaseClock) -> None:
         for loaded in list(sys.modules.values()):
             if getattr(loaded, "__name__", "").startswith("pathtwt") and getattr(loaded, name, None) is original:
                 setattr(loaded, name, timed)
+    _record_distillations(clock)
     # TargetCache's constructors are classmethods: wrap them on the class (in
     # compress/targets.py, or in distill.py before it)
     distill = importlib.import_module("pathtwt.compress.distill")
@@ -113,6 +122,45 @@ def install(clock: PhaseClock) -> None:
     for name, phase in (("build", "teacher targets"), ("from_outputs", "teacher targets from the shared outputs")):
         if cls is not None and name in cls.__dict__:
             setattr(cls, name, classmethod(clock.wrap(cls.__dict__[name].__func__, phase)))
+
+
+def _record_distillations(clock: PhaseClock) -> None:
+    """Keep the arguments of every distillation (``clock.distillations``), for the replay
+    that counts its host waits; the job itself runs untouched."""
+    distill = importlib.import_module("pathtwt.compress.distill")
+    timed = distill.distill
+    clock.distillations = []
+
+    @functools.wraps(timed)
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        clock.distillations.append((args, kwargs))
+        return timed(*args, **kwargs)
+
+    for loaded in list(sys.modules.values()):
+        if getattr(loaded, "__name__", "").startswith("pathtwt") and getattr(loaded, "distill", None) is timed:
+            setattr(loaded, "distill", recorded)
+
+
+def host_waits_per_step(call: tuple[tuple, dict]) -> dict[str, Any]:
+    """A :data:`REPLAY_STEPS`-step replay of one recorded distillation, counting its host
+    waits per step (see the module doc)."""
+    import copy
+    import dataclasses
+
+    from host_waits import DEVICE, StepMarks, counter, per_step
+
+    from pathtwt.compress.distill import distill
+
+    (student, teacher, tiles), kwargs = call[0][:3], dict(call[1])
+    options = kwargs["options"]
+    on_gpu = options.device.startswith("cuda")
+    kwargs["options"] = dataclasses.replace(options, steps=REPLAY_STEPS, epochs=None, stop_after=None, checkpoint=None,
+                                            progress=False, workers=0, device=options.device if on_gpu else DEVICE)
+    kwargs.pop("description", None)
+    with counter(options.device) as waits, StepMarks(waits.traffic) as steps:
+        distill(copy.deepcopy(student), copy.deepcopy(teacher), tiles, **kwargs)
+    return {**per_step(waits.traffic, steps.marks),
+            "counted_on": "torch.cuda sync debug mode" if on_gpu else f"the CPU stand-in device {DEVICE}"}
 
 
 def startup_seconds() -> float:
@@ -154,10 +202,14 @@ def main() -> int:
     if args.discover:
         wall, seconds, _ = run_job(clock, shlex.split(args.discover), "discover")
         discover = {"job": args.discover, "wall_s": wall, "phases": seconds}
-    results = []
+    results, replays = [], []
     for job in args.job:
+        before = len(clock.distillations)
         wall, seconds, calls = run_job(clock, shlex.split(job))
         results.append({"job": job, "wall_s": wall, "phases": seconds, "calls": calls})
+        replays.append(clock.distillations[-1] if len(clock.distillations) > before else None)
+    for r, call in zip(results, replays):  # after every job: the timed jobs run untouched
+        r["host_waits"] = host_waits_per_step(call) if call is not None else None
     startup = startup_seconds()
 
     listed = [phase for _, _, phase in PHASES] + ["teacher targets", "teacher targets from the shared outputs"]
@@ -178,6 +230,14 @@ def main() -> int:
         print(f"job {i + 1}: outside the training steps {outside:.1f} s = {outside / r['wall_s']:.0%} of the job; "
               f"outside the training steps and auditioning's fitting steps {outside - fitting:.1f} s = "
               f"{(outside - fitting) / r['wall_s']:.0%}")
+    for i, r in enumerate(results):
+        waits = r["host_waits"]
+        if waits is None or waits["host_waits_per_step"] is None:
+            print(f"job {i + 1}: host waits per training step n/a (no distillation of {REPLAY_STEPS} steps)")
+            continue
+        where = {k: v for k, v in waits["where"].items() if k != "async_h2d"}
+        print(f"job {i + 1}: host waits per training step {waits['host_waits_per_step']:.3g} "
+              f"({waits['counted_on']}, {REPLAY_STEPS}-step replay): {where}")
     if discover is not None:
         shared = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(discover["phases"].items(), key=lambda kv: -kv[1]))
         print(f"discover job first (once per calibration set): {discover['wall_s']:.1f} s ({shared})")

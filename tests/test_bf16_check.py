@@ -94,3 +94,50 @@ def test_given_fp32_targets_only_the_students_side_differs():
     assert given.loss_bf16 != own.loss_bf16 and given.precision == "bf16"
     wrong = [t + 1.0 for t in targets]  # the targets are the ones used, not recomputed
     assert check_bf16_first_step(student, teacher.model, x, objective, targets=wrong).loss_fp32 > 2 * own.loss_fp32
+
+
+class _Watched(DeepSupervision):
+    """TWT's loss, noting the dtype of a teacher weight at every teacher pass."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: list[torch.dtype] = []
+
+    def targets(self, teacher, x):
+        self.seen.append(teacher.blocks[0].attn.qkv.weight.dtype)
+        return super().targets(teacher, x)
+
+
+def _bf16_run_seeing_the_teacher(monkeypatch, cast_once: bool):
+    """A short bf16 distillation with a teacher pass per step (augmentation on): the
+    student trained, the teacher's weight dtype at each teacher pass, and whether the
+    teacher came back unchanged."""
+    import contextlib
+
+    import pathtwt.compress.distill as D
+
+    with monkeypatch.context() as patch:
+        if not cast_once:  # autocast's own cast at every forward pass, as before
+            patch.setattr(D, "weights_cast_once", lambda model: contextlib.nullcontext())
+        torch.manual_seed(1)  # the student's perturbation (drawn in _setup) the same in both runs
+        teacher, student, _, _ = _setup()
+        before = {k: v.clone() for k, v in teacher.model.state_dict().items()}
+        objective = _Watched([3, 6, 9, 12])
+        options = D.DistillOptions(steps=3, batch_size=2, precision="bf16", bf16_tolerance=1.0, augment=True,
+                                   loss_norm="none", progress=False)
+        run = D.distill(student, teacher.model, _tiles(), transform=teacher.transform, objective=objective, options=options)
+    assert run.precision == "bf16"
+    restored = all(torch.equal(before[k], v) and v.dtype == before[k].dtype for k, v in teacher.model.state_dict().items())
+    return student.state_dict(), objective.seen, restored
+
+
+def test_the_teachers_weights_are_cast_to_bf16_once_per_run(monkeypatch):
+    """Under bf16 autocast the teacher's targets come from bf16 copies of its linear
+    weights made once per run, not cast by autocast at every forward pass; the student
+    trained is the same bit for bit, and the teacher is fp32 again afterwards."""
+    once, seen, restored = _bf16_run_seeing_the_teacher(monkeypatch, cast_once=True)
+    per_step, seen_per_step, _ = _bf16_run_seeing_the_teacher(monkeypatch, cast_once=False)
+    # the bf16 check's fp32 and bf16 passes compare against the fp32 teacher; then a pass a step
+    assert seen == [torch.float32] * 2 + [torch.bfloat16] * 3 and seen_per_step == [torch.float32] * 5
+    assert restored
+    assert all(torch.equal(once[k], per_step[k]) for k in once)

@@ -122,16 +122,14 @@ def test_create_backbone_records_the_resolved_precision(monkeypatch):
 
 @pytest.fixture
 def tf32_flags():
-    """torch's TF32 switches as (matmul, convolution), restored after the test."""
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
-    if hasattr(matmul, "fp32_precision"):
-        saved = (matmul.fp32_precision, conv.fp32_precision)
-        yield lambda: (matmul.fp32_precision, conv.fp32_precision)
-        matmul.fp32_precision, conv.fp32_precision = saved
-        return
-    cudnn = torch.backends.cudnn
+    """torch's TF32 switches as (matmul, convolution), restored after the test through the
+    API pathtwt sets them with (which keeps torch's two records of them agreeing)."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     saved = (matmul.allow_tf32, cudnn.allow_tf32)
-    yield lambda: ("tf32" if matmul.allow_tf32 else "ieee", "tf32" if cudnn.allow_tf32 else "ieee")
+    if hasattr(matmul, "fp32_precision"):
+        yield lambda: (matmul.fp32_precision, cudnn.conv.fp32_precision)
+    else:
+        yield lambda: ("tf32" if matmul.allow_tf32 else "ieee", "tf32" if cudnn.allow_tf32 else "ieee")
     matmul.allow_tf32, cudnn.allow_tf32 = saved
 
 
@@ -143,6 +141,27 @@ def test_tf32_is_chosen_explicitly_on_gpus_that_have_it(gpu, tf32_flags):
     assert choose_fp32_matmul("cuda:1") == "tf32" and tf32_flags() == ("tf32", "tf32")
 
 
+@pytest.mark.parametrize("mode", ["tf32", "ieee"])
+def test_the_tf32_switch_leaves_every_reader_of_it_working(gpu, tf32_flags, monkeypatch, mode):
+    """torch >= 2.9 raises "mix of the legacy and new APIs" from the legacy getters once
+    ``fp32_precision`` alone was set; torch.compile's inductor and dynamo call them
+    (torch.get_float32_matmul_precision, torch._C._get_cublas_allow_tf32). Every getter,
+    old and new, reads the mode pathtwt chose."""
+    import pathtwt.models.precision as precision
+
+    monkeypatch.setattr(precision, "_pinned_fp32_matmul", None)
+    gpu["capability"] = (9, 0)
+    if mode == "ieee":
+        precision.pin_fp32_matmul("ieee")
+    assert choose_fp32_matmul("cuda:0") == mode
+    tf32 = mode == "tf32"
+    assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+    assert torch.backends.cuda.matmul.allow_tf32 is tf32 and torch._C._get_cublas_allow_tf32() is tf32
+    assert torch.backends.cudnn.allow_tf32 is tf32
+    assert tf32_flags()[0] == mode and precision.fp32_matmul_in_effect("cuda:0")["matmul"] == mode
+    assert precision.fp32_matmul_in_effect("cpu") == {"matmul": "ieee", "conv": "ieee"}
+
+
 def test_a_pinned_fp32_mode_outlasts_the_backbones_built_after_it(gpu, tf32_flags, monkeypatch):
     """device_check pins ieee so its fp32 rows are fp32: a later create_backbone (which
     chooses TF32 on capability 8.0) must neither flip it back nor mix torch's two APIs."""
@@ -151,7 +170,8 @@ def test_a_pinned_fp32_mode_outlasts_the_backbones_built_after_it(gpu, tf32_flag
     monkeypatch.setattr(precision, "_pinned_fp32_matmul", None)
     gpu["capability"] = (9, 0)
     precision.pin_fp32_matmul("ieee")
-    assert choose_fp32_matmul("cuda:0") == "ieee" and tf32_flags() == ("ieee", "ieee")
+    assert choose_fp32_matmul("cuda:0") == "ieee" and "tf32" not in tf32_flags()
+    assert precision.fp32_matmul_in_effect("cuda:0") == {"matmul": "ieee", "conv": "ieee"}
     with pytest.raises(ValueError):
         precision.pin_fp32_matmul("fast")
 

@@ -248,3 +248,31 @@ def test_discover_leaves_the_reference_rows_for_the_compress_jobs(calibration_fi
     refs = fidelity.references(teacher, load_calibration([calibration_file], n_tiles=None, seed=0))
     assert counted == {"centre": 1, "random_init": 1}  # read, not measured again
     assert refs["teacher"]["r2"] == pytest.approx(1.0) and refs["random_init"]["r2"] < refs["teacher"]["r2"]
+
+
+def test_tf32_and_full_fp32_teachers_never_share_an_entry(monkeypatch):
+    """Targets computed with TF32 on an Ampere-or-later GPU are not those of full fp32 (a
+    V100, ROCm, an ieee run, a CPU): the teacher's identity, and so every key, says which."""
+    import dataclasses
+
+    from pathtwt.compress.teacher_cache import TeacherCache, teacher_identity
+    from pathtwt.models import precision
+
+    teacher = _teacher()
+    gpu_teacher = dataclasses.replace(teacher, device="cuda:0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (matmul.allow_tf32, cudnn.allow_tf32)
+    try:
+        precision._set_fp32_matmul("tf32")
+        tf32, on_cpu = teacher_identity(gpu_teacher), teacher_identity(teacher)
+        precision._set_fp32_matmul("ieee")
+        ieee = teacher_identity(gpu_teacher)
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+    assert tf32["fp32_matmul"] == {"matmul": "tf32", "conv": "tf32"}
+    assert ieee["fp32_matmul"] == on_cpu["fp32_matmul"] == {"matmul": "ieee", "conv": "ieee"}  # a CPU ignores the switch
+    keys = {TeacherCache(None, {"teacher": identity}).key("fit-outputs") for identity in (tf32, ieee)}
+    assert len(keys) == 2

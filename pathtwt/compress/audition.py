@@ -29,6 +29,7 @@ from torch import nn
 
 from pathtwt.compress.distill import Transform
 from pathtwt.compress.intermediates import tiles_to_batch
+from pathtwt.compress.side_passes import named_out_of_memory, rank_batch
 from pathtwt.compress.student import block_outputs
 from pathtwt.compress.teacher_cache import FIT_OUTPUTS_TILES
 
@@ -37,7 +38,10 @@ from pathtwt.compress.teacher_cache import FIT_OUTPUTS_TILES
 class AuditionOptions:
     steps: int = 50  # fitting steps per candidate (0: rank the candidates as they are)
     lr: float = 1e-4
-    batch_size: int = 16  # candidates' fitting batch (TWT passes the smaller of this and --batch-size)
+    # candidates' fitting batch (TWT passes the smaller of this and --batch-size), the same
+    # whatever the number of ranks so the choice is too; the forward-only passes (teacher
+    # states, scoring) run at most a rank's share of it (side_passes.rank_batch)
+    batch_size: int = 16
     max_fit_tiles: int = FIT_OUTPUTS_TILES  # teacher states are held in memory: keep these modest
     max_select_tiles: int = 64
     seed: int = 0
@@ -130,10 +134,19 @@ def audition(
     of the fit tiles used here (:func:`pathtwt.compress.teacher_cache.fit_layer_outputs`)
     and ``select_outputs`` those of the select tiles ranked on
     (:func:`pathtwt.compress.teacher_cache.held_out_outputs`), sparing their passes."""
+    with named_out_of_memory("auditioning", rank_batch(options.batch_size)):
+        return _audition(teacher, blocks, fit_tiles, select_tiles, transform=transform, options=options,
+                         fit_outputs=fit_outputs, select_outputs=select_outputs)
+
+
+def _audition(teacher: nn.Module, blocks: Sequence[Sequence[int]], fit_tiles: np.ndarray, select_tiles: np.ndarray, *,
+              transform: Transform, options: AuditionOptions, fit_outputs: Sequence[torch.Tensor] | None,
+              select_outputs: Sequence[torch.Tensor] | None) -> tuple[list[nn.Module], list[dict]]:
     fit = fit_tiles[: options.max_fit_tiles]
     held = select_tiles[: options.max_select_tiles] if len(select_tiles) else fit
     needed = [l for s, e in blocks for l in (s - 1, e)]
-    kw = dict(transform=transform, device=options.device, batch_size=options.batch_size)
+    forward = rank_batch(options.batch_size)
+    kw = dict(transform=transform, device=options.device, batch_size=forward)
     for given, tiles, name in ((fit_outputs, fit, "fit"), (select_outputs, held, "select")):
         if given is not None and len(given[0]) != len(tiles):
             raise ValueError(f"{name}_outputs of {len(given[0])} tiles given for {len(tiles)} {name} tiles")
@@ -146,10 +159,10 @@ def audition(
         ranking = []
         for name, layer_no, module in candidates(teacher, s, e):
             module.to(options.device)
-            before = _mse(module, held_states[s - 1], held_states[e], device=options.device, batch_size=options.batch_size)
+            before = _mse(module, held_states[s - 1], held_states[e], device=options.device, batch_size=forward)
             if options.steps > 0:
                 _fit(module, fit_states[s - 1], fit_states[e], options)
-            after = _mse(module, held_states[s - 1], held_states[e], device=options.device, batch_size=options.batch_size)
+            after = _mse(module, held_states[s - 1], held_states[e], device=options.device, batch_size=forward)
             ranking.append({"candidate": name, "layer": layer_no, "select_mse": after,
                             "select_mse_unfitted": before, "module": module})
         ranking.sort(key=lambda r: r["select_mse"])

@@ -25,6 +25,8 @@ from typing import Sequence
 
 import torch
 
+from pathtwt.compress.device_copies import to_device
+
 # ITU-R 601 luma, as torchvision's rgb_to_grayscale
 LUMA = (0.2989, 0.587, 0.114)
 RGB_TO_YIQ = ((0.299, 0.587, 0.114), (0.596, -0.274, -0.322), (0.211, -0.523, 0.312))
@@ -86,11 +88,12 @@ class BatchAugmenter:
             raise ValueError(f"{len(seeds)} seeds for {len(tiles)} tiles")
         draws = self.draw(seeds)
         x = tiles.float() / 255.0
-        # The draws reach the device in one copy, and each operation runs on the whole batch
-        # and is kept where drawn (torch.where): picking its tiles on the device (nonzero)
-        # would wait for the device at every one of the 16 operation slots and the blur.
+        # The draws reach the device in one copy that does not wait for it, and each
+        # operation runs on the whole batch and is kept where drawn (torch.where): picking
+        # its tiles on the device (nonzero) would wait for the device at every one of the 16
+        # operation slots and the blur. The constants are made once per device.
         packed = torch.cat([draws.factors, draws.order.float(), draws.blur.float()[:, None], draws.sigma[:, None]], 1)
-        packed = packed.to(x.device)
+        packed = to_device(packed, x.device)
         factors, order, blur, sigma = packed[:, :4], packed[:, 4:8], packed[:, 8] > 0, packed[:, 9]
         for slot in range(4):
             for op, name in enumerate(OPERATIONS):
@@ -114,7 +117,7 @@ class BatchAugmenter:
 
     @staticmethod
     def _hue(x: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
-        yiq, yiq_inv = (m.to(x.device) for m in _yiq_matrices(x.dtype))
+        yiq, yiq_inv = _yiq_matrices(x.dtype, x.device)
         angle = 2 * math.pi * turns
         cos, sin = torch.cos(angle), torch.sin(angle)
         rotation = torch.zeros(len(x), 3, 3, dtype=x.dtype, device=x.device)
@@ -126,16 +129,22 @@ class BatchAugmenter:
 
 
 @functools.lru_cache(maxsize=None)
-def _yiq_matrices(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """RGB -> YIQ and its inverse, computed once per dtype on the CPU: inverting on a GPU
-    at every micro-batch would wait for the device each time (linalg.inv checks its status)."""
+def _yiq_matrices(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """RGB -> YIQ and its inverse on ``device``, made once per dtype and device: inverted on
+    the CPU (on a GPU linalg.inv waits for the device to check its status) and copied once,
+    not at every micro-batch."""
     yiq = torch.tensor(RGB_TO_YIQ, dtype=dtype)
-    return yiq, torch.linalg.inv(yiq)
+    return yiq.to(device), torch.linalg.inv(yiq).to(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _luma(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The luma weights (1, 3, 1, 1) on ``device``, copied there once."""
+    return torch.tensor(LUMA, dtype=dtype).view(1, 3, 1, 1).to(device)
 
 
 def _grey(x: torch.Tensor) -> torch.Tensor:
-    w = torch.tensor(LUMA, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
-    return (x * w).sum(dim=1, keepdim=True)
+    return (x * _luma(x.dtype, x.device)).sum(dim=1, keepdim=True)
 
 
 def _blend(x: torch.Tensor, other: torch.Tensor, f: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from torch import nn
 
 from pathtwt.compress.distill_options import BF16_LOSS_TOLERANCE
 from pathtwt.compress.intermediates import tiles_to_batch
+from pathtwt.compress.side_passes import named_out_of_memory, rank_batch
 from pathtwt.compress.targets import teacher_targets
 
 if TYPE_CHECKING:
@@ -76,13 +77,14 @@ def check_bf16_first_step(student: nn.Module, teacher: nn.Module, x: torch.Tenso
 def first_step_precision(student: nn.Module, teacher: nn.Module, source: Any, transform: Transform, objective: Objective,
                 options: DistillOptions, shared: "TargetCache | None" = None) -> dict[str, Any]:
     """bf16 or fp32 for this run, from the first step's loss on the first training tiles in
-    index order (the same tiles on every rank and on a resumed run, so the choice is the
-    same everywhere); every rank falls back when one does."""
+    index order, a rank's micro-batch of them (the same tiles on every rank and on a
+    resumed run, so the choice is the same everywhere); every rank falls back when one does."""
     from pathtwt.compress import ranks
 
-    n = min(len(source), max(1, int(options.batch_size)))
-    x = tiles_to_batch(transform, np.stack([source.read(j) for j in range(n)]), options.device)
-    targets = None if shared is None else shared.get(torch.arange(n), options.device)
-    check = check_bf16_first_step(student, teacher, x, objective, tolerance=options.bf16_tolerance, targets=targets)
+    n = min(len(source), rank_batch(options.batch_size))
+    with named_out_of_memory("the bf16 first-step check", n, skip="--precision fp32 (no check)"):
+        x = tiles_to_batch(transform, np.stack([source.read(j) for j in range(n)]), options.device)
+        targets = None if shared is None else shared.get(torch.arange(n), options.device)
+        check = check_bf16_first_step(student, teacher, x, objective, tolerance=options.bf16_tolerance, targets=targets)
     kept = float(ranks.all_mean(torch.tensor([1.0 if check.precision == "bf16" else 0.0], dtype=torch.float64))[0]) == 1.0
     return {**asdict(check), "precision": "bf16" if kept else "fp32", "tolerance": options.bf16_tolerance, "tiles": n}

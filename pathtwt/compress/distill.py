@@ -14,6 +14,12 @@ Budgets are optimiser steps or epochs over the training tiles; an optimiser step
 torch.distributed run). bf16 autocast is optional; master weights and optimiser state
 stay float32, and the teacher's targets are computed under ``torch.inference_mode``.
 
+On a GPU a step waits for the device once, to read the loss it logs: tiles, target
+indices and augmentation parameters cross through pinned memory without waiting
+(:mod:`pathtwt.compress.device_copies`), the target cache moves to the device after the
+first step where it fits (:class:`pathtwt.compress.targets.TargetCache`), and the passes
+around the steps run at a rank's micro-batch (:mod:`pathtwt.compress.side_passes`).
+
 Exact resumption: the tiles of micro-batch m are a pure function of (seed, m), their
 augmentation of (seed, position), the schedules are functions of the step, and
 checkpoints hold the student, optimiser, LR scheduler, RNG states, sampler position and
@@ -41,11 +47,12 @@ from pathtwt.compress.bf16_step import first_step_precision
 from pathtwt.compress.distill_options import BF16_LOSS_TOLERANCE, DistillOptions, Objective, Transform  # noqa: F401 - the loop's names
 from pathtwt.compress.targets import TargetCache, target_source, teacher_targets
 from pathtwt.models.bf16_guard import autocast as _autocast
-from pathtwt.models.bf16_guard import bf16_attention
+from pathtwt.models.bf16_guard import bf16_attention, weights_cast_once
 from pathtwt.errors import NumericsError, PathtwtError
 from pathtwt.io.atomic import atomic_output
 from pathtwt.compress.intermediates import tiles_to_batch
 from pathtwt.compress.schedule import cosine_lr_factor, term_weights
+from pathtwt.compress.side_passes import named_out_of_memory, rank_batch
 from pathtwt.compress.stopping import stop_at_step_end
 from pathtwt.compress.student import block_outputs
 
@@ -63,6 +70,7 @@ class DistillResult:
     precision: str = "fp32"  # what the run trained in (bf16 asked for may have fallen back)
     bf16_check: dict[str, Any] | None = None  # the first-step comparison, when bf16 was asked for
     fp32_matmul: str = "ieee"  # "tf32" where the GPU computes fp32 matrix multiplies in TF32
+    targets: dict[str, int] | None = None  # where the target cache sat (TargetCache.describe), when there was one
 
 
 @dataclass
@@ -149,15 +157,21 @@ def normalised_objective(objective: Objective, teacher: nn.Module, source: Any, 
         raise PathtwtError(f"--loss-norm {options.loss_norm!r}: use one of {', '.join(LOSS_NORMS)}")
     if options.loss_norm == "none" or not hasattr(objective, "with_term_scales"):
         return objective
-    n, chunk = min(len(source), NORM_SAMPLE_TILES), max(1, int(options.batch_size))
+    n, chunk = min(len(source), NORM_SAMPLE_TILES), rank_batch(options.batch_size)
+    with named_out_of_memory("the loss normalisation", chunk, skip="--loss-norm none (no normalisation)"):
+        return _measured_scales(objective, teacher, source, transform, options.device, n, chunk, teacher_outputs)
+
+
+def _measured_scales(objective: Objective, teacher: nn.Module, source: Any, transform: Transform, device: str, n: int,
+                     chunk: int, teacher_outputs: Sequence[torch.Tensor] | None) -> Objective:
     if teacher_outputs is not None and len(teacher_outputs[0]) >= n and hasattr(objective, "targets_from_outputs"):
         # the same batches the forward pass below would run, already computed
         with torch.inference_mode():
             batches = [[t.to(torch.float32, copy=True) for t in
-                        objective.targets_from_outputs(teacher, [o[i : min(n, i + chunk)].to(options.device) for o in teacher_outputs])]
+                        objective.targets_from_outputs(teacher, [o[i : min(n, i + chunk)].to(device) for o in teacher_outputs])]
                        for i in range(0, n, chunk)]
         return objective.with_term_scales(target_variances(batches))
-    batches = (tiles_to_batch(transform, np.stack([source.read(j) for j in range(i, min(n, i + chunk))]), options.device)
+    batches = (tiles_to_batch(transform, np.stack([source.read(j) for j in range(i, min(n, i + chunk))]), device)
                for i in range(0, n, chunk))
     return objective.with_term_scales(term_variances(objective, teacher, batches))
 
@@ -255,12 +269,12 @@ def _load_checkpoint(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def _float64(value: torch.Tensor | float) -> torch.Tensor:
+def _float64(value: torch.Tensor | float, device: str) -> torch.Tensor:
     """A loss or a logged term (a tensor, or a number from an objective that logs numbers)
-    as a float64 tensor, on the device it was computed on."""
+    as a float64 tensor on the device (a number is written there by a fill, not copied)."""
     if isinstance(value, torch.Tensor):
         return value.detach().to(torch.float64)
-    return torch.tensor(float(value), dtype=torch.float64)
+    return torch.full((), float(value), dtype=torch.float64, device=device)
 
 
 def _as_source(tiles: Any) -> Any:
@@ -318,7 +332,7 @@ def distill(
                leave=False)
     step = train.start
     with stop_at_step_end() as stop, cv2_pool_stopped(run.workers > 0), \
-            bf16_attention([student, teacher], run.device, run.precision):
+            bf16_attention([student, teacher], run.device, run.precision), _teacher_weights(teacher, run, cache is None):
         try:
             stream = iter(batches)
             while step < end:
@@ -334,6 +348,8 @@ def distill(
                 train.optimizer.step()
                 train.scheduler.step()
                 step += 1
+                if cache is not None and step == train.start + 1:
+                    cache.settle(run.device)  # now that the allocator holds a step's peak
                 train.history.append({"step": step, "loss": loss_value, **dict(zip(names, shared[1:-1]))})
                 bar.update(1)
                 bar.set_postfix({k: f"{v:.3g}" for k, v in train.history[-1].items() if k != "step"}, refresh=False)
@@ -351,7 +367,7 @@ def distill(
     student.eval()
     return DistillResult(steps_done=step, total_steps=run.total, completed=step >= run.total, resumed_from=train.start,
                          history=train.history, precision=run.precision, bf16_check=run.bf16_check,
-                         fp32_matmul=run.fp32_matmul)
+                         fp32_matmul=run.fp32_matmul, targets=None if cache is None else cache.describe())
 
 
 @dataclass
@@ -405,7 +421,7 @@ def _set_up(student: nn.Module, teacher: nn.Module, tiles: Any, transform: Trans
     shared_targets = None
     if source_of_targets == "shared outputs":
         shared_targets = TargetCache.from_outputs(teacher, teacher_outputs, objective=objective, n_tiles=n_tiles,
-                                                  device=device, chunk=options.batch_size)
+                                                  device=device, chunk=rank_batch(options.batch_size))
     bf16_check = None
     if precision == "bf16":
         with bf16_attention([student, teacher], device, precision):
@@ -474,10 +490,18 @@ def _loop_targets(teacher: nn.Module, tiles: Any, transform: Transform, options:
     """The targets the loop reads: the shared outputs', the target cache built now (in the
     precision the bf16 check has just settled), or None (a teacher pass per step)."""
     if run.target_source == "target cache" and start < run.total:
-        with bf16_attention([teacher], run.device, run.precision):
+        with bf16_attention([teacher], run.device, run.precision), _teacher_weights(teacher, run):
             return TargetCache.build(teacher, tiles, transform=transform, objective=run.objective, device=run.device,
-                                     chunk=options.batch_size, precision=run.precision)
+                                     chunk=rank_batch(options.batch_size), precision=run.precision)
     return run.shared_targets
+
+
+def _teacher_weights(teacher: nn.Module, run: _Run, used: bool = True) -> Any:
+    """Within the block, when the teacher computes targets under bf16 autocast, its linear
+    and convolution weights are bf16 copies made once (autocast would cast them again at
+    every forward pass, a kernel per weight per micro-batch; the targets are the same bit
+    for bit: :func:`pathtwt.models.bf16_guard.weights_cast_once`)."""
+    return weights_cast_once(teacher) if used and run.precision == "bf16" else contextlib.nullcontext()
 
 
 def _feed(student: nn.Module, run: _Run, options: DistillOptions, start: int, end: int):
@@ -527,19 +551,21 @@ def _accumulated_loss(model: nn.Module, stream: Any, items: Any, cache: "TargetC
         with (contextlib.nullcontext() if sync else model.no_sync()), _autocast(run.device, run.precision):
             loss, terms = model(x, targets, step)
             (loss / run.accumulate).backward()
-        loss_sum = loss_sum + _float64(loss) / run.accumulate
+        loss_sum = loss_sum + _float64(loss, run.device) / run.accumulate
         for k, v in terms.items():
-            term_sums[k] = term_sums.get(k, 0.0) + _float64(v) / run.accumulate
+            term_sums[k] = term_sums.get(k, 0.0) + _float64(v, run.device) / run.accumulate
     return loss_sum, term_sums
 
 
 def _global_means(loss_sum: torch.Tensor, terms: list[torch.Tensor], stopping: bool) -> list[float]:
     """One small all-reduce per step: the logged numbers are the global means, and a stop
-    request seen by any rank (the last value) stops every rank at the same step."""
+    request seen by any rank (the last value) stops every rank at the same step. Its
+    ``tolist`` is the step's one wait for the device (the stop flag is written there by a
+    fill, not copied)."""
     from pathtwt.compress import ranks
 
-    flag = torch.tensor(1.0 if stopping else 0.0, dtype=torch.float64)
-    return ranks.all_mean(torch.stack([v.to(loss_sum.device) for v in (loss_sum, *terms, flag)])).tolist()
+    flag = torch.full((), 1.0 if stopping else 0.0, dtype=torch.float64, device=loss_sum.device)
+    return ranks.all_mean(torch.stack([loss_sum, *terms, flag])).tolist()
 
 
 def plan_summary(options: DistillOptions, n_tiles: int, *, world: int = 1) -> str:

@@ -35,6 +35,7 @@ from torch import nn
 from pathtwt.compress.calibration import CalibrationSet, TeacherCentre
 from pathtwt.compress.distill import Transform
 from pathtwt.compress.intermediates import tiles_to_batch
+from pathtwt.compress.side_passes import named_out_of_memory
 from pathtwt.compress.student import block_outputs
 
 if TYPE_CHECKING:
@@ -254,15 +255,16 @@ def measure(student: nn.Module, teacher: Backbone, calib: CalibrationSet, *, on:
     kw = dict(transform=teacher.transform, num_prefix_tokens=teacher.spec.num_prefix_tokens, device=device,
               batch_size=batch_size)
     cached, outputs = None, None
-    if on == "select" and not boundaries:  # choices score many students on these tiles
-        store = calib.derived.select_embeddings
-        if id(teacher.model) not in store:
-            store[id(teacher.model)] = tile_embeddings(teacher.model, tiles, **kw)
-        cached = store[id(teacher.model)]
-    elif on == "report":  # the teacher's side of every reported number, computed once
-        outputs = held_out_outputs(teacher, calib, "report")
-    return evaluate_fidelity(student, teacher.model, tiles, centre=fit_centre(teacher, calib, device=device),
-                             boundaries=boundaries, teacher_embeddings=cached, teacher_outputs=outputs, **kw)
+    with named_out_of_memory(f"the fidelity measurement on the {on} tiles", batch_size):
+        if on == "select" and not boundaries:  # choices score many students on these tiles
+            store = calib.derived.select_embeddings
+            if id(teacher.model) not in store:
+                store[id(teacher.model)] = tile_embeddings(teacher.model, tiles, **kw)
+            cached = store[id(teacher.model)]
+        elif on == "report":  # the teacher's side of every reported number, computed once
+            outputs = held_out_outputs(teacher, calib, "report")
+        return evaluate_fidelity(student, teacher.model, tiles, centre=fit_centre(teacher, calib, device=device),
+                                 boundaries=boundaries, teacher_embeddings=cached, teacher_outputs=outputs, **kw)
 
 
 def references(teacher: Backbone, calib: CalibrationSet, *, device: str = "cpu", seed: int = 0) -> dict[str, Any]:

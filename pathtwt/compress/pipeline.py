@@ -56,9 +56,12 @@ class CompressOptions:
     @property
     def forward_batch(self) -> int:
         """Tiles per forward pass of the measurements around the distillation (discovery,
-        fidelity, the methods' scoring): ``--batch-size``, the distillation's micro-batch,
-        whose memory the same device already holds."""
-        return int(self.distill.batch_size)
+        fidelity, auditioning, the methods' scoring): a rank's share of ``--batch-size``,
+        the micro-batch whose memory the rank's device already holds
+        (:func:`pathtwt.compress.side_passes.rank_batch`)."""
+        from pathtwt.compress.side_passes import rank_batch
+
+        return rank_batch(self.distill.batch_size)
 
     def checkpoint_path(self) -> Path:
         return Path(self.distill.checkpoint) if self.distill.checkpoint is not None else Path(self.out) / "checkpoint.pt"

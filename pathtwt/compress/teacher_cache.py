@@ -13,9 +13,10 @@ teacher's fit means (:func:`pathtwt.compress.fidelity.fit_centre`) and the refer
 
 An entry's key is a hash of everything its value depends on: the teacher (weights
 SHA-256 or random-init seed, architecture, normalisation, input size, its float32
-precision, the device type), the exact tiles (a hash of their pixels, so a calibration
-file redrawn or subsampled differently never matches), the batch size (it moves float
-rounding), the torch version and the entry's own arguments. A key that does not match is
+precision, the device type and whether its fp32 matrix multiplies run in TF32), the
+exact tiles (a hash of their pixels, so a calibration file redrawn or subsampled
+differently never matches), the batch size (it moves float rounding), the torch version
+and the entry's own arguments. A key that does not match is
 a miss, never a wrong value; an unreadable entry is recomputed and rewritten. Entries are
 written atomically, so a job killed while writing leaves none half-written, and two jobs
 writing the same entry write the same bytes.
@@ -71,15 +72,19 @@ def _plain(value: Any) -> Any:
 
 
 def teacher_identity(teacher: "Backbone") -> dict[str, Any]:
-    """What makes two teachers compute the same values (the model's own float32 copy)."""
+    """What makes two teachers compute the same values (the model's own float32 copy), the
+    precision of fp32 matrix multiplies included: TF32 on a GPU that has it (about 1e-3
+    relative) is not full fp32 (CPUs, ROCm, V100, an ``ieee`` run)."""
     import torch
+
+    from pathtwt.models.precision import fp32_matmul_in_effect
 
     spec = teacher.spec
     return {"weights": teacher.weights_sha256 or teacher.source, "backbone": spec.name, "timm_name": spec.timm_name,
             "timm_kwargs": {k: str(v) for k, v in sorted(spec.timm_kwargs.items())}, "input_size": spec.input_size,
             "mean": list(spec.mean), "std": list(spec.std), "layer_patches": json.dumps(spec.layer_patches, sort_keys=True),
             "dtype": str(next(teacher.model.parameters()).dtype), "device": str(teacher.device).split(":")[0],
-            "torch": torch.__version__}
+            "fp32_matmul": fp32_matmul_in_effect(teacher.device), "torch": torch.__version__}
 
 
 @dataclass(frozen=True)

@@ -130,17 +130,44 @@ _pinned_fp32_matmul: str | None = None
 
 
 def _set_fp32_matmul(mode: str) -> None:
-    """torch's switches for fp32 matmuls and convolutions to ``mode`` (ieee | tf32), through
-    one API: torch >= 2.9 refuses a mix of ``fp32_precision`` and ``allow_tf32`` at the first
-    matmul that reads them."""
+    """torch's switches for fp32 matmuls and convolutions to ``mode`` (ieee | tf32), set so
+    that every reader of them agrees.
+
+    torch >= 2.9 keeps two records of the TF32 switch: the legacy one (``allow_tf32``,
+    ``torch.get_float32_matmul_precision()``) and ``fp32_precision``. The legacy setters
+    write both records; ``fp32_precision``'s setter writes only its own, after which every
+    legacy getter raises ("mix of the legacy and new APIs"). torch's own compiler reads the
+    legacy ones (torch 2.14: inductor's autotuning keys call
+    ``torch.get_float32_matmul_precision()`` in ``select_algorithm.create_precompile_key``
+    and ``codecache``, dynamo's graph deduplication ``torch._C._get_cublas_allow_tf32()``),
+    as may any library. So the switch is set only through the legacy setters, and read only
+    through :func:`_tf32_switches`, which never raises."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = mode == "tf32"
+
+
+def _tf32_switches() -> dict[str, str]:
+    """What the matmul and convolution switches say now (``tf32`` or ``ieee``), read through
+    ``fp32_precision`` where torch has it (it never raises), else ``allow_tf32``."""
     import torch
 
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     if hasattr(matmul, "fp32_precision"):
-        matmul.fp32_precision = mode
-        cudnn.conv.fp32_precision = mode
-    else:
-        matmul.allow_tf32 = cudnn.allow_tf32 = mode == "tf32"
+        return {"matmul": "tf32" if matmul.fp32_precision == "tf32" else "ieee",
+                "conv": "tf32" if cudnn.conv.fp32_precision == "tf32" else "ieee"}
+    return {"matmul": "tf32" if matmul.allow_tf32 else "ieee", "conv": "tf32" if cudnn.allow_tf32 else "ieee"}
+
+
+def fp32_matmul_in_effect(device: object) -> dict[str, str]:
+    """What fp32 matrix multiplies and convolutions compute in on ``device`` now: the
+    switches on CUDA GPUs that have TF32 units (compute capability 8.0 and later), ``ieee``
+    elsewhere (CPUs, ROCm, older GPUs), whatever the switches say. Part of every cached
+    value's key (:func:`pathtwt.compress.teacher_cache.teacher_identity`)."""
+    capability = _cuda_capability(device) if str(device).startswith("cuda") else None
+    if capability is None or capability < NATIVE_BF16_CAPABILITY:
+        return {"matmul": "ieee", "conv": "ieee"}
+    return _tf32_switches()
 
 
 def pin_fp32_matmul(mode: str) -> None:

@@ -37,6 +37,7 @@ import torch
 from pathtwt.compress.method_options import method_option
 from pathtwt.errors import NumericsError
 from pathtwt.compress.intermediates import iter_layer_outputs
+from pathtwt.compress.side_passes import named_out_of_memory
 from pathtwt.compress.student import non_block_state
 from pathtwt.compress.pipeline import CompressOptions, export_variant, report_fidelity, resolve_plan
 from pathtwt.models.variant_layers import apply_baseline_patches
@@ -89,9 +90,10 @@ def fit_linear_maps(
     """One (W, b) per block [s, e] (1-based inclusive), from h_{s-1} to h_e."""
     dim = model.embed_dim
     accs = [GramAccumulator(dim, dim) for _ in blocks]
-    for outs in iter_layer_outputs(model, transform, tiles, batch_size=batch_size, device=device, with_input=True):
-        for acc, (s, e) in zip(accs, blocks):
-            acc.update(outs[s - 1], outs[e])
+    with named_out_of_memory("the linear maps' fit", batch_size):
+        for outs in iter_layer_outputs(model, transform, tiles, batch_size=batch_size, device=device, with_input=True):
+            for acc, (s, e) in zip(accs, blocks):
+                acc.update(outs[s - 1], outs[e])
     return [acc.solve(ridge) for acc in accs]
 
 
@@ -109,10 +111,11 @@ def fit_mlp_output_maps(model: torch.nn.Module, transform: Any, tiles: np.ndarra
     split layer s - 1's output into its attention-side residual and its MLP branch."""
     dim = model.embed_dim
     accs = [GramAccumulator(dim, dim) for _ in blocks]
-    for outs in iter_layer_outputs(model, transform, tiles, batch_size=batch_size, device=device, with_input=True):
-        for acc, (s, e) in zip(accs, blocks):
-            u, m = mlp_branch_split(model.blocks[s - 2], outs[s - 2])
-            acc.update(m, outs[e] - u)
+    with named_out_of_memory("the linear maps' fit", batch_size):
+        for outs in iter_layer_outputs(model, transform, tiles, batch_size=batch_size, device=device, with_input=True):
+            for acc, (s, e) in zip(accs, blocks):
+                u, m = mlp_branch_split(model.blocks[s - 2], outs[s - 2])
+                acc.update(m, outs[e] - u)
     return [acc.solve(ridge) for acc in accs]
 
 

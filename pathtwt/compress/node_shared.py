@@ -1,0 +1,105 @@
+"""Host tensors that the ranks of one node share: one copy per node, filled together.
+
+A distillation under torchrun runs a rank per GPU, several to a node, and each used to
+compute and hold its own copy of the teacher-target cache (up to
+``cache_limit_bytes``, 4 GiB). Here the node's first rank creates one anonymous
+shared-memory file (``memfd_create``), the node's other ranks open it through
+``/proc/<pid>/fd/<n>`` and map it, and each rank of the node fills its share of the chunks
+(:meth:`NodeTensors.mine`), so the node computes and holds the cache once. The file has
+no name: the memory is returned when the last rank unmaps it, however the job ends, and
+nothing is left in ``/dev/shm``.
+
+Ranks find their node peers by one ``all_gather_object`` of (host name, boot id, pid),
+not from launcher variables, so torchrun and srun alike work. Where a rank cannot open
+its node's file (ranks in separate process namespaces, ``/proc`` mounted ``hidepid``)
+every rank keeps its own copy, said in one log line. A single process keeps a plain host
+tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeTensors:
+    """Host tensors of the given shapes; ``sharers`` ranks fill them, this one chunks
+    ``c`` with ``c % sharers == share``."""
+
+    tensors: list[torch.Tensor]
+    share: int = 0
+    sharers: int = 1
+
+    def mine(self, chunk: int) -> bool:
+        return chunk % self.sharers == self.share
+
+    def filled(self) -> None:
+        """Wait until every rank has written its chunks (every rank calls it)."""
+        from pathtwt.compress import ranks
+
+        ranks.barrier()
+
+
+def _node_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _gather(value: object) -> list:
+    import torch.distributed as dist
+
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def node_tensors(shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.float32) -> NodeTensors:
+    """Host tensors of ``shapes``, one copy per node when several ranks share it (see the
+    module doc); every rank calls it."""
+    from pathtwt.compress import ranks
+
+    if ranks.world_size() == 1:
+        return NodeTensors([torch.empty(tuple(s), dtype=dtype) for s in shapes])
+    me = ranks.rank()
+    peers = [r for r, node in enumerate(_gather(_node_id())) if node == _node_id()]
+    leader = peers[0]
+    counts = [math.prod(s) for s in shapes]
+    total = max(1, sum(counts))
+    fd = None
+    if me == leader and len(peers) > 1:
+        fd = os.memfd_create("pathtwt-teacher-targets")
+        os.ftruncate(fd, total * torch.empty((), dtype=dtype).element_size())
+    offers = _gather((os.getpid(), fd))
+    flat, reason = None, ""
+    if len(peers) > 1:
+        pid, leader_fd = offers[leader]
+        try:
+            flat = torch.from_file(f"/proc/{pid}/fd/{leader_fd}", shared=True, size=total, dtype=dtype)
+        except (OSError, RuntimeError) as exc:
+            reason = f"rank {me} cannot map rank {leader}'s shared memory ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    mapped = _gather(reason)
+    if fd is not None:
+        os.close(fd)  # the ranks' mappings keep the memory
+    failed = [r for r in mapped if r]
+    if flat is None or failed:
+        if failed and me == 0:
+            log.warning("teacher targets: one copy per rank, not per node: %s", failed[0])
+        return NodeTensors([torch.empty(tuple(s), dtype=dtype) for s in shapes])
+    views, start = [], 0
+    for shape, count in zip(shapes, counts):
+        views.append(flat[start : start + count].view(tuple(shape)))
+        start += count
+    return NodeTensors(views, share=peers.index(me), sharers=len(peers))

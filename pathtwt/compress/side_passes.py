@@ -1,0 +1,47 @@
+"""The forward passes around distillation's steps: the bf16 first-step check, the loss
+normalisation, the teacher-target cache, fidelity, auditioning and the linear maps' fit.
+
+Each runs at most a rank's micro-batch of tiles per pass (:func:`rank_batch`): the tiles a
+training step of that rank already holds with their gradients, so a GPU that fits the
+training fits these too (``--batch-size`` is global, split over the ranks; before, each
+pass ran the whole global batch on every GPU). When one still runs out of memory, the
+error names the pass, its tiles per pass and the setting that sizes or skips it
+(:func:`named_out_of_memory`), instead of torch's allocator report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from pathtwt.errors import PathtwtError
+
+# what lowers every side pass's memory: its tiles per pass are a rank's share of --batch-size
+BATCH_ADVICE = "lower --batch-size and raise --accumulate by the same factor (the optimiser step keeps its tiles)"
+
+
+def rank_batch(batch_size: int) -> int:
+    """Tiles per forward pass of a side pass: this rank's share of the global micro-batch."""
+    from pathtwt.compress import ranks
+
+    return max(1, int(batch_size) // ranks.world_size())
+
+
+class DeviceMemoryError(PathtwtError):
+    """A side pass ran out of device memory."""
+
+
+@contextlib.contextmanager
+def named_out_of_memory(name: str, tiles: int, skip: str = "") -> Iterator[None]:
+    """Within the block, a GPU out-of-memory error becomes one line naming the pass
+    ``name``, its ``tiles`` per forward pass and what to change (``skip``: a setting that
+    leaves the pass out, where there is one)."""
+    import torch
+
+    try:
+        yield
+    except torch.OutOfMemoryError as exc:  # CUDA and ROCm ("HIP out of memory") alike
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        what = first.split(". Including")[0].split(" Of the allocated")[0][:160].rstrip(". ")
+        raise DeviceMemoryError(f"{name} ran out of GPU memory at {tiles} tiles a forward pass, this rank's share of "
+                                f"--batch-size ({what}); {BATCH_ADVICE}{', or ' + skip if skip else ''}") from None

@@ -1,0 +1,47 @@
+"""benchmarks/distill_check.py (the GPU smoke run's distillation phase) in its CPU mode on a
+tiny backbone: within a small time budget it trains, and reports its rate, the host waits
+per step (on the CPU stand-in device), memory, where the target cache sat, and why the
+GPU-only rows are not applicable."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import distill_check as check  # noqa: E402
+
+
+def test_distill_check_runs_within_its_budget_and_reports(tmp_path, capsys):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert check.main(["--device", "cpu", "--budget-s", "2", "--backbone", "vit-s14-tiny", "--depth", "3",
+                           "--precision", "fp32", "--json", str(tmp_path / "out.json")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["steps"] >= check.MIN_STEPS and out["steps_per_s"] > 0
+    assert out["tiles_per_s"] == out["steps_per_s"] * out["batch_size"]
+    assert out["host_waits_per_step"] <= 1 and out["host_waits"]["steps_counted"] == check.PROFILED_STEPS - 2
+    assert out["peak_memory"]["process_peak_rss_bytes"] > 0
+    assert out["gpu_wait_share"] == "n/a" and out["nccl_two_process"]["ran"] is False
+    assert out["targets"]["device_bytes"] > 0 and out["targets"]["host_bytes"] == 0
+    printed = capsys.readouterr().out
+    assert "steps/s" in printed and "host waits per step" in printed and "two-process NCCL run" in printed
+
+
+def test_kernel_time_is_counted_once_where_streams_overlap():
+    assert check._union([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == 4.0
+
+
+def test_the_idle_share_reads_the_steps_from_the_profile():
+    """On the CPU the profiler records the step ends but no kernel: the share is n/a."""
+    teacher, student, objective = check.build("vit-s14-tiny", 2, "cpu")
+    args = check.argparse.Namespace(batch_size=2, precision="fp32", augment=False)
+    tiles = check.random_tiles(6, teacher.spec.input_size)
+    share, note = check.gpu_wait_share(lambda: check.distill_run(teacher, student, objective, tiles, "cpu", args, 4))
+    assert share == "n/a" and note.startswith("the profiler saw 4 step ends and 0 kernels")
