@@ -50,7 +50,8 @@ def test_cpu_mode_every_phase_on_its_own(tmp_path, shared_slides):
     work.mkdir()
     (work / "demo").write_text("not a folder")
     res = _smoke(["--device", "cpu", "--work", str(work), "--slides", "2", "--real-timeout", "600",
-                  "--backbone", "h0-mini-tiny", "--batch-size", "8", "--device-check-budget", "3"], data,
+                  "--backbone", "h0-mini-tiny", "--batch-size", "8", "--device-check-budget", "3",
+                  "--distill-budget", "3"], data,
                  timeout=1200)
     printed = res.stdout
     assert res.returncode == 1, printed + res.stderr  # one phase failed
@@ -59,7 +60,7 @@ def test_cpu_mode_every_phase_on_its_own(tmp_path, shared_slides):
     assert printed.splitlines()[1] == "gpu_smoke: environment ..."
     result = json.loads((work / "gpu_smoke.json").read_text())
     phases = result["phases"]
-    assert list(phases) == ["environment", "device_check", "real_slides", "demo"]
+    assert list(phases) == ["environment", "device_check", "distill_check", "real_slides", "demo"]
     env = phases["environment"]
     assert env["ok"] and env["device"] == "cpu" and "torch" in env and "timm" in env and "dev_shm_gib" in env
     assert env["gpu_decoders"] == "the model runs on cpu: no GPU decode"
@@ -69,6 +70,9 @@ def test_cpu_mode_every_phase_on_its_own(tmp_path, shared_slides):
     assert [s["slide"] for s in real["slides"]] == ["CMU-1-Small-Region.svs", "b005.jpeg"]
     assert all(f["device"] == "cpu" and f["tiles"] > 0 for f in real["features"].values())
     assert all(f["decode"] and f["precision"] and "natives_decoded_device" in f for f in real["features"].values())
+    distill = phases["distill_check"]
+    assert distill["ok"] and distill["steps_per_s"] > 0 and distill["host_waits_per_step"] is not None, distill
+    assert distill["nccl_two_process"]["ran"] is False  # the CPU wiring leaves NCCL out
     check = phases["device_check"]
     assert check["ok"] and check["rows"] > 0 and check["mosaics"]["20x"]["copies"] == [1, 1]
     assert "gpu_smoke: done" in printed and "failed: demo" in printed
@@ -85,7 +89,9 @@ def test_the_dry_run_checks_the_plan_on_any_machine(tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     plan = json.loads(out.read_text())
     assert plan["problems"] == []
-    assert [p["phase"] for p in plan["phases"]] == ["environment", "device_check", "real_slides", "demo"]
+    assert [p["phase"] for p in plan["phases"]] == ["environment", "device_check", "distill_check", "real_slides", "demo"]
+    # the distillation phase's limit holds its budget, the NCCL attempt and the models' build
+    assert next(p["limit_s"] for p in plan["phases"] if p["phase"] == "distill_check") == 75
     assert plan["run_s"] == plan["install_s"] + sum(p["limit_s"] for p in plan["phases"]) <= plan["run_limit_s"]
     assert plan["start_s"] + 2 * plan["run_s"] <= plan["device_s"] == 900
     assert plan["carried"]["wheel_mib"] <= 60 and plan["carried"]["shrunk"] == {"nvidia-nvimgcodec-cu13": 5}
