@@ -58,14 +58,6 @@ def _node_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-def _gather(value: object) -> list:
-    import torch.distributed as dist
-
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
-
-
 def node_tensors(shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.float32) -> NodeTensors:
     """Host tensors of ``shapes``, one copy per node when several ranks share it (see the
     module doc); every rank calls it."""
@@ -74,7 +66,7 @@ def node_tensors(shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.flo
     if ranks.world_size() == 1:
         return NodeTensors([torch.empty(tuple(s), dtype=dtype) for s in shapes])
     me = ranks.rank()
-    peers = [r for r, node in enumerate(_gather(_node_id())) if node == _node_id()]
+    peers = [r for r, node in enumerate(ranks.gather_json(_node_id())) if node == _node_id()]
     leader = peers[0]
     counts = [math.prod(s) for s in shapes]
     total = max(1, sum(counts))
@@ -82,7 +74,7 @@ def node_tensors(shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.flo
     if me == leader and len(peers) > 1:
         fd = os.memfd_create("pathtwt-teacher-targets")
         os.ftruncate(fd, total * torch.empty((), dtype=dtype).element_size())
-    offers = _gather((os.getpid(), fd))
+    offers = ranks.gather_json((os.getpid(), fd))
     flat, reason = None, ""
     if len(peers) > 1:
         pid, leader_fd = offers[leader]
@@ -90,7 +82,7 @@ def node_tensors(shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.flo
             flat = torch.from_file(f"/proc/{pid}/fd/{leader_fd}", shared=True, size=total, dtype=dtype)
         except (OSError, RuntimeError) as exc:
             reason = f"rank {me} cannot map rank {leader}'s shared memory ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-    mapped = _gather(reason)
+    mapped = ranks.gather_json(reason)
     if fd is not None:
         os.close(fd)  # the ranks' mappings keep the memory
     failed = [r for r in mapped if r]

@@ -168,7 +168,7 @@ def decide(name: str, value: Any) -> Any:
     return chosen
 
 
-def _gather_json(value: Any) -> list[Any]:
+def gather_json(value: Any) -> list[Any]:
     """Every rank's ``value``, in rank order (two small all-gathers)."""
     import torch.distributed as dist
 
@@ -189,7 +189,7 @@ def agree(name: str, value: Any, remedy: str) -> None:
     the same one line naming ``name``, the ranks that differ from rank 0 and how."""
     if world_size() == 1:
         return
-    values = _gather_json(value)
+    values = gather_json(value)
     differ = [r for r, v in enumerate(values) if v != values[0]]
     if differ:
         first = differ[0]
