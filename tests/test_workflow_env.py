@@ -52,12 +52,37 @@ def test_conda_env_pins_every_runtime_dependency(name):
     assert len(editable) == 1 and (path.parent / editable[0][3:] / "pyproject.toml").is_file()
 
 
+# the GPU decoder's packages in the CUDA environments: nvImageCodec of the extra and its nvJPEG
+GPU_DECODER = {"gpu": {"nvidia-nvimgcodec-cu13", "nvidia-nvjpeg"},
+               "gpu-cu12": {"nvidia-nvimgcodec-cu12", "nvidia-nvjpeg-cu12"}}
+
+
+@pytest.mark.parametrize("name,extra", [("pathtwt", "gpu"), ("pathtwt-cu12", "gpu-cu12")])
+def test_cuda_envs_carry_the_gpu_decoder_of_their_extra(name, extra):
+    """A GPU job under --use-conda decodes JPEG tiles with nvImageCodec on the GPU's JPEG
+    engines (not torchvision's deprecated decoder): the env pins the extra's package, with
+    the nvJPEG backend requested, at a version inside the extra's range."""
+    pins = {_name(p): p for p in _pip(yaml.safe_load((ENVS / f"{name}.yaml").read_text())) if not p.startswith("-")}
+    (wanted,) = (Requirement(r) for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+                 ["optional-dependencies"][extra])
+    pin = pins[wanted.name]
+    assert "[nvjpeg]" in pin and wanted.specifier.contains(Version(pin.split("==", 1)[1]))
+    assert GPU_DECODER[extra] <= pins.keys()
+
+
 @pytest.mark.parametrize("variant,index", [("pathtwt-rocm", "/whl/rocm"), ("pathtwt-cu12", "/whl/cu12")])
 def test_envs_differ_only_in_torch(variant, index):
     label = index.rsplit("/", 1)[1]
     cuda, rocm = (yaml.safe_load((ENVS / f"{n}.yaml").read_text()) for n in ("pathtwt", variant))
     cuda_pins = {_name(p): p for p in _pip(cuda) if not p.startswith("-")}
     rocm_pins = {_name(p): p for p in _pip(rocm) if not p.startswith("-")}
+    # the GPU JPEG decoder is built per CUDA major (pyproject's gpu and gpu-cu12 extras);
+    # ROCm has none (its GPUs decode on the CPU path)
+    decoders = {"pathtwt": GPU_DECODER["gpu"], "pathtwt-cu12": GPU_DECODER["gpu-cu12"], "pathtwt-rocm": set()}
+    for name, pins in (("pathtwt", cuda_pins), (variant, rocm_pins)):
+        assert {k for k in pins if k.startswith("nvidia-")} == decoders[name], name
+    cuda_pins, rocm_pins = ({k: v for k, v in pins.items() if not k.startswith("nvidia-")}
+                            for pins in (cuda_pins, rocm_pins))
     assert cuda_pins.keys() == rocm_pins.keys()
     differ = {k for k in cuda_pins if cuda_pins[k] != rocm_pins[k]}
     assert differ == {"torch", "torchvision"}
