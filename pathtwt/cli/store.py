@@ -29,11 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--yes", action="store_true", help="remove them (default: list what would be removed)")
 
     p = sub.add_parser("make", help="make one entry under its lock by running COMMAND (the workflow's jobs run this)")
-    p.add_argument("entry", metavar="ENTRY", help="the entry: a folder entry, a file entry's record, a slide's features "
-                   "file or a features set")
+    p.add_argument("--entry", required=True, help="the entry: a folder entry, a file entry's record, a slide's "
+                   "features file or a features set")
     p.add_argument("--store", required=True, help="the store folder")
-    p.add_argument("--record", required=True, metavar="JSON",
-                   help='what the entry is made from: {"kind": ..., "inputs": {...}, "names": {...}}')
+    p.add_argument("--record", required=True, metavar="JSON|@FILE",
+                   help='what the entry is made from: {"kind": ..., "inputs": {...}, "names": {...}}, or @ and the '
+                   "file that holds it")
     p.add_argument("--extractor", metavar="JSON", help="a slide's features or a features set: the extractor's record")
     p.add_argument("--files", nargs="*", default=[], metavar="FILE",
                    help="what COMMAND must leave (a folder entry: names in its build folder)")
@@ -102,7 +103,7 @@ def _make(args: argparse.Namespace) -> int:
     if not command:
         raise PathtwtError("pathtwt store make: give the command after --")
     store, entry = Store(args.store), Path(args.entry)
-    plan = json.loads(args.record)
+    plan = _json_arg(args.record)
     record = new_record(plan["kind"], plan["inputs"], plan.get("names"))
     _check_named(entry, record)
     if record["kind"] == "features-set":
@@ -114,6 +115,16 @@ def _make(args: argparse.Namespace) -> int:
     target = Target(entry, record, files, folder)
     return make_entry(store, target, lambda: run_command(command), check=lambda: _job_time_checks(args, record),
                       say=_say)
+
+
+def _json_arg(text: str) -> dict:
+    """A JSON argument, or the JSON file ``@PATH`` names (a record too long for a command line)."""
+    from pathtwt.errors import PathtwtError
+
+    try:
+        return json.loads(Path(text[1:]).read_text(encoding="utf-8") if text.startswith("@") else text)
+    except (OSError, ValueError) as exc:
+        raise PathtwtError(f"pathtwt store make: --record {text[:60]}: not JSON ({exc})") from None
 
 
 def _say(line: str) -> None:
@@ -164,7 +175,7 @@ def _make_features_set(args, store, entry, record, command) -> int:
 
     if not args.manifest or not args.extractor:
         raise PathtwtError("pathtwt store make: a features set needs --manifest and --extractor")
-    extractor_plan = json.loads(args.extractor)
+    extractor_plan = _json_arg(args.extractor)
     extractor = new_record("extractor", extractor_plan["inputs"], extractor_plan.get("names"))
     jobs = read_manifest_rows(args.manifest)
     mine = Path(args.manifest).with_name(f".{Path(args.manifest).name}.{os.getpid()}.run.tsv")

@@ -231,7 +231,7 @@ class StudyProducts:
         if name not in self._keys:
             tiles = sorted({self.tiles_key(cohort, s) for s in self.extracted_slides(cohort)})
             inputs = {"extractor": self.extractor_key(backbone, variant), "tiles": tiles}
-            self._remember(name, "features-set", inputs, {"cohort": cohort})
+            self._remember(name, "features-set", inputs, {"backbone": backbone, "variant": variant, "cohort": cohort})
         return self._keys[name]
 
     # ---- variants ------------------------------------------------------------------------
@@ -265,11 +265,14 @@ class StudyProducts:
         analyses = self.config["analysis"]["enabled"]
         return [b for b in self.backbones if analyses or self.compressed_variants(b)]
 
-    def study_entries(self) -> list[tuple[str, str, dict[str, Any]]]:
+    def study_entries(self, sets: bool | None = None) -> list[tuple[str, str, dict[str, Any]]]:
         """(entry name, key, names) of every store entry the study uses: each slide's tiles,
         each backbone's calibration tiles and discovery, each compressed model, each slide's
-        features by each variant and each cohort's set. Entry names are the store's
-        (``tiles/T``, ``features/E/T``; :mod:`pathtwt.io.store.maintenance`)."""
+        features by each variant and (``sets``, default: unless extraction runs per slide)
+        each cohort's set. Entry names are the store's (``tiles/T``, ``features/E/T``;
+        :mod:`pathtwt.io.store.maintenance`)."""
+        if sets is None:
+            sets = not self.config["extract"]["per_slide_jobs"]
         out = []
         cohorts = self.task_cohorts()
         for cohort in cohorts:
@@ -287,7 +290,8 @@ class StudyProducts:
                 e = self.extractor_key(b, v)
                 for cohort in cohorts:
                     names = {"backbone": b, "variant": v, "cohort": cohort}
-                    out.append((f"features/{e}/sets/{self.set_key(b, v, cohort)}", self.set_key(b, v, cohort), names))
+                    if sets:
+                        out.append((f"features/{e}/sets/{self.set_key(b, v, cohort)}", self.set_key(b, v, cohort), names))
                     out += [(f"features/{e}/{self.tiles_key(cohort, s)}", self.tiles_key(cohort, s), dict(names, slide=s))
                             for s in self.extracted_slides(cohort)]
         return out
@@ -301,6 +305,10 @@ class StudyProducts:
     def names_of(self, kind: str, key: str) -> dict[str, Any]:
         """The names of the first product of this plan with that key (a slide, a backbone variant)."""
         return self._names[(kind, key)]
+
+    def inputs_of(self, kind: str, key: str) -> dict[str, Any]:
+        """The inputs of a key computed for this plan."""
+        return self._inputs[(kind, key)]
 
     def record(self, kind: str, key: str) -> dict[str, Any]:
         """The record an entry made for this plan carries."""

@@ -111,3 +111,41 @@ def check_features(path: Path, tiles_key: str, extractor_record: Mapping[str, An
         when = _dt.datetime.fromtimestamp(path.stat().st_mtime, _dt.timezone.utc).isoformat(timespec="seconds")
         return {"reason": str(attrs.get("failure_reason", "unknown")), "time": when}
     return None
+
+
+# (folder of a study's results, depth of its leaf folders, a file name in them or None for
+# any): where a study from before the store kept real files that are now links
+_OLD_PRODUCTS = (("tiles", 1, None), ("thumbnails", 1, None), ("features", 3, None), ("models", 2, "model.safetensors"),
+                 ("discovery", 1, "plan.json"), ("calibration", 0, None))
+
+
+def products_before_the_store(results: str | os.PathLike) -> list[str]:
+    """The folders of a study's results that hold tiles, features, models, discovery or
+    calibration files of their own (from a pathtwt before the store), where the store's
+    layout has links; only the first file of each leaf folder is looked at."""
+    found = []
+    for name, depth, file in _OLD_PRODUCTS:
+        if any(_owns_files(leaf, file) for leaf in _leaves(Path(results) / name, depth)):
+            found.append(f"{name}/")
+    return found
+
+
+def _leaves(folder: Path, depth: int) -> list[Path]:
+    if depth == 0:
+        return [folder] if folder.is_dir() and not folder.is_symlink() else []
+    try:
+        children = [folder / n for n in sorted(os.listdir(folder)) if not n.startswith(".")]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [leaf for child in children if child.is_dir() and not child.is_symlink() for leaf in _leaves(child, depth - 1)]
+
+
+def _owns_files(folder: Path, name: str | None) -> bool:
+    if name is not None:
+        path = folder / name
+        return path.is_file() and not path.is_symlink()
+    with os.scandir(folder) as it:
+        for entry in it:
+            if not entry.name.startswith(".") and entry.name.endswith((".h5", ".png")):
+                return not entry.is_symlink()
+    return False
