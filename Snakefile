@@ -34,6 +34,7 @@ if config.get("container"):
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/store.smk"
+include: "workflow/rules/views.smk"
 include: "workflow/rules/demo.smk"
 include: "workflow/rules/tiling.smk"
 include: "workflow/rules/compress.smk"

@@ -31,7 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("make", help="make one entry under its lock by running COMMAND (the workflow's jobs run this)")
     p.add_argument("--entry", required=True, help="the entry: a folder entry, a file entry's record, a slide's "
                    "features file or a features set")
-    p.add_argument("--store", required=True, help="the store folder")
     p.add_argument("--record", required=True, metavar="JSON|@FILE",
                    help='what the entry is made from: {"kind": ..., "inputs": {...}, "names": {...}}, or @ and the '
                    "file that holds it")
@@ -102,9 +101,10 @@ def _make(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise PathtwtError("pathtwt store make: give the command after --")
-    store, entry = Store(args.store), Path(args.entry)
+    entry = Path(args.entry)
     plan = _json_arg(args.record)
     record = new_record(plan["kind"], plan["inputs"], plan.get("names"))
+    store = Store.of_entry(record["kind"], entry)
     _check_named(entry, record)
     if record["kind"] == "features-set":
         return _make_features_set(args, store, entry, record, command)

@@ -276,20 +276,22 @@ class StudyProducts:
         out = []
         cohorts = self.task_cohorts()
         for cohort in cohorts:
-            out += [(f"tiles/{self.tiles_key(cohort, s)}", self.tiles_key(cohort, s), {"cohort": cohort, "slide": s})
-                    for s in self._table_of(cohort).slide_ids]
+            out += [(f"tiles/{self.tiles_key(cohort, s)}", self.tiles_key(cohort, s),
+                     {"kind": "tiles", "cohort": cohort, "slide": s}) for s in self._table_of(cohort).slide_ids]
         for b in self.calibrated_backbones():
-            out.append((f"calibration/{self.calibration_key(b)}", self.calibration_key(b), {"backbone": b}))
+            out.append((f"calibration/{self.calibration_key(b)}", self.calibration_key(b), {"kind": "calibration",
+                                                                                          "backbone": b}))
             if self.compressed_variants(b):
-                out.append((f"discovery/{self.discovery_key(b)}", self.discovery_key(b), {"backbone": b}))
+                out.append((f"discovery/{self.discovery_key(b)}", self.discovery_key(b), {"kind": "discovery",
+                                                                                        "backbone": b}))
         for b in self.backbones:
-            out += [(f"models/{self.model_key(b, v)}", self.model_key(b, v), {"backbone": b, "variant": v})
+            out += [(f"models/{self.model_key(b, v)}", self.model_key(b, v), {"kind": "models", "backbone": b, "variant": v})
                     for v in self.compressed_variants(b)]
         for b in self.backbones:
             for v in self.variants(b):
                 e = self.extractor_key(b, v)
                 for cohort in cohorts:
-                    names = {"backbone": b, "variant": v, "cohort": cohort}
+                    names = {"kind": "features", "backbone": b, "variant": v, "cohort": cohort}
                     if sets:
                         out.append((f"features/{e}/sets/{self.set_key(b, v, cohort)}", self.set_key(b, v, cohort), names))
                     out += [(f"features/{e}/{self.tiles_key(cohort, s)}", self.tiles_key(cohort, s), dict(names, slide=s))

@@ -6,7 +6,8 @@
 rule calibration_list:
     """The coords files of a calibration (the study's tiles links) and its record."""
     input:
-        get_calibration_cohort_views,
+        tiles=get_calibration_tiles,
+        views=get_calibration_cohort_views,
     output:
         listing=study_path("calibration/{ckey}.coords.txt"),
         record=study_path("calibration/{ckey}.record.json"),
@@ -28,7 +29,6 @@ rule calibrate:
     output:
         update(f"{STORE_DIR}/calibration/{{ckey}}.h5"),
     params:
-        store=STORE_DIR,
         entry=lambda wc: str(STORE.calibration(wc.ckey).record),
         record=lambda wc: f"@{study_path(f'calibration/{wc.ckey}.record.json')}",
         n_tiles=config["calibration"]["n_tiles"],
@@ -50,7 +50,7 @@ rule calibrate:
         CONDA_ENV
     shell:
         # the coords files one per line (check-config refuses a slide id holding a newline)
-        "mapfile -t coords < {input.listing:q}; pathtwt store make --entry {params.entry:q} --store {params.store:q}"
+        "mapfile -t coords < {input.listing:q}; pathtwt store make --entry {params.entry:q}"
         " --record {params.record:q} --files {output:q} --"
         " pathtwt calibrate --coords \"${{coords[@]}}\""
         " --out {output:q} --n-tiles {params.n_tiles:q}"
@@ -67,7 +67,6 @@ rule discover:
         similarity=update(f"{STORE_DIR}/discovery/{{dkey}}/similarity.npy"),
         figure=update(f"{STORE_DIR}/discovery/{{dkey}}/similarity.png"),
     params:
-        store=STORE_DIR,
         entry=lambda wc: str(STORE.discovery(wc.dkey)),
         record=lambda wc: get_plan_json("discovery", wc.dkey),
         check=lambda wc: get_weights_check_args(backbone_wildcards("discovery", wc.dkey)),
@@ -91,7 +90,7 @@ rule discover:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt store make --entry {params.entry:q} --store {params.store:q} --record {params.record:q}"
+        "pathtwt store make --entry {params.entry:q} --record {params.record:q}"
         " --files plan.json similarity.npy similarity.png {params.check:q} --"
         " pathtwt discover {params.backbone:q} --calibration {input.calibration:q}"
         " --out {params.out:q} {params.goal:q} --tokens {params.tokens:q}"
@@ -105,7 +104,6 @@ rule compress:
         model=update(f"{STORE_DIR}/models/{{mkey}}/model.safetensors"),
         meta=update(f"{STORE_DIR}/models/{{mkey}}/model.json"),
     params:
-        store=STORE_DIR,
         entry=lambda wc: str(STORE.model(wc.mkey)),
         record=lambda wc: get_plan_json("model", wc.mkey),
         check=lambda wc: get_weights_check_args(model_wildcards(wc)),
@@ -143,7 +141,7 @@ rule compress:
         " if [ \"$ranks\" -gt 1 ]; then run=\"torchrun --standalone --nproc-per-node $ranks -m pathtwt\";"
         " if [ {params.device:q} != cpu ]; then run=\"python -m pathtwt.devices --gpus $ranks -- $run\"; fi;"
         " else run=pathtwt; fi;"
-        " pathtwt store make --entry {params.entry:q} --store {params.store:q} --record {params.record:q}"
+        " pathtwt store make --entry {params.entry:q} --record {params.record:q}"
         " --files model.safetensors model.json {params.check:q} --"
         " $run compress --method {params.method:q} {params.backbone:q}"
         " --calibration {input.calibration:q} {params.target:q}"

@@ -44,7 +44,6 @@ rule extract:
         features=update(f"{STORE_DIR}/features/{{ekey}}/{{tkey}}.h5" if PER_SLIDE_EXTRACT
                         else f"{STORE_DIR}/features/{{ekey}}/sets/{{skey}}.json"),
     params:
-        store=STORE_DIR,
         entry=get_extract_jobs_args,
         check=lambda wc: get_weights_check_args(extract_wildcards(wc)) if _variant_kind(extract_wildcards(wc).variant) == "teacher" else [],
         model=lambda wc: get_model_args(extract_wildcards(wc)),
@@ -69,7 +68,7 @@ rule extract:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt store make {params.entry:q} --store {params.store:q} {params.check:q} --"
+        "pathtwt store make {params.entry:q} {params.check:q} --"
         " pathtwt extract {params.model:q}"
         " --batch-size {params.batch_size:q} --device {params.device:q} --decode {params.decode:q}"
         " --precision {params.precision:q} --embedding {params.embedding:q} --workers {params.workers:q}"

@@ -112,6 +112,14 @@ def get_calibration_listing(ckey):
     return study_path(f"calibration/{ckey}.coords.txt")
 
 
+def get_calibration_tiles(wildcards):
+    """The tiles entries of a calibration's slides: only the TRAINING split of each task's
+    training cohort (or a cross-validated cohort's compression hold-out), so no validation,
+    internal test or external slide can leak into compression."""
+    backbone = _owner("calibration", wildcards.ckey)["backbone"]
+    return [str(get_tiles_entry(c, s).coords) for c, s in PRODUCTS.calibration_slides(backbone)]
+
+
 def get_calibration_cohort_views(wildcards):
     backbone = _owner("calibration", wildcards.ckey)["backbone"]
     return [get_study_tiles(c) for c in dict.fromkeys(c for c, _ in PRODUCTS.calibration_slides(backbone))]
@@ -260,6 +268,20 @@ def get_features_view_inputs(wildcards):
     return slides
 
 
+def write_tiles_view(wildcards, output):
+    store_views.tiles_view(STORE, Path(output.tiles), Path(output.thumbnails),
+                           {s: PRODUCTS.tiles_key(wildcards.cohort, s) for s in get_slide_ids(wildcards.cohort)})
+
+
+def write_features_view(wildcards, output):
+    """The cohort's {slide}.h5 links to its slides' entries (each checked) and its failures table."""
+    store_views.features_view(
+        STORE, Path(output.features), get_extractor(wildcards.backbone, wildcards.variant),
+        {s: PRODUCTS.tiles_key(wildcards.cohort, s) for s in get_extracted_slide_ids(wildcards.cohort)},
+        Path(output.failures) if RECORD_FAILURES else None,
+    )
+
+
 def get_features_view_outputs():
     out = {"features": directory(study_path(layout.FEATURES_DIR))}
     if RECORD_FAILURES:
@@ -299,114 +321,15 @@ def say_store_plan():
     it makes, by kind (once the demo cohorts it names are written)."""
     if any(config_check.demo_pending(config, c) for c in config["cohorts"]):
         return None
-    have = {"tiles": STORE.has_tiles, "calibration": STORE.has_calibration,
-            "discovery": lambda k: STORE.has_folder_entry(STORE.discovery(k)),
-            "models": lambda k: STORE.has_folder_entry(STORE.model(k))}
     counts = {}
-    for name, key, _ in PRODUCTS.study_entries(sets=False):
-        kind = name.split("/")[0]
-        there = STORE.has_features(*name.split("/")[1:3]) if kind == "features" else have[kind](key)
-        counts.setdefault(kind, [0, 0])[0 if there else 1] += 1
+    for name, key, names in PRODUCTS.study_entries(sets=False):
+        kind = names["kind"]
+        counts.setdefault(kind, [0, 0])[0 if STORE.has(name) else 1] += 1
     reused = ", ".join(f"{kind} {n[0]}" for kind, n in counts.items())
     made = ", ".join(f"{kind} {n[1]}" for kind, n in counts.items() if n[1]) or "nothing"
     logger.info(f"pathtwt store {STORE_DIR}: study {STUDY} reuses {reused} entries; makes {made} "
                 f"(results/{STUDY}/store.tsv names them once made; pathtwt store ls lists the store)")
     return sum(n[1] for n in counts.values())
-
-
-rule view_tiles:
-    """A cohort's tiles and thumbnails in the study's folder: links to their entries."""
-    input:
-        lambda wc: get_tiles_coords(wc.cohort),
-    output:
-        tiles=directory(study_path("tiles/{cohort}")),
-        thumbnails=directory(study_path("thumbnails/{cohort}")),
-    log:
-        study_log("views/tiles/{cohort}.log"),
-    localrule: True
-    threads: 1
-    resources:
-        mem_mb=500,
-        runtime=5,
-    run:
-        store_views.tiles_view(STORE, Path(output.tiles), Path(output.thumbnails),
-                               {s: PRODUCTS.tiles_key(wildcards.cohort, s) for s in get_slide_ids(wildcards.cohort)})
-
-
-rule view_features:
-    """A cohort's features by a backbone variant in the study's folder ({slide}.h5 links to
-    the slides' entries, each checked), and its failures table."""
-    input:
-        get_features_view_inputs,
-    output:
-        **get_features_view_outputs(),
-    log:
-        study_log("views/features/{backbone}/{variant}/{cohort}.log"),
-    localrule: True
-    threads: 1
-    resources:
-        mem_mb=500,
-        runtime=10,
-    run:
-        store_views.features_view(
-            STORE, Path(output.features), get_extractor(wildcards.backbone, wildcards.variant),
-            {s: PRODUCTS.tiles_key(wildcards.cohort, s) for s in get_extracted_slide_ids(wildcards.cohort)},
-            Path(output.failures) if RECORD_FAILURES else None,
-        )
-
-
-rule view_model:
-    """A compressed variant's model in the study's folder: links to its entry's files."""
-    input:
-        lambda wc: f"{get_model_entry(wc.backbone, wc.variant)}/model.json",
-    output:
-        directory(study_path(layout.MODEL_DIR)),
-    log:
-        study_log("views/models/{backbone}/{variant}.log"),
-    localrule: True
-    threads: 1
-    resources:
-        mem_mb=500,
-        runtime=5,
-    run:
-        store_views.entry_view(Path(output[0]), Path(get_model_entry(wildcards.backbone, wildcards.variant)), "model")
-
-
-rule view_discovery:
-    """A backbone's discovery (plan, similarity matrix and figure) in the study's folder."""
-    input:
-        lambda wc: f"{get_discovery_entry(wc.backbone)}/plan.json",
-    output:
-        directory(study_path(layout.DISCOVERY_DIR)),
-    log:
-        study_log("views/discovery/{backbone}.log"),
-    localrule: True
-    threads: 1
-    resources:
-        mem_mb=500,
-        runtime=5,
-    run:
-        store_views.entry_view(Path(output[0]), Path(get_discovery_entry(wildcards.backbone)), "discovery")
-
-
-rule store_manifest:
-    """results/STUDY/store.tsv: the store entries the study used."""
-    input:
-        get_tiles_views(),
-        get_model_views(),
-        get_discovery_views(),
-        [get_features_dir(b, v, c) for b in get_backbones() for v in get_variants(b) for c in PRODUCTS.task_cohorts()],
-    output:
-        study_path("store.tsv"),
-    log:
-        study_log("store.log"),
-    localrule: True
-    threads: 1
-    resources:
-        mem_mb=500,
-        runtime=5,
-    run:
-        write_store_manifest(output[0])
 
 
 # ---- when the workflow is planned -----------------------------------------------------------

@@ -17,7 +17,6 @@ rule tile:
         coords=update(f"{STORE_DIR}/tiles/{{tkey}}.coords.h5"),
         thumbnail=update(f"{STORE_DIR}/tiles/{{tkey}}.thumbnail.png"),
     params:
-        store=STORE_DIR,
         entry=lambda wc: str(STORE.tiles(wc.tkey).record),
         record=lambda wc: get_plan_json("tiles", wc.tkey),
         mpp=lambda wc: get_tiling(tile_wildcards(wc).cohort)["target_mpp"],
@@ -43,7 +42,7 @@ rule tile:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt store make --entry {params.entry:q} --store {params.store:q} --record {params.record:q}"
+        "pathtwt store make --entry {params.entry:q} --record {params.record:q}"
         " --files {output.coords:q} {output.thumbnail:q} --check-slide {input.slide:q} --"
         " pathtwt tile --out {output.coords:q} --thumbnail {output.thumbnail:q}"
         " --mpp {params.mpp:q} --tile-size {params.tile_size:q} --tissue {params.tissue:q}"

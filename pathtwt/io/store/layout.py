@@ -42,6 +42,14 @@ class Store:
         self.root = Path(root)
         self._listings: dict[Path, frozenset[str]] = {}
 
+    # where an entry of each kind lies below the store's folder (folders up from its path)
+    _DEPTH = {"tiles": 2, "calibration": 2, "discovery": 2, "model": 2, "extractor": 3, "features-set": 4}
+
+    @classmethod
+    def of_entry(cls, kind: str, entry: str | os.PathLike) -> "Store":
+        """The store an entry of ``kind`` lies in (an extractor's entry: a slide's features file)."""
+        return cls(Path(entry).parents[cls._DEPTH[kind] - 1])
+
     # ---- where ------------------------------------------------------------------------
 
     def tiles(self, key: str) -> TilesEntry:
@@ -108,6 +116,21 @@ class Store:
 
     def has_features_set(self, extractor: str, key: str) -> bool:
         return f"{key}.json" in self.listing(self.extractor(extractor) / "sets")
+
+    def has(self, name: str) -> bool:
+        """Whether the entry named ``name`` (``tiles/T``, ``calibration/C``, ``discovery/D``,
+        ``models/M``, ``features/E/T``, ``features/E/sets/S``) is there."""
+        kind, _, rest = name.partition("/")
+        if kind == "tiles":
+            return self.has_tiles(rest)
+        if kind == "calibration":
+            return self.has_calibration(rest)
+        if kind in ("discovery", "models"):
+            return self.has_folder_entry(self.root / kind / rest)
+        extractor, _, rest = rest.partition("/")
+        if rest.startswith("sets/"):
+            return self.has_features_set(extractor, rest[len("sets/"):])
+        return self.has_features(extractor, rest)
 
     # ---- the folder itself --------------------------------------------------------------
 
