@@ -34,7 +34,8 @@ SMALL_SIZES = {k: (f, l, c, {s: min(n, 2) for s, n in splits.items()}, e) for k,
 
 
 def make_tree(root: Path, sizes: dict) -> int:
-    """Empty slide files and label tables; returns the number of slides."""
+    """Slide files (a few bytes each, distinct: identical files would be one slide to the
+    store) and label tables; returns the number of slides."""
     total = 0
     for cohort, (folder, labels, label_col, splits, ext) in sizes.items():
         (root / folder).mkdir(parents=True, exist_ok=True)
@@ -42,7 +43,7 @@ def make_tree(root: Path, sizes: dict) -> int:
         for split, n in splits.items():
             for i in range(n):
                 slide = f"{cohort}-{split}-{i:05d}"
-                (root / folder / f"{slide}{ext}").touch()
+                (root / folder / f"{slide}{ext}").write_bytes(slide.encode())
                 rows.append(f"{slide},{i % 2},{split}\n")
         (root / labels).parent.mkdir(parents=True, exist_ok=True)
         (root / labels).write_text(f"slide_id,{label_col},split\n" + "".join(rows))
