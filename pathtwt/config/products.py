@@ -147,12 +147,13 @@ class StudyProducts:
         return sorted(slides, key=lambda cs: PurePosixPath(cs[0], f"{cs[1]}.h5"))
 
     def calibration_key(self, backbone: str) -> str:
-        """Calibration tiles: the slides' names (their order and the held-out slides' names
-        decide the draw) and tiles keys, and the draw's settings."""
+        """Calibration tiles: the slides' tiles keys in the order the draw reads them (which
+        their cohorts' and slides' names decide) with the slides' names (a held-out slide is
+        known by its name), and the draw's settings."""
         name = ("calibration", backbone)
         if name not in self._keys:
             slides = self.calibration_slides(backbone)
-            inputs = {"tiles": [[c, s, self.tiles_key(c, s)] for c, s in slides],
+            inputs = {"tiles": [[s, self.tiles_key(c, s)] for c, s in slides],
                       "settings": values(("calibration",), self.config["calibration"])}
             self._remember(name, "calibration", inputs, {"backbone": backbone})
         return self._keys[name]

@@ -158,17 +158,18 @@ def get_compress_inputs(wildcards):
     if STORE.has_folder_entry(STORE.model(wildcards.mkey)):
         return {"stored": STORED}
     wc = model_wildcards(wildcards)
-    ckey = PRODUCTS.calibration_key(wc.backbone)
-    return {
+    inputs = {
         "calibration": get_calibration_entry(wc.backbone),
-        # the coords of the training tiles, streamed when compress.stream is on (the same
-        # training-split slides as the calibration draw, less its held-out slides)
-        "listing": get_calibration_listing(ckey),
-        "views": get_calibration_cohort_views(SimpleNamespace(ckey=ckey)),
         # discovery first: its similarity matrix and figure belong to every TWT model
         "plan": f"{get_discovery_entry(wc.backbone)}/plan.json",
         "weights": get_teacher_inputs(wc),
     }
+    if config["compress"]["stream"]:
+        # the coords of the training tiles, streamed (the same training-split slides as the
+        # calibration draw, less its held-out slides): the study's links, listed
+        ckey = PRODUCTS.calibration_key(wc.backbone)
+        inputs.update(listing=get_calibration_listing(ckey), views=get_calibration_cohort_views(SimpleNamespace(ckey=ckey)))
+    return inputs
 
 
 # ---- features ----------------------------------------------------------------------------
