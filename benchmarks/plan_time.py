@@ -37,17 +37,23 @@ REAL_SIZES = {
 }
 
 
-def make_cohorts(root: Path, scale: float = 1.0) -> int:
+def scaled(factor: float) -> dict:
+    """:data:`REAL_SIZES` with every split ``factor`` times as large (at least 2 slides)."""
+    return {c: (f, l, col, {s: max(2, round(n * factor)) for s, n in splits.items()}, e)
+            for c, (f, l, col, splits, e) in REAL_SIZES.items()}
+
+
+def make_cohorts(root: Path, sizes: dict = REAL_SIZES) -> int:
     """Fake slide files (distinct bytes: identical files would be one slide to the store) and
-    label tables, ``scale`` times the real sizes; the number of slides."""
+    label tables of ``sizes`` (as :data:`REAL_SIZES`); the number of slides."""
     total = 0
-    for cohort, (folder, labels, label_col, splits, ext) in REAL_SIZES.items():
+    for cohort, (folder, labels, label_col, splits, ext) in sizes.items():
         (root / folder).mkdir(parents=True, exist_ok=True)
         rows = []
         for split, n in splits.items():
-            for i in range(max(2, round(n * scale))):
+            for i in range(n):
                 slide = f"{cohort}-{split}-{i:05d}"
-                (root / folder / f"{slide}{ext}").write_bytes(slide.encode() * 64)
+                (root / folder / f"{slide}{ext}").write_bytes(slide.encode())
                 rows.append(f"{slide},{i % 2},{split}\n")
         (root / labels).parent.mkdir(parents=True, exist_ok=True)
         (root / labels).write_text(f"slide_id,{label_col},split\n" + "".join(rows))
@@ -99,7 +105,7 @@ def main() -> int:
                                        text=True, check=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="plan-time-") as tmp:
         root = Path(tmp)
-        n = make_cohorts(root / "data", args.scale)
+        n = make_cohorts(root / "data", scaled(args.scale) if args.scale != 1 else REAL_SIZES)
         trees = {"base": checkout(base, root / "base"), "store": REPO}
         times: dict[str, list[float]] = {"base": [], "store": []}
         jobs = {}

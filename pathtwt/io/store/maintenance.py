@@ -109,8 +109,8 @@ def describe(entry: Entry) -> str:
     made, inputs = entry.record.get("made") or {}, entry.record.get("inputs") or {}
     if entry.kind == "tiles":
         tiling = inputs.get("tiling") or {}
-        return (f"{made.get('cohort', '?')}/{made.get('slide', '?')}: {tiling.get('tile_size')} px at "
-                f"{tiling.get('target_mpp')} um/px")
+        return (f"{made.get('cohort', '?')}/{made.get('slide', '?')}: {tiling.get('tile_size', 0):g} px at "
+                f"{tiling.get('target_mpp', 0):g} um/px")
     if entry.kind == "features":
         settings = inputs.get("settings") or {}
         return (f"{made.get('backbone', '?')}/{made.get('variant', '?')}: {entry.slides} slide(s), "
