@@ -24,7 +24,6 @@ from pathtwt.config.store_keys import values
 from pathtwt.io.layout import RANDOM_INIT
 from pathtwt.io.store.keys import entry_key
 from pathtwt.io.store.layout import Store
-from pathtwt.io.store.records import new_record
 
 # spec fields that describe where a backbone comes from or how it is credited, not what it computes
 DESCRIPTIVE_SPEC_FIELDS = ("hub_id", "hub_file", "default_weights", "licence", "card", "variant_dir")
@@ -301,10 +300,6 @@ class StudyProducts:
 
     # ---- what is known -------------------------------------------------------------------
 
-    def key(self, *name: str) -> str | None:
-        """The key computed for a product named as the methods above name it, if any."""
-        return self._keys.get(tuple(name))
-
     def names_of(self, kind: str, key: str) -> dict[str, Any]:
         """The names of the first product of this plan with that key (a slide, a backbone variant)."""
         return self._names[(kind, key)]
@@ -313,20 +308,11 @@ class StudyProducts:
         """The inputs of a key computed for this plan."""
         return self._inputs[(kind, key)]
 
-    def record(self, kind: str, key: str) -> dict[str, Any]:
-        """The record an entry made for this plan carries."""
-        return new_record(kind, self._inputs[(kind, key)], dict(self._names[(kind, key)], study=self.config["study"]))
-
-    def entries(self) -> list[tuple[str, str, dict[str, Any]]]:
-        """(kind, key, names) of every product keyed so far, in the order they were keyed."""
-        return [(kind, key, names) for (kind, key), names in self._names.items()]
-
 
 def _file_sha256(path: Path) -> str:
     from pathtwt.io.atomic import sha256_file
 
     return sha256_file(path)
-
 
 
 def entries_used_by(config_files: list[str], *, store: str | None = None) -> tuple[Path, set[str]]:

@@ -103,6 +103,12 @@ onstart:
     wake_local_scheduler_on_job_events_only()
     run_bookkeeping_jobs_in_process()
 
+
+# slides fingerprinted after the plan was made (a demo cohort, once its checkpoint wrote it)
+# are kept for the next plan as well
+onsuccess:
+    PRODUCTS.fingerprints.save()
+
 # The jobs' environment under --use-conda (relative to workflow/rules/, where the rules are).
 CONDA_ENV = f"../envs/{config['conda_env']}.yaml"
 

@@ -65,7 +65,14 @@ rule discover:
     output:
         plan=update(f"{STORE_DIR}/discovery/{{dkey}}/plan.json"),
         similarity=update(f"{STORE_DIR}/discovery/{{dkey}}/similarity.npy"),
-        figure=update(f"{STORE_DIR}/discovery/{{dkey}}/similarity.png"),
+        figure=update(
+            report(
+                f"{STORE_DIR}/discovery/{{dkey}}/similarity.png",
+                caption="../report/similarity.rst",
+                category="Discovery",
+                labels={"discovery entry": "{dkey}"},
+            )
+        ),
     params:
         entry=lambda wc: str(STORE.discovery(wc.dkey)),
         record=lambda wc: get_plan_json("discovery", wc.dkey),

@@ -179,14 +179,6 @@ def get_extractor(backbone, variant):
     return PRODUCTS.extractor_key(backbone, variant)
 
 
-def get_slide_features(backbone, variant, cohort, slide):
-    return str(STORE.features(get_extractor(backbone, variant), PRODUCTS.tiles_key(cohort, slide)))
-
-
-def get_features_set(backbone, variant, cohort):
-    return str(STORE.features_set(get_extractor(backbone, variant), PRODUCTS.set_key(backbone, variant, cohort)))
-
-
 def get_extract_manifest(wildcards):
     return study_path(f"manifests/extract/{wildcards.ekey}/{wildcards.skey}.tsv")
 
@@ -351,3 +343,4 @@ if not workflow.remote_exec:
                "store')")
     if say_store_plan() and store_refusal():
         refuse(store_refusal())
+    PRODUCTS.fingerprints.save()  # the slides hashed for this plan are not hashed at the next

@@ -15,7 +15,14 @@ rule tile:
         unpack(get_tile_inputs),
     output:
         coords=update(f"{STORE_DIR}/tiles/{{tkey}}.coords.h5"),
-        thumbnail=update(f"{STORE_DIR}/tiles/{{tkey}}.thumbnail.png"),
+        thumbnail=update(
+            report(
+                f"{STORE_DIR}/tiles/{{tkey}}.thumbnail.png",
+                caption="../report/thumbnail.rst",
+                category="Tissue",
+                labels={"tiles entry": "{tkey}"},
+            )
+        ),
     params:
         entry=lambda wc: str(STORE.tiles(wc.tkey).record),
         record=lambda wc: get_plan_json("tiles", wc.tkey),

@@ -98,10 +98,6 @@ class Store:
                 self._listings[folder] = frozenset()
         return self._listings[folder]
 
-    def forget(self) -> None:
-        """Read the folders again at the next question (after entries were made)."""
-        self._listings.clear()
-
     def has_tiles(self, key: str) -> bool:
         return f"{key}.json" in self.listing(self.root / "tiles")
 
