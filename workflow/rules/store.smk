@@ -46,6 +46,14 @@ def store_refusal():
     return STORE.writable()
 
 
+def stored(has, *keys):
+    """Whether the store holds an entry, as the plan sees it (``has``: a Store method). A job
+    submitted to a cluster parses the workflow again: it makes what it was planned to make,
+    whatever the store holds by then (its `pathtwt store make` finds an entry another run
+    made meanwhile and leaves it as it is)."""
+    return not workflow.remote_exec and has(*keys)
+
+
 def _owner(kind, key):
     """The names (cohort and slide, backbone and variant) of the first product with that key."""
     try:
@@ -83,7 +91,7 @@ def get_tiles_coords(cohort, slides=None):
 
 def get_tile_inputs(wildcards):
     """The slide (and its ROI) of a tiles entry to make; STORED for one in the store."""
-    if STORE.has_tiles(wildcards.tkey):
+    if stored(STORE.has_tiles, wildcards.tkey):
         return {"stored": STORED}
     o = _owner("tiles", wildcards.tkey)
     return {"slide": str(get_slide_paths(o["cohort"])[o["slide"]]), "roi": get_roi(SimpleNamespace(**o))}
@@ -134,7 +142,7 @@ def write_calibration_listing(wildcards, listing, record):
 
 
 def get_calibrate_inputs(wildcards):
-    if STORE.has_calibration(wildcards.ckey):
+    if stored(STORE.has_calibration, wildcards.ckey):
         return {"stored": STORED}
     return {"listing": get_calibration_listing(wildcards.ckey), "views": get_calibration_cohort_views(wildcards)}
 
@@ -144,7 +152,7 @@ def get_discovery_entry(backbone):
 
 
 def get_discover_inputs(wildcards):
-    if STORE.has_folder_entry(STORE.discovery(wildcards.dkey)):
+    if stored(STORE.has_folder_entry, STORE.discovery(wildcards.dkey)):
         return {"stored": STORED}
     b = backbone_wildcards("discovery", wildcards.dkey)
     return {"calibration": get_calibration_entry(b.backbone), "weights": get_teacher_inputs(b)}
@@ -155,7 +163,7 @@ def get_model_entry(backbone, variant):
 
 
 def get_compress_inputs(wildcards):
-    if STORE.has_folder_entry(STORE.model(wildcards.mkey)):
+    if stored(STORE.has_folder_entry, STORE.model(wildcards.mkey)):
         return {"stored": STORED}
     wc = model_wildcards(wildcards)
     inputs = {
@@ -199,10 +207,10 @@ def get_extract_inputs(wildcards):
     wc = extract_wildcards(wildcards)
     model = get_model_inputs(wc)
     if PER_SLIDE_EXTRACT:
-        if STORE.has_features(wildcards.ekey, wildcards.tkey):
+        if stored(STORE.has_features, wildcards.ekey, wildcards.tkey):
             return {"stored": STORED}
         return {"coords": str(STORE.tiles(wildcards.tkey).coords), "slide": get_slide(wc), "model": model}
-    if STORE.has_features_set(wildcards.ekey, wildcards.skey):
+    if stored(STORE.has_features_set, wildcards.ekey, wildcards.skey):
         return {"stored": STORED}
     missing = [s for s in get_extracted_slide_ids(wc.cohort)
                if not STORE.has_features(wildcards.ekey, PRODUCTS.tiles_key(wc.cohort, s))]
