@@ -317,6 +317,31 @@ def write_store_manifest(out):
     write_text_atomic(out, "".join(rows))
 
 
+def check_shared_records():
+    """The records of the few entries many jobs read (calibration tiles, discovery plans,
+    models, extractors), checked against their keys when the plan is made; a slide's tiles
+    and features are checked as the study's folder links them (views.smk)."""
+    from pathtwt.errors import StoreError
+    from pathtwt.io.store.records import read_checked
+
+    records = {}
+    for name, key, names in PRODUCTS.study_entries(sets=False):
+        kind = names["kind"]
+        if kind == "calibration":
+            records[STORE.calibration(key).record] = ("calibration", key)
+        elif kind in ("discovery", "models"):
+            records[STORE.root / name / "entry.json"] = ("discovery" if kind == "discovery" else "model", key)
+        elif kind == "features":
+            extractor = PRODUCTS.extractor_key(names["backbone"], names["variant"])
+            records[STORE.extractor(extractor) / "entry.json"] = ("extractor", extractor)
+    try:
+        for path, (kind, key) in records.items():
+            if path.is_file():
+                read_checked(path, kind=kind, key=key)
+    except StoreError as exc:
+        refuse(str(exc))
+
+
 def say_store_plan():
     """The dry run's (and every run's) account of the store: what the study reuses and what
     it makes, by kind (once the demo cohorts it names are written)."""
@@ -349,6 +374,9 @@ if not workflow.remote_exec:
                f"this one keeps links into the store: set the folder aside (mv {RESULTS} {RESULTS}.before-store) and "
                "run again, which makes those products anew in the store (docs/workflow.md, 'Results from before the "
                "store')")
-    if say_store_plan() and store_refusal():
+    _to_make = say_store_plan()  # None until the demo cohorts it names are written
+    if _to_make is not None:
+        check_shared_records()
+    if _to_make and store_refusal():
         refuse(store_refusal())
     PRODUCTS.fingerprints.save()  # the slides hashed for this plan are not hashed at the next
