@@ -216,6 +216,17 @@ def test_a_tampered_entry_and_a_folder_from_before_the_store_are_refused(first):
         assert not (first.work / "results" / "tampered" / "tiles" / "bach").exists()
     finally:
         record.write_text(text)
+    # a model's record, read by many jobs, is checked when the plan is made: before any job
+    record = next((first.store / "models").glob("*/entry.json"))
+    text = record.read_text()
+    try:
+        record.write_text(text.replace('"steps": 2.0', '"steps": 3.0'))
+        res = _snakemake(first.work, _config(first, "tampered"), "-n", check=False)
+        errors = [x for x in res.stderr.splitlines() if x.startswith("Error:")]
+        assert res.returncode == 1 and "Job stats" not in res.stdout and len(errors) == 1
+        assert f"{record.parent.name}/entry.json: its recorded inputs give key" in errors[0]
+    finally:
+        record.write_text(text)
     old = first.work / "results" / "old"
     (old / "features" / "vit-s14-tiny" / "uncompressed" / "bach").mkdir(parents=True)
     (old / "features" / "vit-s14-tiny" / "uncompressed" / "bach" / "n002.h5").write_bytes(b"")  # a file, not a link

@@ -127,10 +127,12 @@ class StudyProducts:
                                  f"-> {weights['sha256'][:12]}): nothing made from the old weights is used")
                     self.weights.replaced.clear()
                 else:
+                    # from the hub (downloaded by the first job, or already in its cache): keyed by
+                    # name, the same before the download and after it
                     weights = {"hub": spec.hub_id, "file": spec.hub_file}
-                    self.say(f"pathtwt store: backbone {backbone}'s weights are not on this machine yet; its store keys "
-                             f"name {spec.hub_id} (unpinned): give backbones.{backbone}.weights a file to key them "
-                             "by content")
+                    self.say(f"pathtwt store: backbone {backbone}'s weights come from the hub ({spec.hub_id}); its "
+                             f"entries are keyed by that name, not the weights' content: give backbones.{backbone}."
+                             "weights a local file to key them by content (a new hub revision is not noticed)")
             self._teachers[backbone] = {"architecture": architecture(b["teacher"]), "weights": weights}
         return self._teachers[backbone]
 

@@ -139,10 +139,9 @@ def state_dict_to_timm(state: Mapping[str, Any], model: Any) -> dict[str, Any]:
 
 
 def local_weights_path(spec: "BackboneSpec", weights: str | os.PathLike | None) -> Path | None:
-    """The weights file (or snapshot folder) a backbone would load, found without the network:
-    ``weights`` when given and present, a variant's own file, the spec's file under a local
-    weights folder, or the hub's file already in the Hugging Face cache; None when only a
-    download would find them."""
+    """The local weights file (or snapshot folder) a backbone would load, found without the
+    network: ``weights`` when given and present, a variant's own file, or the spec's file
+    under a local weights folder; None when it would come from the hub (or is missing)."""
     if weights is not None:
         return Path(weights) if Path(weights).exists() else None
     if spec.variant_dir is not None:
@@ -150,14 +149,6 @@ def local_weights_path(spec: "BackboneSpec", weights: str | os.PathLike | None) 
     for folder in local_weights_dirs() if spec.default_weights else ():
         if (folder / spec.default_weights).exists():
             return folder / spec.default_weights
-    if spec.hub_id:
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(spec.hub_id.removeprefix("hf-hub:"), spec.hub_file)
-        except Exception:  # noqa: BLE001 - no hub library or an unreadable cache: not found locally
-            return None
-        return Path(cached) if isinstance(cached, str) else None
     return None
 
 
