@@ -294,6 +294,9 @@ def test_a_store_that_cannot_be_written_is_one_line(small_disk):
         with pytest.raises(StoreError) as err:
             store.ensure()
         assert "\n" not in str(err.value) and "cannot be written" in str(err.value) and "store:" in str(err.value)
+        # what the plan says before any job, when it has entries to make there
+        why = store.writable()
+        assert why is not None and "\n" not in why and "not writable" in why and "store: key" in why
     finally:
         small_disk.read_only(False)
 

@@ -34,13 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--record", required=True, metavar="JSON|@FILE",
                    help='what the entry is made from: {"kind": ..., "inputs": {...}, "names": {...}}, or @ and the '
                    "file that holds it")
-    p.add_argument("--extractor", metavar="JSON", help="a slide's features or a features set: the extractor's record")
+    p.add_argument("--extractor", metavar="JSON", help="a slide's features or a features set: the extractor's record (default: none)")
     p.add_argument("--files", nargs="*", default=[], metavar="FILE",
                    help="what COMMAND must leave (a folder entry: names in its build folder)")
     p.add_argument("--manifest", metavar="TSV", help="a features set: its slides (slide, coords, features per line); "
-                   "COMMAND gets --manifest with those this run embeds")
-    p.add_argument("--check-slide", metavar="SLIDE", help="refuse if the slide's fingerprint is not the record's")
-    p.add_argument("--check-weights", metavar="FILE", help="refuse if the weights' sha256 is not the record's")
+                   "COMMAND gets --manifest with those this run embeds (default: none)")
+    p.add_argument("--check-slide", metavar="SLIDE", help="refuse if the slide's fingerprint is not the record's (default: no slide checked)")
+    p.add_argument("--check-weights", metavar="FILE", help="refuse if the weights' sha256 is not the record's (default: no weights checked)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command that makes the entry")
 
 
