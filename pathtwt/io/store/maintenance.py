@@ -157,6 +157,7 @@ def unused(store: Store, keep: Iterable[str]) -> list[Entry]:
     kept, the slides and sets ``keep`` does not name."""
     keep = set(keep)
     kept_extractors = {name.split("/")[1] for name in keep if name.startswith("features/")}
+    locks = _names(store.locks)
     out = []
     for entry in scan(store):
         extractor = entry.name.split("/")[1] if entry.name.startswith("features/") else None
@@ -164,12 +165,12 @@ def unused(store: Store, keep: Iterable[str]) -> list[Entry]:
             continue
         if entry.kind in ("slide-features", "features-set") and extractor not in kept_extractors:
             continue  # removed with their extractor's folder
-        if not _held(store, entry):
+        if not _held(store, entry, locks):
             out.append(entry)
     return out
 
 
-def _held(store: Store, entry: Entry) -> bool:
+def _held(store: Store, entry: Entry, locks: list[str]) -> bool:
     """True when a live writer holds a lock on the entry or on anything in it (for unfinished
     work, on the entry it is for)."""
     path = entry.files[0]
@@ -179,7 +180,7 @@ def _held(store: Store, entry: Entry) -> bool:
     elif entry.kind in ("tiles", "calibration"):
         name = f"{name.split('.')[0]}.json"
     prefix = os.path.relpath(os.path.abspath(path.with_name(name)), os.path.abspath(store.root)).replace(os.sep, "+")
-    for lock in _names(store.locks):
+    for lock in locks:
         if lock == f"{prefix}.lock" or lock.startswith(f"{prefix}+") or lock.startswith(f"{prefix}."):
             if not EntryLock(store, store.root / lock[: -len(".lock")].replace("+", os.sep)).is_free():
                 return True
