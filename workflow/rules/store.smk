@@ -210,10 +210,11 @@ def get_extract_inputs(wildcards):
         if stored(STORE.has_features, wildcards.ekey, wildcards.tkey):
             return {"stored": STORED}
         return {"coords": str(STORE.tiles(wildcards.tkey).coords), "slide": get_slide(wc), "model": model}
-    if stored(STORE.has_features_set, wildcards.ekey, wildcards.skey):
-        return {"stored": STORED}
     missing = [s for s in get_extracted_slide_ids(wc.cohort)
                if not STORE.has_features(wildcards.ekey, PRODUCTS.tiles_key(wc.cohort, s))]
+    # a set whose slides are all there (one deleted by hand is embedded again)
+    if stored(STORE.has_features_set, wildcards.ekey, wildcards.skey) and not missing:
+        return {"stored": STORED}
     manifest = get_extract_manifest(wildcards)
     return {"manifest": manifest, "record": f"{manifest}.record.json", "coords": get_tiles_coords(wc.cohort, missing),
             "model": model}

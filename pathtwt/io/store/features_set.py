@@ -44,7 +44,7 @@ def make_features_set(store: Store, set_path: Path, set_record: Mapping[str, Any
     lock = EntryLock(store, set_path)
     lock.acquire(say=say, poll=poll)
     try:
-        if set_path.is_file():
+        if set_path.is_file() and all(job.out.exists() for job in jobs):
             read_checked(set_path, kind=set_record["kind"], key=set_record["key"])
             say(f"{set_path}: made by another run meanwhile; used as it is")
             return 0
