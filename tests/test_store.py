@@ -144,20 +144,31 @@ def _tiles_target(store: Store, inputs: dict) -> Target:
     record = new_record("tiles", inputs, {"slide": "a"})
     entry = store.tiles(record["key"])
     entry.coords.parent.mkdir(parents=True, exist_ok=True)  # as Snakemake makes its outputs' folders
-    return Target(entry.record, record, [entry.coords])
+    return Target(entry.record, record, [entry.coords, entry.thumbnail])
+
+
+def _writes(target: Target, status: int = 0, size: int = 1):
+    """A command that writes the entry's files and exits with ``status``."""
+    def run():
+        for f in target.files:
+            f.write_bytes(b"x" * size)
+        return status
+    return run
 
 
 def test_an_entry_is_published_by_its_record_and_a_failed_command_leaves_none(tmp_path):
     store = Store(tmp_path / "store")
     target = _tiles_target(store, {"slide": "a"})
-    coords = target.files[0]
-    assert make_entry(store, target, lambda: coords.write_bytes(b"x") and 3, say=print) == 3
+    assert make_entry(store, target, _writes(target, 3), say=print) == 3
     assert not target.record_path.exists() and not Store(store.root).has_tiles(target.record["key"])
-    assert make_entry(store, target, lambda: coords.write_bytes(b"x") and 0, say=print) == 0
+    assert make_entry(store, target, _writes(target), say=print) == 0
     assert Store(store.root).has_tiles(target.record["key"])
     said = []
     assert make_entry(store, target, lambda: pytest.fail("made twice"), say=said.append) == 0
     assert "made by another run meanwhile" in said[-1]
+    target.files[1].unlink()  # a file of the entry deleted by hand: the entry is made again
+    assert not Store(store.root).has_tiles(target.record["key"])
+    assert make_entry(store, target, _writes(target), say=said.append) == 0 and target.files[1].exists()
 
 
 def test_a_folder_entry_is_renamed_into_place_whole(tmp_path):
@@ -180,7 +191,7 @@ def test_a_folder_entry_is_renamed_into_place_whole(tmp_path):
 def test_a_record_that_disagrees_with_its_key_is_refused_in_one_line(tmp_path):
     store = Store(tmp_path / "store")
     target = _tiles_target(store, {"slide": "a"})
-    make_entry(store, target, lambda: target.files[0].write_bytes(b"x") and 0, say=print)
+    make_entry(store, target, _writes(target), say=print)
     record = json.loads(target.record_path.read_text())
     record["inputs"]["slide"] = "b"  # corrupted, or another entry's record moved here by hand
     target.record_path.write_text(json.dumps(record))
@@ -391,7 +402,7 @@ def test_ls_du_and_gc_keep_what_a_study_uses(tmp_path):
     store = Store(tmp_path / "store")
     kept, dropped = (_tiles_target(store, {"slide": s}) for s in ("a", "b"))
     for target in (kept, dropped):
-        make_entry(store, target, lambda t=target: t.files[0].write_bytes(b"x" * 5000) and 0, say=print)
+        make_entry(store, target, _writes(target, size=5000), say=print)
     lines = list_lines(store)
     assert len(lines) == 2 and all(line.startswith("tiles/") for line in lines)
     assert usage(store)["tiles"][0] == 2

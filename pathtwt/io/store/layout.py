@@ -2,7 +2,8 @@
 
 Whether an entry is there is read from folder listings, one listing per folder and kept
 for the life of the :class:`Store` object (a plan reads ``tiles/`` once, not once per
-slide): a file entry is there when its record is (``tiles/{T}.json``), a slide's features
+slide): a file entry is there when its record and its files are (``tiles/{T}.json`` and
+the coords and thumbnail: one deleted by hand makes the entry again), a slide's features
 when its file is (``features/{E}/{T}.h5``), a folder entry when its folder holds its record.
 Names starting with "." are never entries (temporary files, locks, entries being built).
 """
@@ -99,10 +100,11 @@ class Store:
         return self._listings[folder]
 
     def has_tiles(self, key: str) -> bool:
-        return f"{key}.json" in self.listing(self.root / "tiles")
+        names = self.listing(self.root / "tiles")
+        return {f"{key}.json", f"{key}.coords.h5", f"{key}.thumbnail.png"} <= names
 
     def has_calibration(self, key: str) -> bool:
-        return f"{key}.json" in self.listing(self.root / "calibration")
+        return {f"{key}.json", f"{key}.h5"} <= self.listing(self.root / "calibration")
 
     def has_folder_entry(self, folder: Path) -> bool:
         return folder.name in self.listing(folder.parent) and (folder / RECORD).is_file()

@@ -45,7 +45,8 @@ class Target:
         return Store.building(self.entry) if self.folder else None
 
     def published(self) -> bool:
-        return self.record_path.is_file()
+        """Its record is there (and, for a file entry, its files: one deleted by hand is made again)."""
+        return self.record_path.is_file() and (self.folder or all(f.exists() for f in self.files))
 
 
 def make_entry(store: Store, target: Target, run: Callable[[], int], *, check: Callable[[], None] | None = None,
