@@ -298,7 +298,11 @@ class StudyProducts:
                         out.append((f"features/{e}/sets/{self.set_key(b, v, cohort)}", self.set_key(b, v, cohort), names))
                     out += [(f"features/{e}/{self.tiles_key(cohort, s)}", self.tiles_key(cohort, s), dict(names, slide=s))
                             for s in self.extracted_slides(cohort)]
-        return out
+        # an entry two products share (two backbones' calibration, one slide in two cohorts) once
+        first: dict[str, tuple[str, str, dict[str, Any]]] = {}
+        for entry in out:
+            first.setdefault(entry[0], entry)
+        return list(first.values())
 
     # ---- what is known -------------------------------------------------------------------
 
