@@ -55,7 +55,16 @@ def stored(has, *keys):
 
 
 def _owner(kind, key):
-    """The names (cohort and slide, backbone and variant) of the first product with that key."""
+    """The names (cohort and slide, backbone and variant) of the first product with that key.
+    A job that parses the workflow anew (on a cluster node, or a `run:` job in a Snakemake of
+    its own) starts from its output's key: the study's keys are derived once to find it."""
+    try:
+        return PRODUCTS.names_of(kind, key)
+    except KeyError:
+        PRODUCTS.study_entries()
+        for cohort in config["cohorts"]:
+            for slide in get_slide_ids(cohort):
+                PRODUCTS.tiles_key(cohort, slide)
     try:
         return PRODUCTS.names_of(kind, key)
     except KeyError:
