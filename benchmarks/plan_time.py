@@ -80,7 +80,8 @@ def plan(tree: Path, work: Path, data: Path, cache: Path) -> tuple[float, int]:
     seconds = time.perf_counter() - start
     if res.returncode != 0:
         raise SystemExit(f"{tree}: the dry run failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-    jobs = sum(int(line.split()[-1]) for line in res.stdout.splitlines() if line.strip().startswith("total"))
+    # the plan's job stats (a dry run prints the table twice): its first total
+    jobs = next(int(line.split()[-1]) for line in res.stdout.splitlines() if line.strip().startswith("total"))
     return seconds, jobs
 
 
