@@ -226,6 +226,11 @@ def test_a_lock_is_held_by_one_writer_and_a_dead_writers_lock_is_broken(tmp_path
     time.sleep(0.6)
     assert lock.try_acquire()
     lock.release()
+    # the heartbeats of writers that are gone are found for gc (this process's own beats on)
+    gone = store.locks / "alive" / "other-node-1-0"
+    gone.touch()
+    os.utime(gone, (time.time() - 10, time.time() - 10))
+    assert gone in store_lock.stale_heartbeats(store)
 
 
 def test_two_writers_of_one_entry_at_once_make_it_once(tmp_path):

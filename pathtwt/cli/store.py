@@ -88,6 +88,10 @@ def _gc(args: argparse.Namespace) -> int:
         print(f"{len(doomed)} entries ({_human(size)}) used by none of {', '.join(args.keep_used_by)}; "
               "run again with --yes to remove them")
         return 0
+    from pathtwt.io.store.lock import stale_heartbeats
+
+    for beat in stale_heartbeats(store):  # writers killed before they could remove theirs
+        beat.unlink(missing_ok=True)
     print(f"removed {len(doomed)} entries, {_human(remove(doomed))} freed")
     return 0
 

@@ -172,3 +172,22 @@ def _stale(holder: dict[str, Any], path: Path) -> bool:
         return time.time() - Path(holder["heartbeat"]).stat().st_mtime > STALE_S
     except (OSError, KeyError):
         return True
+
+
+def stale_heartbeats(store: Store) -> list[Path]:
+    """Heartbeat files of writers that are gone (killed before they could remove theirs):
+    not touched for :data:`STALE_S` seconds."""
+    folder = store.locks / "alive"
+    try:
+        beats = list(folder.iterdir())
+    except FileNotFoundError:
+        return []
+    now = time.time()
+    out = []
+    for path in beats:
+        try:
+            if now - path.stat().st_mtime > STALE_S:
+                out.append(path)
+        except FileNotFoundError:
+            continue
+    return out
