@@ -1,6 +1,8 @@
 # pathtwt workflow: slides -> tiles -> calibration -> discovery -> compressed backbones
 # -> tile features -> MIL heads -> report. This file only wires; the rules and their
-# get_* helpers live in workflow/rules/, every step is a `pathtwt` subcommand.
+# get_* helpers live in workflow/rules/, every step is a `pathtwt` subcommand. Tiles,
+# calibration, discovery, models and features are entries of the store (store.smk), made
+# only when it does not hold them; a study's folder keeps its labels, MIL runs and report.
 from snakemake.utils import min_version
 
 min_version("9.0")  # the tested major (pyproject.toml, workflow/rules/snakemake_internals.smk)
@@ -31,6 +33,8 @@ if config.get("container"):
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/store.smk"
+include: "workflow/rules/views.smk"
 include: "workflow/rules/demo.smk"
 include: "workflow/rules/tiling.smk"
 include: "workflow/rules/compress.smk"

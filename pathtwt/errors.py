@@ -24,3 +24,7 @@ class NumericsError(PathtwtError):
 
 class OutputError(PathtwtError):
     """An output cannot be written: the disk or a quota is full, or the folder is read-only."""
+
+
+class StoreError(PathtwtError):
+    """A store entry is missing, refused (its record disagrees with its key) or cannot be made."""

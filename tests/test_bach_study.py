@@ -19,7 +19,7 @@ from PIL import Image
 from conftest import SHARED, SHARED_BESIDE_REPO, _need
 from pathtwt.config import check
 from pathtwt.errors import ConfigError
-from test_workflow_dag import job_counts, snakemake
+from test_workflow_dag import job_counts, keyed_stems, snakemake, tiles_slides
 
 REPO = Path(__file__).resolve().parents[1]
 BACH = SHARED / "data" / "bach"
@@ -87,11 +87,12 @@ def test_bach_yaml_checks_and_plans_the_study(bach, tmp_path):
     # compression sees the 40 hold-out images only; extraction the 160 the folds report on
     table = check.cohort_label_table(check.validate_schema(bach_config(bach), source="t"), "bach")
     held = {s for s, sp in zip(table.slide_ids, table.splits) if sp == "compress"}
+    slides = tiles_slides(plan.stdout)
     block = plan.stdout.split("rule calibration_list:")[1]
-    calib = {Path(p).stem for p in re.search(r"input: (.*)", block).group(1).split(", ")}
+    calib = keyed_stems(re.search(r"input: (.*)", block).group(1), slides)
     assert calib == held and len(held) == 40
     block = plan.stdout.split("rule extract:")[1]
-    extracted = {Path(p).stem for p in re.search(r"input: (.*)", block).group(1).split(", ") if "/tiles/" in p}
+    extracted = keyed_stems(re.search(r"input: (.*)", block).group(1), slides)
     assert len(extracted) == 160 and not extracted & held
 
 
@@ -131,9 +132,10 @@ def test_an_external_cohort_drops_in_by_yaml_alone(bach, tmp_path):
     after = job_counts(plan.stdout)
     diff = {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
     n = len(VARIANTS)
+    # the external images are copies of BACH images the study tiles already: the same tiles
+    # entries (a slide's tiles are keyed by its bytes, not its name), so no tile job of their own
     assert {k: v for k, v in diff.items() if v} == {
-        "tile": 8, "labels": 1, "extract": n, "extract_manifest": n, "merge_failures": n, "total": 9 + 3 * n
-    }
+        "labels": 1, "extract": n, "extract_manifest": n, "view_features": n, "view_tiles": 1, "total": 1 + 3 * n + 1}
     mil = [line for line in plan.stdout.splitlines() if "pathtwt train-mil" in line]
     assert len(mil) == n * 3 * 5 and all("--seed 0 " in line for line in mil)  # a job per head and fold
     assert all("--external bach-external=results/grown/features/vit-s14-imgfocus/" in line for line in mil)
@@ -141,11 +143,11 @@ def test_an_external_cohort_drops_in_by_yaml_alone(bach, tmp_path):
     table = check.check_config(check.validate_schema(grown, source="t"), source="t")["bach-external"]
     assert set(table.splits) == {"test"} and len(table.slide_ids) == 8
 
-    # the affected stages on the real files: the external cohort's labels and tiles
+    # the affected stages on the real files: the external cohort's labels and tiles (two of them,
+    # by their store entries; the study's tiles/ folder links to them)
     work = tmp_path / "w2"
-    targets = ["results/grown/labels/bach-external.csv"] + [
-        f"results/grown/tiles/bach-external/{p.stem}.h5" for p in sorted((ext / "images").iterdir())[:2]
-    ]
+    two = [k for k, stem in tiles_slides(plan.stdout).items() if stem in {p.stem for p in sorted((ext / "images").iterdir())[:2]}]
+    targets = ["results/grown/labels/bach-external.csv"] + [f"results/store/tiles/{k}.coords.h5" for k in two]
     snakemake(work, *targets, "--cores", "1", "--configfile", str(grown_path))  # --configfile takes several
     labels = pd.read_csv(work / targets[0])
     assert set(labels.split) == {"test"} and len(labels) == 8
@@ -163,8 +165,11 @@ def test_a_local_run_schedules_on_job_events_not_every_second(bach, tmp_path):
     cfg_path.write_text(yaml.safe_dump(bach_config(bach)))
     sids = sorted(p.stem for p in (bach / "images").iterdir())[:4]
 
+    keys = {stem: k for k, stem in tiles_slides(snakemake(tmp_path / "plan", "-n", "-p", "all_tiles", "--configfile",
+                                                          str(cfg_path)).stdout).items()}
+
     def run(workdir: Path, *extra: str) -> tuple[str, int]:
-        tiles = [f"results/bach/tiles/bach/{sid}.h5" for sid in sids]
+        tiles = [f"results/store/tiles/{keys[sid]}.coords.h5" for sid in sids]
         res = snakemake(workdir, *tiles, "--cores", "1", "--verbose", "--configfile", str(cfg_path), *extra)
         assert all((workdir / t).exists() for t in tiles)
         log = res.stdout + res.stderr
@@ -190,12 +195,13 @@ def test_a_local_run_keeps_its_bookkeeping_jobs_in_process(bach, tmp_path):
                                   draw_split={"folds": 3, "holdout": 0.25, "seed": 0})
     cfg_path = tmp_path / "small.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    res = snakemake(tmp_path / "run", "results/small/calibration/vit-s14-imgfocus.coords.txt", "--cores", "2", "--verbose",
-                    "--configfile", str(cfg_path))
+    plan = snakemake(tmp_path / "run", "-n", "--configfile", str(cfg_path)).stdout
+    listing = re.search(r"rule calibration_list:\n(?:.*\n)*?\s+output: (\S+\.coords\.txt)", plan).group(1)
+    res = snakemake(tmp_path / "run", listing, "--cores", "2", "--verbose", "--configfile", str(cfg_path))
     log = res.stdout + res.stderr
     assert "local bookkeeping jobs (run: blocks) run in this process, not in spawned ones" in log
     assert "rule calibration_list" in log and "spawned job" not in log  # Snakemake logs each job it spawns
-    listed = (tmp_path / "run" / "results/small/calibration/vit-s14-imgfocus.coords.txt").read_text().split()
+    listed = (tmp_path / "run" / listing).read_text().split()
     assert listed and all(p.endswith(".h5") and (tmp_path / "run" / p).is_file() for p in listed)
     table = check.cohort_label_table(check.validate_schema(cfg, source="t"), "bach")
     assert {Path(p).stem for p in listed} == {s for s, sp in zip(table.slide_ids, table.splits) if sp == "compress"}

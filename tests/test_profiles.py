@@ -5,6 +5,7 @@ few hundred SLURM submissions, not one per slide."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -18,42 +19,27 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 PROFILES = REPO / "workflow" / "profiles"
 
+def _paper_cohorts():
+    """benchmarks/plan_time.py: the paper's cohorts at their real sizes, and fake slides for them."""
+    spec = importlib.util.spec_from_file_location("plan_time", REPO / "benchmarks" / "plan_time.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PAPER_COHORTS = _paper_cohorts()
 # The paper's cohorts at their real sizes: folder, label table, label column, slides per
 # split, extension (PANDA 10,616; TCGA-PRAD 449; CAMELYON17 500; CAMELYON16 399).
-REAL_SIZES = {
-    "panda": ("PANDA/train_images", "labels/panda_song_split.csv", "isup_grade",
-              {"train": 8492, "val": 1062, "test": 1062}, ".tiff"),
-    "tcga-prad": ("TCGA-PRAD/slides", "labels/tcga_prad_isup.csv", "isup_grade", {"test": 449}, ".svs"),
-    "camelyon17": ("CAMELYON17/images", "labels/camelyon17_slides.csv", "label",
-                   {"train": 300, "val": 100, "test": 100}, ".tif"),
-    "camelyon16": ("CAMELYON16/images", "labels/camelyon16_slides.csv", "label", {"test": 399}, ".tif"),
-}
+REAL_SIZES = PAPER_COHORTS.REAL_SIZES
 REAL_SIZES_COUNT = {k: sum(v[3].values()) for k, v in REAL_SIZES.items()}
 # A small tree for the resource checks.
 SMALL_SIZES = {k: (f, l, c, {s: min(n, 2) for s, n in splits.items()}, e) for k, (f, l, c, splits, e) in REAL_SIZES.items()}
 
 
-def make_tree(root: Path, sizes: dict) -> int:
-    """Empty slide files and label tables; returns the number of slides."""
-    total = 0
-    for cohort, (folder, labels, label_col, splits, ext) in sizes.items():
-        (root / folder).mkdir(parents=True, exist_ok=True)
-        rows = []
-        for split, n in splits.items():
-            for i in range(n):
-                slide = f"{cohort}-{split}-{i:05d}"
-                (root / folder / f"{slide}{ext}").touch()
-                rows.append(f"{slide},{i % 2},{split}\n")
-        (root / labels).parent.mkdir(parents=True, exist_ok=True)
-        (root / labels).write_text(f"slide_id,{label_col},split\n" + "".join(rows))
-        total += len(rows)
-    return total
-
-
 def dry_run(tmp_path: Path, profile: str, sizes: dict, env: dict | None = None, extra=(),
             configfiles=()) -> tuple[str, float]:
     data, work = tmp_path / "data", tmp_path / "work"
-    make_tree(data, sizes)
+    PAPER_COHORTS.make_cohorts(data, sizes)
     work.mkdir(exist_ok=True)
     cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(work), "-n",
            "--profile", str(PROFILES / profile), "--configfile", str(REPO / "config" / "paper.yaml"),

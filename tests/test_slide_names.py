@@ -120,12 +120,14 @@ def test_the_workflow_runs_slides_named_as_labs_name_them(tmp_path):
     per_slide["extract"]["per_slide_jobs"] = True
     cfg.write_text(yaml.safe_dump(per_slide, allow_unicode=True))
     plan = snakemake(tmp_path / "plan", "-n", "-p", "--configfile", str(cfg), "--forceall", "all_tiles",
-                     *[f"results/odd/features/vit-s14-tiny/uncompressed/odd/{name}.h5" for name, _, _ in ODD_NAMES])
+                     "results/odd/features/vit-s14-tiny/uncompressed/odd")
+    # each job's command: `pathtwt store make ... -- pathtwt tile|extract ... -- SLIDE`
     commands = [shlex.split(line.split("Shell command: ", 1)[1]) for line in (plan.stdout + plan.stderr).splitlines()
-                if "Shell command: pathtwt tile " in line or "Shell command: pathtwt extract " in line]
+                if "Shell command: pathtwt store make " in line]
     slide_args = {"tile": [], "extract": []}
     for c in commands:
-        slide_args[c[1]].append(c[c.index("--") + 1])
+        inner = c[c.index("--") + 1:]
+        slide_args[inner[1]].append(inner[len(inner) - 1 - inner[::-1].index("--") + 1])
     expected = sorted(str(p) for p in (root / "slides").iterdir())
     assert sorted(slide_args["tile"]) == sorted(slide_args["extract"]) == expected
 

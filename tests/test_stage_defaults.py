@@ -181,3 +181,16 @@ def test_extract_defaults_are_one_table():
     assert options.batch_size == table["batch_size"] and options.decode == table["decode"]
     assert options.resolved_batch_size("cpu") == 32
     assert ExtractOptions(batch_size=7).resolved_batch_size("cuda:0") == 7
+
+
+def test_the_precision_and_embedding_keys_are_the_commands_flags():
+    # extract.precision and extract.embedding (part of the features' store key) offer what
+    # `pathtwt extract --precision/--embedding` takes, with its defaults
+    from pathtwt.cli import extract
+
+    parser = argparse.ArgumentParser()
+    extract.add_arguments(parser)
+    for key in ("precision", "embedding"):
+        flag = next(a for a in parser._actions if a.dest == key)
+        node = SCHEMA["extract"]["properties"][key]
+        assert tuple(flag.choices) == tuple(node["enum"]) and flag.default == node["default"], key

@@ -34,7 +34,8 @@ def make_dummy_data(root: Path, extra: dict | None = None) -> None:
         rows = []
         for split, ids in splits.items():
             for i, slide in enumerate(ids):
-                (root / folder / f"{slide}{ext}").write_bytes(b"")
+                # distinct bytes: identical files would be one slide to the store (one tiles key)
+                (root / folder / f"{slide}{ext}").write_bytes(f"{folder}/{slide}".encode())
                 rows.append(f"{slide},{i % 2},{split}\n")
         (root / labels).parent.mkdir(parents=True, exist_ok=True)
         (root / labels).write_text(f"slide_id,{label_col},split\n" + "".join(rows))
@@ -46,6 +47,17 @@ def snakemake(workdir: Path, *args: str, check: bool = True, timeout: float = 12
     if check and res.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return res
+
+
+def tiles_slides(output: str) -> dict[str, str]:
+    """Tiles key -> slide file name, from the tile jobs of a dry run (`-p`)."""
+    return {m.group(2): Path(m.group(1)).stem for m in re.finditer(
+        r"rule tile:\n\s+input: (\S+)\n\s+output: \S+/tiles/([0-9a-f]+)\.coords\.h5", output)}
+
+
+def keyed_stems(paths: str, slides: dict[str, str]) -> set[str]:
+    """The slide names of a job's comma-separated tiles entries (``tiles_slides``)."""
+    return {slides[Path(p).name.split(".")[0]] for p in paths.split(", ") if p.endswith(".coords.h5")}
 
 
 def job_counts(output: str) -> dict[str, int]:
@@ -93,7 +105,8 @@ def test_paper_study_plans_in_full(paper):
     seeds, heads, tasks = len(cfg["mil"]["seeds"]), len(cfg["mil"]["heads"]), len(cfg["tasks"])
     assert counts["tile"] == n_slides
     assert counts["labels"] == len(PAPER_DATA)
-    assert counts["calibrate"] == counts["discover"] == len(cfg["backbones"])
+    # both backbones calibrate on the same slides with the same draw: one calibration entry
+    assert counts["calibrate"] == 1 and counts["discover"] == len(cfg["backbones"])
     assert counts["compress"] == n_compressed
     assert counts["extract"] == n_variants * len(PAPER_DATA)
     assert counts["train_mil"] == n_variants * tasks * heads  # every seed of a head in one job
@@ -105,23 +118,23 @@ def test_paper_study_plans_in_full(paper):
     assert counts["analyze_norms"] == len(cfg["backbones"]) and counts["analyze_eps"] == 1
     assert counts["analyze_intrinsic_dim"] == counts["analyze_stability"] == n_twt
     assert counts["report"] == 1
-    # one merged failures table per extracted (backbone variant, cohort), from per-job tables
-    assert counts["merge_failures"] == counts["extract"]
-    # every output in the study's own folder, named after its config file
-    assert "--failures results/paper/failures/h0-mini/twt-4/panda/jobs/cohort.tsv" in res.stdout
+    # one failures table per extracted (backbone variant, cohort), from its slides' entries
+    assert counts["view_features"] == counts["extract"]
+    assert "results/paper/failures/h0-mini/twt-4/panda.tsv" in res.stdout
+    assert re.search(r"--failures logs/paper/extract/[0-9a-f]+/[0-9a-f]+\.failures\.tsv", res.stdout)
+    # every output in the study's own folder, named after its config file, or in the store
     assert "demo_slides" not in counts and "/tiles/grading/" not in res.stdout
     assert "results/paper/report/index.html" in res.stdout and "logs/paper/report.log" in res.stdout
-    assert not re.search(r"(?<![\w/-])results(?!/paper\b)", res.stdout)
+    assert not re.search(r"(?<![\w/-])results(?!/(paper|store)\b)", res.stdout)
     # every compression method of the paper is planned
     for method in ("twt", "raptor", "wdpruning", "nose"):
         assert f"--method {method}" in res.stdout
     # calibration tiles come from the PANDA training split only (the paper's Appendix B:
     # not CAMELYON17/16 or TCGA-PRAD)
     blocks = res.stdout.split("rule calibration_list:")[1:]
-    assert len(blocks) == len(cfg["backbones"])
-    train = {f"results/paper/tiles/panda/{s}.h5" for s in PAPER_DATA["panda"][3]["train"]}
-    for block in blocks:
-        assert set(re.search(r"input: (.*)", block).group(1).split(", ")) == train
+    assert len(blocks) == 1
+    train = set(PAPER_DATA["panda"][3]["train"])
+    assert keyed_stems(re.search(r"input: (.*)", blocks[0]).group(1), tiles_slides(res.stdout)) == train
     _assert_paper_compress_jobs(res.stdout, cfg)
 
 
@@ -136,10 +149,12 @@ def _assert_paper_compress_jobs(stdout: str, cfg: dict) -> None:
     jobs = [b for b in stdout.split("\nrule ")[1:] if b.startswith("compress:")]
     assert len(jobs) == sum(len(b["variants"]) - 1 for b in cfg["backbones"].values())
     seen = set()
+    listings = set()
     for job in jobs:
-        backbone, variant = re.search(r"results/paper/models/([^/\s]+)/([^/\s]+)/model.json", job).groups()
+        assert re.search(r"results/store/models/[0-9a-f]+/model.json", job)
+        variant = re.search(r'"variant": "([^"]+)"', job).group(1)  # the names in the entry's record
         command = job[job.index("ranks="):]
-        assert f"--train-coords results/paper/calibration/{backbone}.coords.txt" in command
+        listings.add(re.search(r"--train-coords (results/paper/calibration/[0-9a-f]+\.coords\.txt)", command).group(1))
         assert "--steps" not in command
         epochs = float(re.search(r"--epochs (\S+)", command).group(1))
         if variant in PAPER_EPOCHS:
@@ -148,7 +163,7 @@ def _assert_paper_compress_jobs(stdout: str, cfg: dict) -> None:
         if variant.startswith("raptor"):
             assert "--option stage1_fraction=0.333333" in command  # 1 epoch of stage 1, then 2
         assert "--precision auto" in command and "nproc-per-node $ranks" in command
-    assert seen == set(PAPER_EPOCHS)
+    assert seen == set(PAPER_EPOCHS) and len(listings) == 1  # both backbones' calibration is one
 
 
 def test_adding_a_cohort_adds_exactly_its_jobs(paper, tmp_path):
@@ -178,9 +193,9 @@ def test_adding_a_cohort_adds_exactly_its_jobs(paper, tmp_path):
     assert len(fluorescent) == 5 and all("RADBOUD" in line for line in fluorescent)
 
     n_variants = 2
-    # extraction of the new cohort and the merge of its per-job failures tables
+    # extraction of the new cohort, its features and tiles in the study's folder (and failures table)
     expected = {"tile": 5, "labels": 1, "extract": n_variants, "extract_manifest": n_variants,
-                "merge_failures": n_variants, "total": 5 + 1 + 3 * n_variants}
+                "view_features": n_variants, "view_tiles": 1, "total": 5 + 1 + 3 * n_variants + 1}
     diff = {rule: after.get(rule, 0) - before.get(rule, 0) for rule in set(before) | set(after)}
     assert {k: v for k, v in diff.items() if v} == expected
 
@@ -267,7 +282,7 @@ def test_every_variant_is_probed_with_the_teacher_and_a_random_init_floor(paper,
     floor = [c for c in commands if "/random-init/set1" in c]
     assert len(floor) == 1 and "--backbone h0-mini --random-init" in floor[0]
     assert f"--split-file {tiles / 'split.csv'} --max-per-class 7" in floor[0]
-    assert any("--backbone results/probes/models/h0-mini/twt-4 " in c and "/twt-4/set2" in c for c in commands)
+    assert any(re.search(r"--backbone results/store/models/[0-9a-f]+ ", c) and "/twt-4/set2" in c for c in commands)
     teacher = [c for c in commands if "/uncompressed/set2" in c]
     assert len(teacher) == 1 and "--random-init" not in teacher[0] and "--split-file" not in teacher[0]
     # the report waits for every probe
@@ -288,7 +303,7 @@ def test_a_cross_validated_cohort_plans_one_job_per_fold_and_lends_only_its_hold
     (data / "slides").mkdir(parents=True)
     rows = ["slide_id,label,patient"]
     for i in range(30):
-        (data / "slides" / f"s{i:02d}.tif").write_bytes(b"")
+        (data / "slides" / f"s{i:02d}.tif").write_bytes(f"s{i:02d}".encode())  # distinct: one tiles key each
         rows.append(f"s{i:02d},{i // 2 % 2},p{i // 2}")  # 15 patients of 2 slides, one label each
     (data / "labels.csv").write_text("\n".join(rows) + "\n")
     cfg = yaml.safe_load((REPO / "config" / "bach.yaml").read_text())
@@ -313,11 +328,11 @@ def test_a_cross_validated_cohort_plans_one_job_per_fold_and_lends_only_its_hold
     fold_of = {}
     for s, f in zip(table.slide_ids, table.folds):
         assert fold_of.setdefault(patient[s], f) == f  # a patient's slides share a fold (or the hold-out)
+    slides = tiles_slides(res.stdout)
     block = res.stdout.split("rule calibration_list:")[1]
-    assert {Path(p).stem for p in re.search(r"input: (.*)", block).group(1).split(", ")} == held
+    assert keyed_stems(re.search(r"input: (.*)", block).group(1), slides) == held
     block = res.stdout.split("rule extract:")[1]
-    extracted = {Path(p).stem for p in re.search(r"input: (.*)", block).group(1).split(", ") if "/tiles/" in p}
-    assert extracted == set(table.slide_ids) - held
+    assert keyed_stems(re.search(r"input: (.*)", block).group(1), slides) == set(table.slide_ids) - held
     runs = set(re.findall(r"results/cv/mil/vit-s14-imgfocus/twt-6/bach/abmil/fold(\d)/seed0/metrics.json", res.stdout))
     assert runs == {"0", "1", "2"}
 

@@ -230,7 +230,7 @@ def _package_root() -> Path:
 
 
 # the errors a user meets: pathtwt.errors' classes (and their subclasses) and SystemExit
-USER_ERRORS = {"PathtwtError", "SlideError", "ConfigError", "WeightsError", "NumericsError", "ProbeDataError", "OutputError",
+USER_ERRORS = {"PathtwtError", "SlideError", "ConfigError", "WeightsError", "NumericsError", "ProbeDataError", "OutputError", "StoreError",
                "SystemExit"}
 
 # package -> the heading its refusals are listed under, in the order of the pipeline

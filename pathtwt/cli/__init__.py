@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "predict": "predict",
     "heatmap": "heatmap",
     "check-config": "check_config",
+    "store": "store",
 }
 
 # one-line descriptions shown by `pathtwt --help` without importing every module
@@ -51,6 +52,7 @@ SUMMARIES: dict[str, str] = {
     "predict": "class probabilities of new slides with a backbone variant and trained MIL heads, to CSV",
     "heatmap": "attention heatmap, top/bottom tiles and QuPath GeoJSON of a slide under a trained MIL head",
     "check-config": "validate a workflow config and its label tables before any job runs",
+    "store": "list, measure and prune the store of tiles, models and features kept by what made them",
 }
 
 

@@ -22,11 +22,14 @@ CACHE_ENV = "PATHTWT_CACHE_DIR"  # the folder of pathtwt's caches (default: $XDG
 LISTED = 3
 
 
+def cache_root() -> Path:
+    """The folder of pathtwt's caches: $PATHTWT_CACHE_DIR, else pathtwt under $XDG_CACHE_HOME (~/.cache)."""
+    return Path(os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pathtwt")
+
+
 def default_cache() -> Path:
-    """Where slide checks are kept: $PATHTWT_CACHE_DIR/slide-checks, else under $XDG_CACHE_HOME
-    (~/.cache) in pathtwt/slide-checks."""
-    root = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pathtwt"
-    return Path(root) / "slide-checks"
+    """Where slide checks are kept: slide-checks in :func:`cache_root`."""
+    return cache_root() / "slide-checks"
 
 
 def tiling_settings(config: Mapping[str, Any], cohort: str) -> TilingSettings:

@@ -136,3 +136,72 @@ def state_dict_to_timm(state: Mapping[str, Any], model: Any) -> dict[str, Any]:
         grid = tuple(int(g) for g in model.patch_embed.grid_size)
         return hf_dinov2_to_timm(state, grid=grid, no_embed_class=bool(getattr(model, "no_embed_class", False)))
     return dict(state)
+
+
+def local_weights_path(spec: "BackboneSpec", weights: str | os.PathLike | None) -> Path | None:
+    """The local weights file (or snapshot folder) a backbone would load, found without the
+    network: ``weights`` when given and present, a variant's own file, or the spec's file
+    under a local weights folder; None when it would come from the hub (or is missing)."""
+    if weights is not None:
+        return Path(weights) if Path(weights).exists() else None
+    if spec.variant_dir is not None:
+        return Path(spec.default_weights or "") if Path(spec.default_weights or "").is_file() else None
+    for folder in local_weights_dirs() if spec.default_weights else ():
+        if (folder / spec.default_weights).exists():
+            return folder / spec.default_weights
+    return None
+
+
+class WeightsHashes:
+    """The sha256 of weights files, kept by path and file identity (device, inode, size,
+    modification and change times) in one JSON file, so a plan does not read 1-4 GB of
+    weights each time; a file replaced in place is hashed again, and :attr:`replaced` says
+    which path's hash changed from what it was (path -> old sha256). The hash is that of
+    the file a snapshot folder loads (:func:`snapshot_weights_file`), as the features files'
+    ``weights_sha256`` records it."""
+
+    def __init__(self, file: str | os.PathLike | None):
+        self.file = Path(file) if file is not None else None
+        self._known: dict[str, list] | None = None
+        self.replaced: dict[str, str] = {}
+
+    def sha256(self, path: str | os.PathLike) -> str:
+        path = Path(os.path.abspath(path))
+        target = snapshot_weights_file(path) if path.is_dir() else path
+        st = target.stat()
+        identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        known = self._load()
+        kept = known.get(str(target))
+        if kept is not None and kept[:5] == identity:
+            return str(kept[5])
+        from pathtwt.io.atomic import sha256_file
+
+        digest = sha256_file(target)
+        if kept is not None and kept[5] != digest:
+            self.replaced[str(target)] = str(kept[5])
+        known[str(target)] = identity + [digest]
+        self._save(known)
+        return digest
+
+    def _load(self) -> dict[str, list]:
+        if self._known is None:
+            self._known = {}
+            if self.file is not None:
+                try:
+                    import json
+
+                    self._known = dict(json.loads(self.file.read_text(encoding="utf-8")))
+                except (OSError, ValueError, TypeError):
+                    pass
+        return self._known
+
+    def _save(self, known: dict[str, list]) -> None:
+        if self.file is None:
+            return
+        from pathtwt.errors import PathtwtError
+        from pathtwt.io.atomic import write_json_atomic
+
+        try:
+            write_json_atomic(self.file, known)
+        except (OSError, PathtwtError):
+            pass  # a cache that cannot be written only costs the next plan a hash

@@ -7,17 +7,22 @@ on a 3 GB slide (2 MiB read), and different for any two scans (their headers and
 data differ) while unchanged when a slide is copied or moved. Extraction recomputes it
 and refuses coords that belong to another file (``pathtwt extract --force`` for the
 rare legitimate case, e.g. a slide re-saved losslessly with the same geometry).
+
+The size and hash also make the slide's part of its tiles' store key
+(:mod:`pathtwt.config.products`): :class:`FingerprintCache` keeps them by file identity, so
+planning a cohort reads each slide's 2 MiB once, not at every plan.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from pathtwt.errors import SlideError
+from pathtwt.errors import PathtwtError, SlideError
 
 MIB = 1 << 20
 
@@ -87,3 +92,68 @@ def check_coords_belong_to_slide(slide: Any, coords_path: str | os.PathLike, coo
             f"{'; '.join(diffs)}; tile this slide again, or pass --force if it is the same scan re-saved"
         )
     return "fingerprint" if all(k in coords_attrs for k in FINGERPRINT_ATTRS) else "geometry"
+
+
+class FingerprintCache:
+    """:func:`head_tail_sha256` of many slides, kept by file identity so a plan of ten
+    thousand slides hashes each once, not at every plan: a slide's entry is reused while its
+    device, inode, size, modification and change times are those recorded (a file rewritten
+    or replaced under the same name changes its change time, which no tool can set back).
+
+    One JSON file per slide folder under ``folder`` (None: nothing kept), read when a slide
+    of that folder is first asked for and written back by :meth:`save` when it changed. Two
+    planners writing at once each write a whole file by rename: one's additions may be lost,
+    never a file half written. Zarr folders (OME-Zarr) are not kept (their own fingerprint
+    reads their metadata)."""
+
+    def __init__(self, folder: str | os.PathLike | None):
+        self.folder = Path(folder) if folder is not None else None
+        self._known: dict[str, dict[str, list]] = {}
+        self._changed: set[str] = set()
+        self.hashed = 0  # slides hashed (not found in the cache) since this object was made
+
+    def get(self, path: str | os.PathLike) -> tuple[int, str]:
+        """(size, sha256 of head, tail and size) of the slide at ``path``."""
+        path = Path(os.path.abspath(path))
+        if path.is_dir():
+            return head_tail_sha256(path)
+        st = path.stat()
+        identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        files = self._files(str(path.parent))
+        kept = files.get(path.name)
+        if kept is not None and kept[:5] == identity:
+            return int(kept[2]), str(kept[5])
+        size, digest = head_tail_sha256(path)
+        self.hashed += 1
+        files[path.name] = identity + [digest]
+        self._changed.add(str(path.parent))
+        return size, digest
+
+    def _file_of(self, parent: str) -> Path:
+        return self.folder / f"{hashlib.sha256(parent.encode()).hexdigest()[:20]}.json"  # type: ignore[operator]
+
+    def _files(self, parent: str) -> dict[str, list]:
+        if parent not in self._known:
+            self._known[parent] = {}
+            if self.folder is not None:
+                try:
+                    data = json.loads(self._file_of(parent).read_text(encoding="utf-8"))
+                    if data.get("folder") == parent:
+                        self._known[parent] = dict(data.get("files") or {})
+                except (OSError, ValueError, AttributeError):
+                    pass  # not kept yet (or unreadable): the slides are hashed
+        return self._known[parent]
+
+    def save(self) -> None:
+        """Write back the folders whose slides were hashed (a cache that cannot be written
+        only costs the next plan its hashing)."""
+        if self.folder is None:
+            return
+        from pathtwt.io.atomic import write_json_atomic
+
+        for parent in sorted(self._changed):
+            try:
+                write_json_atomic(self._file_of(parent), {"folder": parent, "files": self._known[parent]})
+            except (OSError, PathtwtError):
+                pass
+        self._changed.clear()

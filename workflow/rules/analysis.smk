@@ -6,7 +6,7 @@
 
 rule analyze_norms:
     input:
-        calibration=study_path("calibration/{backbone}.h5"),
+        calibration=lambda wc: get_calibration_entry(wc.backbone),
         weights=get_teacher_inputs,
     output:
         summary=study_path("analysis/{backbone}/norms/norms_summary.json"),
@@ -36,7 +36,7 @@ rule analyze_norms:
 
 rule analyze_eps:
     input:
-        plans=expand(study_path("discovery/{backbone}/plan.json"), backbone=get_discovered_backbones()),
+        plans=get_discovery_views(),
     output:
         summary=study_path("analysis/eps/eps_sensitivity_summary.json"),
         figure=report(
@@ -46,7 +46,7 @@ rule analyze_eps:
             labels={"analysis": "eps sensitivity"},
         ),
     params:
-        discovery=[f"{b}={study_path(f'discovery/{b}')}" for b in get_discovered_backbones()],
+        discovery=[f"{b}={study_path(layout.DISCOVERY_DIR.format(backbone=b))}" for b in get_discovered_backbones()],
         out=lambda wc, output: os.path.dirname(output.summary),
     log:
         study_log("analysis/eps.log"),
@@ -68,8 +68,8 @@ for _analysis, _summary in (("intrinsic-dim", "intrinsic_dim.json"), ("stability
         name:
             f"analyze_{_analysis.replace('-', '_')}"
         input:
-            calibration=study_path("calibration/{backbone}.h5"),
-            student=study_path("models/{backbone}/{variant}/model.json"),
+            calibration=lambda wc: get_calibration_entry(wc.backbone),
+            student=lambda wc: f"{get_model_entry(wc.backbone, wc.variant)}/model.json",
             weights=get_teacher_inputs,
         output:
             study_path(f"analysis/{{backbone}}/{{variant}}/{_analysis}/{_summary}"),

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pathtwt.compress.registry import PAPER_METHOD, goal_of
 from pathtwt.config import check as config_check
+from pathtwt.config.products import StudyProducts
+from pathtwt.config.slide_reads import cache_root
 from pathtwt.config.extra_args import extra_args_command
 from pathtwt.errors import ConfigError
 from pathtwt.io import layout
@@ -100,6 +102,12 @@ give_compress_its_gpus()
 onstart:
     wake_local_scheduler_on_job_events_only()
     run_bookkeeping_jobs_in_process()
+
+
+# slides fingerprinted after the plan was made (a demo cohort, once its checkpoint wrote it)
+# are kept for the next plan as well
+onsuccess:
+    PRODUCTS.fingerprints.save()
 
 # The jobs' environment under --use-conda (relative to workflow/rules/, where the rules are).
 CONDA_ENV = f"../envs/{config['conda_env']}.yaml"
@@ -207,16 +215,6 @@ def get_modality_args(wildcards):
     return args
 
 
-def get_all_tiles():
-    """Coords files and thumbnails of every labelled slide of every cohort."""
-    return [
-        study_path(f"{kind}/{cohort}/{slide}.{ext}")
-        for cohort in config["cohorts"]
-        for slide in get_slide_ids(cohort)
-        for kind, ext in (("tiles", "h5"), ("thumbnails", "png"))
-    ]
-
-
 def get_labels_command(wildcards, input, output):
     """The `pathtwt` command (a word list) that writes labels/{cohort}.csv: a seeded split
     drawn per class (`draw_split`, or every slide in test for an external cohort without a
@@ -250,25 +248,16 @@ def get_task_cohorts(task):
 # ---- backbones and variants ---------------------------------------------------------
 
 
-def _resolve_backbones():
-    """Backbone name used in paths -> how to build its teacher. A backbone whose weights
-    file is configured but absent is replaced by its `fallback` with random weights."""
-    out = {}
-    for name, cfg in config["backbones"].items():
-        weights = cfg["weights"]
-        if weights and not Path(weights).is_file() and cfg["fallback"]:
-            print(
-                f"pathtwt workflow: weights {weights} of backbone {name} not found; using "
-                f"{cfg['fallback']} with RANDOM weights instead (results are a plumbing check only)",
-                file=sys.stderr,
-            )
-            out[cfg["fallback"]] = dict(cfg, teacher=cfg["fallback"], weights=None, random=True, configured=name)
-        else:
-            out[name] = dict(cfg, teacher=name, random=False, configured=name)
-    return out
+def _say(line):
+    print(line, file=sys.stderr)
 
 
-BACKBONES = _resolve_backbones()
+# The study's products and their store keys, computed once per slide and model and kept
+# (pathtwt.config.products); the store's helpers and its rules are in store.smk.
+PRODUCTS = StudyProducts(config, table_of=_cohort_table, slide_paths_of=get_slide_paths, cache=cache_root(), say=_say)
+# Backbone name used in paths -> how to build its teacher (a configured weights file that
+# is absent, with a `fallback`: that backbone with random weights, said once).
+BACKBONES = PRODUCTS.backbones
 
 
 def get_backbones():
@@ -288,18 +277,20 @@ def get_teacher_inputs(wildcards):
     return [b["weights"]] if b["weights"] else []
 
 
+def get_weights_check_args(wildcards):
+    """`pathtwt store make --check-weights` for a teacher with a weights file: a file replaced
+    between the plan and the job is refused, not made into an entry of the old key."""
+    b = BACKBONES[wildcards.backbone]
+    return ["--check-weights", str(b["weights"])] if b["weights"] else []
+
+
 def get_variants(backbone):
     """Variant names for a backbone, the uncompressed one included."""
-    names = BACKBONES[backbone]["variants"] or list(config["variants"])
-    return [v for v in names if v in config["variants"]]
-
-
-# Methods with no compress job: the teacher itself, and its architecture with random weights.
-NOT_COMPRESSED = ("none", RANDOM_INIT)
+    return PRODUCTS.variants(backbone)
 
 
 def get_compressed_variants(backbone):
-    return [v for v in get_variants(backbone) if config["variants"][v]["method"] not in NOT_COMPRESSED]
+    return PRODUCTS.compressed_variants(backbone)
 
 
 def get_variant(wildcards):
@@ -307,7 +298,8 @@ def get_variant(wildcards):
 
 
 def get_model_dir(backbone, variant):
-    return study_path(layout.MODEL_DIR.format(backbone=backbone, variant=variant))
+    """A compressed variant's model: its entry in the store."""
+    return str(STORE.model(PRODUCTS.model_key(backbone, variant)))
 
 
 def get_features_dir(backbone, variant, cohort):
@@ -316,13 +308,7 @@ def get_features_dir(backbone, variant, cohort):
 
 
 def _variant_kind(variant):
-    """How a variant's backbone is built: RANDOM_INIT (the teacher's architecture with random
-    weights), "teacher" (a variant of method none, or `uncompressed` probed without being
-    configured) or "compressed" (its folder under the study's models/)."""
-    method = config["variants"][variant]["method"] if variant in config["variants"] else "none"
-    if variant == RANDOM_INIT or method == RANDOM_INIT:
-        return RANDOM_INIT
-    return "teacher" if method == "none" else "compressed"
+    return PRODUCTS.variant_kind(variant)
 
 
 def get_model_args(wildcards):
@@ -345,66 +331,15 @@ def get_model_inputs(wildcards):
     return [f"{get_model_dir(wildcards.backbone, wildcards.variant)}/model.json"]
 
 
-# one extraction job embeds one slide (extract.per_slide_jobs) or a whole cohort through its
-# manifest: what differs between the two is here, the rule (rules/extract.smk) is written once
+# one extraction job embeds one slide (extract.per_slide_jobs) or a whole cohort's missing
+# slides through its manifest (store.smk); its failures reach the cohort's failures table
+# through each slide's entry (features/{backbone}/{variant}/{cohort} views, store.smk).
 PER_SLIDE_EXTRACT = config["extract"]["per_slide_jobs"]
-EXTRACT_JOB = "{slide}" if PER_SLIDE_EXTRACT else "cohort"  # a job's name among its cohort's
-EXTRACT_MANIFEST = study_path("manifests/extract/{backbone}/{variant}/{cohort}.tsv")
-
-
-def get_extract_inputs(wildcards):
-    """A per-slide job's coords file and slide, or a cohort job's manifest and coords files."""
-    model = get_model_inputs(wildcards)
-    if PER_SLIDE_EXTRACT:
-        return {"coords": study_path(layout.TILES.format(cohort=wildcards.cohort, slide=wildcards.slide)),
-                "slide": get_slide(wildcards), "model": model}
-    return {"manifest": EXTRACT_MANIFEST.format(**wildcards), "coords": get_cohort_coords(wildcards), "model": model}
-
-
-def get_extract_outputs():
-    """The features file of a slide, or the features folder of a cohort; and the job's
-    failures table (get_failure_table_output)."""
-    features = study_path(f"{layout.FEATURES_DIR}/{{slide}}.h5") if PER_SLIDE_EXTRACT else \
-        directory(study_path(layout.FEATURES_DIR))
-    return {"features": features, **get_failure_table_output(EXTRACT_JOB)}
-
-
-def get_extract_jobs_args(wildcards, output):
-    """`pathtwt extract`'s jobs, last on its command line: --coords, --out and the slide
-    after `--` (a slide named like an option), or --manifest (the inputs of
-    get_extract_inputs)."""
-    inputs = get_extract_inputs(wildcards)
-    if PER_SLIDE_EXTRACT:
-        return ["--coords", inputs["coords"], "--out", output.features, "--", inputs["slide"]]
-    return ["--manifest", inputs["manifest"]]
-
-
 RECORD_FAILURES = config["extract"]["on_failure"] == "record"
-FAILURE_TABLES = study_path("failures/{backbone}/{variant}/{cohort}/jobs")
-
-
-def get_failure_table_output(job):
-    """The extraction job's own failures table as a named output ({} when failures stop
-    the job): one writer per file, so nothing is appended to a shared file."""
-    return {"failures": f"{FAILURE_TABLES}/{job}.tsv"} if RECORD_FAILURES else {}
-
-
-def get_failures_arg(wildcards, output):
-    """`pathtwt extract --failures` for the job's own failures table, or nothing when the
-    config says a failing slide stops the job."""
-    return ["--failures", output.failures] if RECORD_FAILURES else []
-
-
-def get_failure_tables(wildcards):
-    """Per-job failures tables of a cohort's extraction (merged by merge_failures)."""
-    folder = FAILURE_TABLES.format(**wildcards)
-    if not PER_SLIDE_EXTRACT:
-        return [f"{folder}/cohort.tsv"]
-    return [f"{folder}/{s}.tsv" for s in get_extracted_slide_ids(wildcards.cohort)]
 
 
 def get_failure_summaries():
-    """The merged failures table of every extracted (backbone, variant, cohort)."""
+    """The failures table of every extracted (backbone, variant, cohort)."""
     if not RECORD_FAILURES:
         return []
     cohorts = list(dict.fromkeys(c for task in config["tasks"] for c in get_task_cohorts(task)))
@@ -416,21 +351,8 @@ def get_workers(wildcards, threads):
     return max(1, threads - 1)
 
 
-def _discovery_goal(backbone):
-    """(depth, eps) of the partition drawn on the similarity figure: discovery.depth or
-    discovery.eps when set, else the first TWT variant of the backbone, else eps 0.1."""
-    d = config["discovery"]
-    if d["depth"] is not None or d["eps"] is not None:
-        return d["depth"], d["eps"]
-    for v in get_compressed_variants(backbone):
-        var = config["variants"][v]
-        if var["method"] == PAPER_METHOD:
-            return var["depth"], var["eps"]
-    return None, 0.1
-
-
 def get_discover_goal_args(wildcards):
-    depth, eps = _discovery_goal(wildcards.backbone)
+    depth, eps = PRODUCTS.discovery_goal(wildcards.backbone)
     return ["--depth", str(depth)] if depth is not None else ["--eps", str(eps)]
 
 
@@ -439,8 +361,8 @@ def get_compress_target_args(wildcards):
     that plan (no second similarity pass over the calibration tiles); others give their
     depth or eps and `pathtwt compress` partitions the similarity matrix itself."""
     v = get_variant(wildcards)
-    if v["method"] == PAPER_METHOD and (v["depth"], v["eps"]) == _discovery_goal(wildcards.backbone):
-        return ["--plan", f"{study_path(layout.DISCOVERY_DIR.format(backbone=wildcards.backbone))}/plan.json"]
+    if PRODUCTS.uses_plan(wildcards.backbone, wildcards.variant):
+        return ["--plan", f"{STORE.discovery(PRODUCTS.discovery_key(wildcards.backbone))}/plan.json"]
     if goal_of(v["method"]) == "none":  # every layer kept (NOSE: attention removed)
         return []
     return ["--depth", str(v["depth"])] if v["depth"] is not None else ["--eps", str(v["eps"])]
@@ -479,7 +401,7 @@ def get_compress_stream_args(wildcards):
     """Stream the training tiles from the calibration cohort's coords (compress.stream)."""
     if not config["compress"]["stream"]:
         return []
-    return ["--train-coords", study_path(f"calibration/{wildcards.backbone}.coords.txt")]
+    return ["--train-coords", get_calibration_listing(PRODUCTS.calibration_key(wildcards.backbone))]
 
 
 def get_compress_extra_args(wildcards):
@@ -498,18 +420,6 @@ def get_extra_args(section):
 # ---- stage paths --------------------------------------------------------------------
 
 
-def get_calibration_coords(wildcards):
-    """Coords files of the calibration tiles: only the TRAINING split of each task's
-    training cohort, so no validation, internal test or external slide can leak into
-    compression."""
-    tasks = BACKBONES[wildcards.backbone]["calibrate_on"] or list(config["tasks"])
-    files = []
-    for task in tasks:
-        t = config["tasks"][task]
-        files += [study_path(layout.TILES.format(cohort=t["cohort"], slide=s)) for s in get_compression_slide_ids(t)]
-    return sorted(set(files))
-
-
 def write_file_list(files, out):
     """One path per line: long lists go to commands through a file, since a single
     shell command line is limited to 128 KiB on Linux."""
@@ -518,29 +428,9 @@ def write_file_list(files, out):
     write_text_atomic(out, "".join(f"{f}\n" for f in files))
 
 
-def get_cohort_coords(wildcards):
-    return [study_path(layout.TILES.format(cohort=wildcards.cohort, slide=s)) for s in get_extracted_slide_ids(wildcards.cohort)]
-
-
-def write_extract_manifest(wildcards, out):
-    """slide, coords, features file per line: the batch of one `pathtwt extract` job."""
-    from pathtwt.io.atomic import write_text_atomic
-
-    slides = get_slide_paths(wildcards.cohort)
-    folder = get_features_dir(wildcards.backbone, wildcards.variant, wildcards.cohort)
-    write_text_atomic(
-        out,
-        "".join(f"{slides[s]}\t{study_path(layout.TILES.format(cohort=wildcards.cohort, slide=s))}\t{folder}/{s}.h5\n"
-                for s in get_extracted_slide_ids(wildcards.cohort)),
-    )
-
-
 def get_features(backbone, variant, cohort):
-    """Features of a cohort: its folder (one batched job) or every per-slide file."""
-    folder = get_features_dir(backbone, variant, cohort)
-    if not config["extract"]["per_slide_jobs"]:
-        return [folder]
-    return [f"{folder}/{s}.h5" for s in get_extracted_slide_ids(cohort)]
+    """Features of a cohort: the study's folder of links to its slides' entries (store.smk)."""
+    return [get_features_dir(backbone, variant, cohort)]
 
 
 def get_labels_table(cohort):
@@ -682,7 +572,7 @@ def get_probe_targets():
 
 
 def get_final_targets():
-    return [study_path("report/index.html")] + get_failure_summaries()
+    return [study_path("report/index.html"), study_path("store.tsv")] + get_failure_summaries()
 
 
 # ---- cross-validation (cohorts.*.draw_split.folds) -----------------------------------
@@ -712,16 +602,9 @@ def get_task_folds(task):
     return list(range(k)) if k else [None]
 
 
-def get_compression_slide_ids(task_config):
-    """Slides a task's cohort lends to compression: the compression-only hold-out of a
-    cross-validated cohort, else its training split."""
-    return get_slide_ids(task_config["cohort"], config_check.compression_split(config, task_config))
-
-
 def get_extracted_slide_ids(cohort):
     """Slides whose features are extracted: all but a compression-only hold-out."""
-    held = set(get_slide_ids(cohort, cv_folds.HOLDOUT_SPLIT))
-    return [s for s in get_slide_ids(cohort) if s not in held]
+    return PRODUCTS.extracted_slides(cohort)
 
 
 def get_mil_job_files(name, fold=False):

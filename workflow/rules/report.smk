@@ -6,7 +6,10 @@ rule report:
     input:
         runs=get_mil_runs(),
         summaries=get_mil_summaries(),
-        plans=expand(study_path("discovery/{backbone}/plan.json"), backbone=get_discovered_backbones()),
+        # the study's links to the entries it used: the report reads them by the study's names
+        plans=get_discovery_views(),
+        models=get_model_views(),
+        tiles=get_tiles_views(),
         analyses=get_analysis_targets(),
         probes=get_probe_targets(),
         heatmaps=get_heatmaps(),
@@ -43,7 +46,7 @@ rule heatmap:
     tiles and QuPath GeoJSON; the lowest seed's run."""
     input:
         slide=get_slide,
-        coords=study_path("tiles/{cohort}/{slide}.h5"),
+        coords=lambda wc: str(get_tiles_entry(wc.cohort, wc.slide).coords),
         features=lambda wc: get_features(wc.backbone, wc.variant, wc.cohort),
         run=lambda wc: f"{get_heatmap_run(wc)}/metrics.json",
     output:

@@ -1,4 +1,5 @@
-# Tissue detection and tile coordinates, one job per slide; label tables normalised
+# Tissue detection and tile coordinates, one job per slide whose tiles are not in the store
+# (store.smk: the study's tiles/{cohort}/ and thumbnails/{cohort}/ link to them); label tables normalised
 # to the slide_id,label,split layout the MIL step reads (with the drawn split recorded
 # there when the cohort's table has none).
 #
@@ -8,28 +9,32 @@
 
 
 rule tile:
+    """A slide's tiles entry in the store (coords, thumbnail and record), keyed by the
+    slide's fingerprint and its cohort's tiling settings."""
     input:
-        slide=get_slide,
-        roi=get_roi,
+        unpack(get_tile_inputs),
     output:
-        coords=study_path("tiles/{cohort}/{slide}.h5"),
-        thumbnail=report(
-            study_path("thumbnails/{cohort}/{slide}.png"),
-            caption="../report/thumbnail.rst",
-            category="Tissue",
-            subcategory="{cohort}",
-            labels={"cohort": "{cohort}", "slide": "{slide}"},
+        coords=update(f"{STORE_DIR}/tiles/{{tkey}}.coords.h5"),
+        thumbnail=update(
+            report(
+                f"{STORE_DIR}/tiles/{{tkey}}.thumbnail.png",
+                caption="../report/thumbnail.rst",
+                category="Tissue",
+                labels={"tiles entry": "{tkey}"},
+            )
         ),
     params:
-        mpp=lambda wc: get_tiling(wc.cohort)["target_mpp"],
-        tile_size=lambda wc: get_tiling(wc.cohort)["tile_size"],
-        tissue=lambda wc: get_tiling(wc.cohort)["tissue"],
-        min_tissue=lambda wc: get_tiling(wc.cohort)["min_tissue"],
-        slide_mpp=get_mpp_fallback_arg,
-        modality=get_modality_args,
+        entry=lambda wc: str(STORE.tiles(wc.tkey).record),
+        record=lambda wc: get_plan_json("tiles", wc.tkey),
+        mpp=lambda wc: get_tiling(tile_wildcards(wc).cohort)["target_mpp"],
+        tile_size=lambda wc: get_tiling(tile_wildcards(wc).cohort)["tile_size"],
+        tissue=lambda wc: get_tiling(tile_wildcards(wc).cohort)["tissue"],
+        min_tissue=lambda wc: get_tiling(tile_wildcards(wc).cohort)["min_tissue"],
+        slide_mpp=lambda wc: get_mpp_fallback_arg(tile_wildcards(wc)),
+        modality=lambda wc: get_modality_args(tile_wildcards(wc)),
         roi=lambda wc, input: ["--roi", *input.roi] if input.roi else [],
     log:
-        study_log("tile/{cohort}/{slide}.log"),
+        study_log("tile/{tkey}.log"),
     # upstream of the longest chain (calibrate -> discover -> compress -> ...): first
     priority: 10
     group:
@@ -44,7 +49,9 @@ rule tile:
     conda:
         CONDA_ENV
     shell:
-        "pathtwt tile --out {output.coords:q} --thumbnail {output.thumbnail:q}"
+        "pathtwt store make --entry {params.entry:q} --record {params.record:q}"
+        " --files {output.coords:q} {output.thumbnail:q} --check-slide {input.slide:q} --"
+        " pathtwt tile --out {output.coords:q} --thumbnail {output.thumbnail:q}"
         " --mpp {params.mpp:q} --tile-size {params.tile_size:q} --tissue {params.tissue:q}"
         " --min-tissue {params.min_tissue:q} {params.slide_mpp:q} {params.modality:q} {params.roi:q}"
         " -- {input.slide:q} > {log:q} 2>&1"
@@ -75,4 +82,4 @@ rule labels:
 rule all_tiles:
     """Target: tile every slide of every cohort (e.g. to check tissue detection first)."""
     input:
-        lambda wc: get_all_tiles(),
+        [study_path(f"{kind}/{cohort}") for cohort in config["cohorts"] for kind in ("tiles", "thumbnails")],
