@@ -189,7 +189,7 @@ def add_decode_argument(parser: argparse.ArgumentParser) -> None:
                         "decode, cut and resize), gpu (the reading processes send the compressed tiles; the job's "
                         "GPU decodes them in batches with nvImageCodec, or torchvision's nvJPEG, cuts and shrinks "
                         "them; an error without CUDA), auto (gpu where the model runs on CUDA and a GPU decoder is "
-                        "installed, else cpu; default: %(default)s)")
+                        "installed and decodes test JPEGs on the job's GPU when made, else cpu; default: %(default)s)")
 
 
 def backbone_request(args: argparse.Namespace) -> Any:
