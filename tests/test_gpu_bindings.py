@@ -14,6 +14,7 @@ new decoder's calls are checked this way: docs/development.md."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import tomllib
@@ -235,6 +236,38 @@ def test_the_cudart_calls_of_the_ring_pin_bind():
     # torch's runtime is loaded under its own name; cudaGetLastError is reached through it
     assert re.fullmatch(r"libcudart\.so\.\d+", Path(cuda_runtime.loaded_runtime()).name)
     assert isinstance(cuda_runtime.clear_last_error("test"), int)
+
+
+def test_the_memory_pool_keeps_its_memory_through_the_runtime_torch_loaded():
+    """nvImageCodec allocates from the device's default stream-ordered pool: its release
+    threshold is raised to keep freed memory across batches. The two runtime calls resolve
+    in the libcudart torch loaded, and are made with the pool of the job's device, the
+    release-threshold attribute and an all-ones uint64."""
+    import ctypes
+
+    from pathtwt.features import cuda_runtime
+
+    if torch.version.cuda is None:
+        pytest.skip("a CPU build of torch loads no CUDA runtime")
+    loaded = ctypes.CDLL(cuda_runtime.loaded_runtime(), mode=os.RTLD_NOLOAD)
+    assert loaded.cudaDeviceGetDefaultMemPool and loaded.cudaMemPoolSetAttribute  # AttributeError if absent
+    calls = []
+
+    class Runtime:
+        def cudaDeviceGetDefaultMemPool(self, pool, device):
+            ctypes.cast(pool, ctypes.POINTER(ctypes.c_void_p))[0] = 0x1234
+            calls.append(("pool", device))
+            return 0
+
+        def cudaMemPoolSetAttribute(self, pool, attr, value):
+            calls.append(("set", pool.value, attr, ctypes.cast(value, ctypes.POINTER(ctypes.c_uint64))[0]))
+            return 0
+
+        def cudaGetLastError(self):
+            pytest.fail("nothing failed")
+
+    assert cuda_runtime.keep_pool_memory(3, Runtime()) == 0
+    assert calls == [("pool", 3), ("set", 0x1234, 4, 2**64 - 1)]
 
 
 def test_a_failed_pin_clears_the_cuda_error_or_stops_in_one_line(monkeypatch, caplog, tmp_path):

@@ -9,7 +9,7 @@ Every key of the config sections that make stored products is classed here:
 - ``RUN``: how the job runs, never what it makes (batch size of a forward pass, workers,
   threads, where the slides or labels lie): in no key, so changing it reuses what is stored.
 
-tests/test_store_keys.py checks that every key the schema has in these sections is classed,
+tests/test_store.py checks that every key the schema has in these sections is classed,
 so a new setting cannot be forgotten silently: it must be given a class, and a ``VALUE`` one
 is in its product's key at once (:func:`values`). A setting that changes values only through
 others is classed by what it does to the product's inputs (``calibrate_on`` picks the
@@ -44,6 +44,7 @@ SETTINGS: dict[tuple[str, ...], dict[str, str]] = {
         "warmup_steps": VALUE, "audition_steps": VALUE, "schedule": VALUE, "layer_scale": VALUE, "augment": VALUE,
         "loss_norm": VALUE, "stream": VALUE, "cpu_ranks": VALUE, "gpus": VALUE, "seed": VALUE, "device": VALUE,
         "threads": RUN, "extra_args": VALUE,
+        "rank_timeout": RUN,  # how long ranks wait for each other before the job ends
     },
     # features: device and decode change pixels and arithmetic (a GPU decoder's JPEG, auto's bf16)
     ("extract",): {

@@ -1,5 +1,6 @@
 """The CUDA runtime library torch calls (``libcudart``), for what ``torch.cuda.cudart()``
-has no binding for: clearing its last error.
+has no binding for: clearing its last error, and keeping a device's stream-ordered memory
+pool's memory across batches.
 
 A runtime call that fails (``cudaHostRegister`` of the tile ring, say) leaves its error
 as the runtime's last error for the calling thread; the next kernel launch that checks
@@ -22,6 +23,10 @@ from pathlib import Path
 from pathtwt.errors import PathtwtError
 
 MAPS = Path("/proc/self/maps")
+# cudaMemPoolAttr's cudaMemPoolAttrReleaseThreshold (driver_types.h): the bytes a pool keeps
+# at a synchronisation before it gives memory back to the system
+RELEASE_THRESHOLD = 4
+KEEP_ALL = ctypes.c_uint64(2**64 - 1)
 # a CUDA wheel's or toolkit's runtime: libcudart.so.13, libcudart.so.12.4.127
 TORCH_RUNTIME = re.compile(r"libcudart\.so\.\d+(\.\d+)*")
 
@@ -51,3 +56,24 @@ def clear_last_error(context: str) -> int:
                            "limit (ulimit -l) and /dev/shm, or run with --decode cpu --workers 0")
     runtime = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
     return int(runtime.cudaGetLastError())
+
+
+def keep_pool_memory(device_index: int, runtime: object = None) -> int:
+    """Make ``device_index``'s default stream-ordered memory pool (the one ``cudaMallocAsync``
+    takes from: nvImageCodec's decoder allocates there) keep what it has freed. Its release
+    threshold is 0 by default, so at every synchronisation (the loop waits for each batch's
+    outputs) it would give its memory back and map it again for the next batch. Returns the
+    runtime's status (0: done); a failure is cleared and costs only speed. ``runtime``: a
+    stand-in for the tests."""
+    if runtime is None:
+        path = loaded_runtime()
+        if path is None:
+            return -1
+        runtime = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
+    pool = ctypes.c_void_p()
+    status = int(runtime.cudaDeviceGetDefaultMemPool(ctypes.byref(pool), int(device_index)))
+    if status == 0:
+        status = int(runtime.cudaMemPoolSetAttribute(pool, RELEASE_THRESHOLD, ctypes.byref(KEEP_ALL)))
+    if status != 0:
+        runtime.cudaGetLastError()  # the failed call's error would otherwise fail the next launch
+    return status

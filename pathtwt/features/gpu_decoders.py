@@ -141,6 +141,13 @@ def _nvimgcodec(device: torch.device, *, device_id: int | None = None, backends:
                                      backends=chosen, options=NVIMGCODEC_OPTIONS)
     except RuntimeError as exc:
         raise GpuDecoderUnavailable(_no_gpu_backend(nvimgcodec, device, exc)) from None
+    if device.type == "cuda":
+        from pathtwt.features.cuda_runtime import keep_pool_memory
+
+        # its decodes allocate from the device's stream-ordered pool: kept across batches
+        if keep_pool_memory(device_id) != 0:
+            log.info("nvImageCodec: the device's memory pool could not be told to keep its memory; it may give "
+                     "it back and map it again each batch")
     decode = _NvImageCodecBatches(nvimgcodec, decoder, params, device)
     return _checked(BatchDecoder("nvimgcodec", decode), device, f"nvImageCodec {version}",
                     nvimgcodec_install(nvimgcodec), _no_gpu_backend(nvimgcodec, device))
