@@ -153,3 +153,14 @@ def test_the_gpu_fed_data_path_run_has_every_cell_of_the_native_tile_readers():
     records = module.compare(results / "demo_bf16_21d7917" / "tables.md", results / "demo_bf16_a72522b" / "tables.md")
     assert records and all(r["same"] == r["cells"] for r in records), records
     assert "every result cell of the GPU-fed data path's run is the same as at\n21d7917" in PAGE.read_text(encoding="utf-8")
+
+
+def test_the_store_run_has_every_cell_of_the_code_before_it_on_the_same_machine():
+    """The page says the demo with the store (9779b5d) and the code before it (4109442), run
+    one after the other on one AMX machine, agree in every result cell: the stored tables
+    say so too."""
+    module = _compare_module()
+    results = REPO / "benchmarks" / "results"
+    records = module.compare(results / "demo_amx_4109442" / "tables.md", results / "demo_amx_9779b5d" / "tables.md")
+    assert records and all(r["same"] == r["cells"] for r in records), records
+    assert "every result cell of the\nrun with the store" in PAGE.read_text(encoding="utf-8")
