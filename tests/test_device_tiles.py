@@ -419,3 +419,24 @@ def test_what_a_slide_records_of_where_its_tiles_were_decoded():
     cpu = SlideDecode().attrs("CPU (reading processes)", False, 12)
     assert cpu == {"decode": "CPU (reading processes)", "natives_decoded_device": 0, "natives_decoded_host": 12,
                    "decode_fallback": ""}
+
+
+def test_a_decoders_batch_is_viewed_whole_and_anything_else_is_stacked():
+    """The rows of one tensor, in order (how gpu_decoders hands back a batch), become that
+    tensor again without a copy, under inference mode too (which keeps no ``_base``); rows
+    out of order, a row of another tensor, or rows of a larger tensor are stacked. The
+    pixels are the same either way."""
+    from pathtwt.features.device_tiles import _as_block
+
+    def same_storage(a, b):
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+    with torch.inference_mode():
+        batch = torch.arange(4 * 2 * 2 * 3, dtype=torch.int64).to(torch.uint8).view(4, 2, 2, 3)
+        rows = list(batch.unbind(0))
+        whole = _as_block(rows)
+        assert same_storage(whole, batch) and torch.equal(whole, batch)
+        other = torch.zeros(2, 2, 3, dtype=torch.uint8)
+        for tiles in (rows[::-1], [*rows[:3], other], list(batch[:3].unbind(0))):
+            block = _as_block(tiles)
+            assert not same_storage(block, batch) and torch.equal(block, torch.stack(tiles))

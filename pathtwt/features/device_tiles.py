@@ -289,16 +289,15 @@ class DeviceTiles:
         shape = (plan.grid.tile_height, plan.grid.tile_width)
         slot = self.ring.slot(msg.slot)
         streams = [slot[o:o + n] for o, n in zip(msg.offsets.tolist(), msg.lengths.tolist())]
-        tail = [*(kept.unbind(0) if kept is not None else ()), self._fill(shape, plan.fill)]
+        tail = [*(() if kept is None else (kept,)), self._fill(shape, plan.fill).unsqueeze(0)]
         fresh = len(streams)
 
         def decode_and_stack() -> tuple[torch.Tensor, dict[str, int]]:
             counts = {"device": 0, "host": 0, "refused": 0}
             size = self.steps.part(max(fresh, 1))
-            tiles: list[torch.Tensor] = []
-            for lo in range(0, fresh, size):
-                tiles += self._decode(msg, rec, streams[lo:lo + size], shape, counts)
-            return torch.stack([*tiles, *tail]), counts
+            blocks = [_as_block(self._decode(msg, rec, streams[lo:lo + size], shape, counts))
+                      for lo in range(0, fresh, size)]
+            return torch.cat([*blocks, *tail]), counts
 
         stack, counts = self.steps.attempt(decode_and_stack, max(fresh, 1), "decoding a batch of JPEG streams")
         rec.device += counts["device"]
@@ -430,6 +429,23 @@ class DeviceTiles:
         except Exception as exc:  # noqa: BLE001 - imagecodecs raises its own error types
             raise UndecodableTile(f"cannot decode a native tile at level {msg.level} (tiles {msg.start}-{msg.end - 1} of "
                                   f"the slide): {' '.join(str(exc).split())}") from None
+
+
+def _as_block(tiles: list[torch.Tensor]) -> torch.Tensor:
+    """``tiles`` (h, w, 3) as one (N, h, w, 3) tensor. A decoder's batch usually comes as
+    the rows of one tensor it owns, in order (gpu_decoders' outputs): those rows are viewed
+    as that tensor again (one view of their storage; their ``_base`` is not kept under
+    inference mode), so the batch is copied once into the stack, not twice, and the host
+    dispatches one operation, not one per native tile. Anything else is stacked."""
+    first = tiles[0] if tiles else None
+    if first is not None and first.is_contiguous():
+        storage, step, at = first.untyped_storage(), first.numel(), first.storage_offset()
+        rows = (first.device, first.dtype, first.shape)
+        if storage.nbytes() == len(tiles) * step * first.element_size() and at == 0 and all(
+                (t.device, t.dtype, t.shape) == rows and t.is_contiguous() and t.storage_offset() == i * step
+                and t.untyped_storage()._cdata == storage._cdata for i, t in enumerate(tiles)):
+            return torch.as_strided(first, (len(tiles), *first.shape), (step, *first.stride()), 0)
+    return torch.stack(tiles)
 
 
 class UndecodableTile(RuntimeError):
