@@ -3,7 +3,8 @@ BACH images with a tiny teacher whose (random) weights are a file: a second stud
 same slides (in the same checkout, under other cohort and task names) plans no tiling,
 compression or extraction, completes its report and keeps its own results apart; a third
 that changes one value-changing setting plans exactly the products it reaches; a study in a
-second checkout naming the first's store plans nothing stored; an extraction killed after
+second checkout naming the first's store plans nothing stored; two studies from two
+checkouts started together on one store make each entry once; an extraction killed after
 some slides keeps them and its rerun embeds only the rest; an entry whose record was
 tampered with, and a study folder from before the store, are refused in one line."""
 
@@ -174,6 +175,43 @@ def test_a_study_in_a_second_checkout_naming_the_store_plans_nothing_stored(firs
     other.mkdir()
     plan = _snakemake(other, _config(first, "fourth", store=str(first.store)), "-n")
     assert _made(plan) == {} and f"pathtwt store {first.store}: study fourth reuses tiles 8" in plan.stdout + plan.stderr
+
+
+def test_two_studies_from_two_checkouts_at_once_make_each_entry_once(first):
+    """Both started together on a fresh store: both plan every entry, and each is made by one
+    run while the other's job waits for it and uses it (its log says so)."""
+    store = first.root / "lab-store"
+    runs = []
+    for name in ("left", "right"):
+        work = first.root / f"checkout-{name}"
+        work.mkdir()
+        path = work / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(_config(first, name, store=str(store))))
+        runs.append((work / "logs" / name, subprocess.Popen(
+            [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(work), "--cores", "2",
+             "--configfile", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    for _, proc in runs:
+        out = proc.communicate(timeout=600)[0]
+        assert proc.returncode == 0, out[-3000:]
+    logs = [folder for folder, _ in runs]
+
+    def entry_logs(folder: Path) -> set[str]:
+        return {str(p.relative_to(folder)) for rule in ("tile", "calibrate", "discover", "compress")
+                for p in (folder / rule).glob("*.log") if not p.name.endswith(".list.log")}
+
+    both = entry_logs(logs[0]) & entry_logs(logs[1])
+    assert {rel.split("/")[0] for rel in both} == {"tile", "calibrate", "discover", "compress"}
+    made_twice = [rel for rel in both if not any("made by another run meanwhile" in (f / rel).read_text() for f in logs)]
+    assert made_twice == []
+    # each slide's features embedded once in all (8 slides, 2 models), whichever run claimed it
+    embedded = [int(n) for f in logs for log in (f / "extract").rglob("*.log")
+                for n in re.findall(r"embedding (\d+) of", log.read_text())]
+    assert sum(embedded) == 16
+    # nothing half-made, locked or beating is left; the two studies report the same cells
+    leftovers = [p for p in store.rglob(".*") if p.is_file()]
+    assert leftovers == []
+    tables = [pd.read_csv(f.parent.parent / "results" / f.name / "report" / "grade.csv") for f in logs]
+    pd.testing.assert_frame_equal(tables[0], tables[1])
 
 
 def test_a_killed_extraction_keeps_its_slides_and_the_rerun_embeds_only_the_rest(first):
