@@ -153,55 +153,33 @@ def local_weights_path(spec: "BackboneSpec", weights: str | os.PathLike | None) 
 
 
 class WeightsHashes:
-    """The sha256 of weights files, kept by path and file identity (device, inode, size,
-    modification and change times) in one JSON file, so a plan does not read 1-4 GB of
+    """The sha256 of weights files, kept by path and file identity in one JSON file
+    (:class:`~pathtwt.io.identity_cache.IdentityCache`), so a plan does not read 1-4 GB of
     weights each time; a file replaced in place is hashed again, and :attr:`replaced` says
     which path's hash changed from what it was (path -> old sha256). The hash is that of
     the file a snapshot folder loads (:func:`snapshot_weights_file`), as the features files'
     ``weights_sha256`` records it."""
 
     def __init__(self, file: str | os.PathLike | None):
-        self.file = Path(file) if file is not None else None
-        self._known: dict[str, list] | None = None
+        from pathtwt.io.identity_cache import IdentityCache
+
+        self._kept = IdentityCache(file)
         self.replaced: dict[str, str] = {}
 
     def sha256(self, path: str | os.PathLike) -> str:
+        from pathtwt.io.atomic import sha256_file
+        from pathtwt.io.identity_cache import file_identity
+
         path = Path(os.path.abspath(path))
         target = snapshot_weights_file(path) if path.is_dir() else path
-        st = target.stat()
-        identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-        known = self._load()
-        kept = known.get(str(target))
-        if kept is not None and kept[:5] == identity:
-            return str(kept[5])
-        from pathtwt.io.atomic import sha256_file
-
+        identity = file_identity(target)
+        digest = self._kept.value(str(target), identity)
+        if digest is not None:
+            return str(digest)
         digest = sha256_file(target)
-        if kept is not None and kept[5] != digest:
-            self.replaced[str(target)] = str(kept[5])
-        known[str(target)] = identity + [digest]
-        self._save(known)
+        before = self._kept.previous(str(target))
+        if before is not None and before != digest:
+            self.replaced[str(target)] = str(before)
+        self._kept.put(str(target), identity, digest)
+        self._kept.save()
         return digest
-
-    def _load(self) -> dict[str, list]:
-        if self._known is None:
-            self._known = {}
-            if self.file is not None:
-                try:
-                    import json
-
-                    self._known = dict(json.loads(self.file.read_text(encoding="utf-8")))
-                except (OSError, ValueError, TypeError):
-                    pass
-        return self._known
-
-    def _save(self, known: dict[str, list]) -> None:
-        if self.file is None:
-            return
-        from pathtwt.errors import PathtwtError
-        from pathtwt.io.atomic import write_json_atomic
-
-        try:
-            write_json_atomic(self.file, known)
-        except (OSError, PathtwtError):
-            pass  # a cache that cannot be written only costs the next plan a hash

@@ -16,13 +16,13 @@ planning a cohort reads each slide's 2 MiB once, not at every plan.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from pathtwt.errors import PathtwtError, SlideError
+from pathtwt.errors import SlideError
+from pathtwt.io.identity_cache import IdentityCache, file_identity
 
 MIB = 1 << 20
 
@@ -95,21 +95,14 @@ def check_coords_belong_to_slide(slide: Any, coords_path: str | os.PathLike, coo
 
 
 class FingerprintCache:
-    """:func:`head_tail_sha256` of many slides, kept by file identity so a plan of ten
-    thousand slides hashes each once, not at every plan: a slide's entry is reused while its
-    device, inode, size, modification and change times are those recorded (a file rewritten
-    or replaced under the same name changes its change time, which no tool can set back).
-
-    One JSON file per slide folder under ``folder`` (None: nothing kept), read when a slide
-    of that folder is first asked for and written back by :meth:`save` when it changed. Two
-    planners writing at once each write a whole file by rename: one's additions may be lost,
-    never a file half written. Zarr folders (OME-Zarr) are not kept (their own fingerprint
-    reads their metadata)."""
+    """:func:`head_tail_sha256` of many slides, kept by file identity
+    (:class:`~pathtwt.io.identity_cache.IdentityCache`): one JSON file per slide folder
+    under ``folder`` (None: nothing kept), written back by :meth:`save`. Zarr folders
+    (OME-Zarr) are not kept (their own fingerprint reads their metadata)."""
 
     def __init__(self, folder: str | os.PathLike | None):
         self.folder = Path(folder) if folder is not None else None
-        self._known: dict[str, dict[str, list]] = {}
-        self._changed: set[str] = set()
+        self._folders: dict[str, IdentityCache] = {}
         self.hashed = 0  # slides hashed (not found in the cache) since this object was made
 
     def get(self, path: str | os.PathLike) -> tuple[int, str]:
@@ -117,43 +110,23 @@ class FingerprintCache:
         path = Path(os.path.abspath(path))
         if path.is_dir():
             return head_tail_sha256(path)
-        st = path.stat()
-        identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-        files = self._files(str(path.parent))
-        kept = files.get(path.name)
-        if kept is not None and kept[:5] == identity:
-            return int(kept[2]), str(kept[5])
+        identity = file_identity(path)
+        kept = self._of(str(path.parent))
+        digest = kept.value(path.name, identity)
+        if digest is not None:
+            return identity[2], str(digest)
         size, digest = head_tail_sha256(path)
         self.hashed += 1
-        files[path.name] = identity + [digest]
-        self._changed.add(str(path.parent))
+        kept.put(path.name, identity, digest)
         return size, digest
 
-    def _file_of(self, parent: str) -> Path:
-        return self.folder / f"{hashlib.sha256(parent.encode()).hexdigest()[:20]}.json"  # type: ignore[operator]
-
-    def _files(self, parent: str) -> dict[str, list]:
-        if parent not in self._known:
-            self._known[parent] = {}
-            if self.folder is not None:
-                try:
-                    data = json.loads(self._file_of(parent).read_text(encoding="utf-8"))
-                    if data.get("folder") == parent:
-                        self._known[parent] = dict(data.get("files") or {})
-                except (OSError, ValueError, AttributeError):
-                    pass  # not kept yet (or unreadable): the slides are hashed
-        return self._known[parent]
+    def _of(self, parent: str) -> IdentityCache:
+        if parent not in self._folders:
+            file = self.folder / f"{hashlib.sha256(parent.encode()).hexdigest()[:20]}.json" if self.folder else None
+            self._folders[parent] = IdentityCache(file, scope=parent)
+        return self._folders[parent]
 
     def save(self) -> None:
-        """Write back the folders whose slides were hashed (a cache that cannot be written
-        only costs the next plan its hashing)."""
-        if self.folder is None:
-            return
-        from pathtwt.io.atomic import write_json_atomic
-
-        for parent in sorted(self._changed):
-            try:
-                write_json_atomic(self._file_of(parent), {"folder": parent, "files": self._known[parent]})
-            except (OSError, PathtwtError):
-                pass
-        self._changed.clear()
+        """Write back the folders whose slides were hashed."""
+        for kept in self._folders.values():
+            kept.save()
