@@ -1,11 +1,11 @@
-"""pathtwt.io.failures: one failures table per job, merged per cohort."""
+"""pathtwt.io.failures: one failures table per job."""
 
 from __future__ import annotations
 
 import pytest
 
 from pathtwt.errors import PathtwtError
-from pathtwt.io.failures import HEADER, failed_slides, merge_failures, read_failures, record_failure, write_failures
+from pathtwt.io.failures import HEADER, failed_slides, read_failures, record_failure, write_failures
 
 
 def test_record_and_read_back(tmp_path):
@@ -42,18 +42,3 @@ def test_not_a_failures_table(tmp_path):
     table.write_text("slide,label\nx,1\n")
     with pytest.raises(PathtwtError, match="failures.tsv: not a failures table"):
         read_failures(table)
-
-
-def test_per_job_tables_are_merged(tmp_path):
-    jobs = tmp_path / "jobs"
-    for worker in range(3):
-        table = jobs / f"job{worker}.tsv"
-        write_failures(table, [])  # a job with no failure still writes its (empty) table
-        for i in range(worker):
-            record_failure(table, slide=f"w{worker}-s{i}", stage="extract", reason=f"r{i}",
-                           when=f"2026-01-0{worker + 1}T00:00:0{i}+00:00")
-    merged = merge_failures(sorted(jobs.glob("*.tsv")) + [jobs / "absent.tsv"], tmp_path / "failures.tsv")
-    assert [f.slide for f in merged] == ["w1-s0", "w2-s0", "w2-s1"]
-    assert read_failures(tmp_path / "failures.tsv") == merged
-    assert (tmp_path / "failures.tsv").read_text().count(HEADER) == 1
-    assert merge_failures([], tmp_path / "none.tsv") == [] and (tmp_path / "none.tsv").read_text() == HEADER

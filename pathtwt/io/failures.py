@@ -4,8 +4,9 @@ One line per failure: ``slide<TAB>stage<TAB>reason<TAB>time`` (UTC, ISO 8601), u
 header line. Every job writes its own table (one writer per file: no locks, no shared
 appends, which network file systems such as Lustre do not make safe), rewritten whole
 under a temporary name and renamed at each failure, so a reader never sees half a
-line. The workflow then merges a cohort's per-job tables into its ``failures.tsv``
-with :func:`merge_failures`.
+line. In the workflow each extraction job's table lies beside its log; a cohort's
+``failures.tsv`` is written from its slides' store entries, which record each failure
+(:func:`pathtwt.io.store.views.features_view`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def write_failures(path: str | os.PathLike, failures: Iterable[Failure]) -> None
 def record_failure(path: str | os.PathLike, *, slide: str, stage: str, reason: str, when: str | None = None) -> Failure:
     """Add one failure to the job's own table ``path`` (created with its header if
     absent) and return it. Not for tables several processes write at once: give each
-    job its own file and merge them (:func:`merge_failures`)."""
+    job its own file."""
     stamp = when or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     failure = Failure(slide=_clean(slide), stage=_clean(stage), reason=_clean(reason) or "unknown", time=_clean(stamp))
     write_failures(path, read_failures(path) + [failure])
@@ -75,15 +76,6 @@ def read_failures(path: str | os.PathLike) -> list[Failure]:
         if len(fields) == len(FIELDS):
             out.append(Failure(*fields))
     return out
-
-
-def merge_failures(tables: Iterable[str | os.PathLike], out: str | os.PathLike) -> list[Failure]:
-    """Merge per-job tables (absent ones count as empty) into ``out``, ordered by time,
-    then slide; returns the merged rows."""
-    rows = [f for table in tables for f in read_failures(table)]
-    rows.sort(key=lambda f: (f.time, f.slide, f.stage))
-    write_failures(out, rows)
-    return rows
 
 
 def failed_slides(path: str | os.PathLike, stage: str | None = None) -> dict[str, str]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from pathtwt.explain.grid import attention_grid, grid_pitch, scale_scores
 from pathtwt.io.atomic import atomic_output
-from pathtwt.io.layout import UNCOMPRESSED
+from pathtwt.io.layout import TILES, UNCOMPRESSED
 from pathtwt.mil import heads as mil_heads
 from pathtwt.mil.layout import run_dir
 
@@ -100,7 +100,7 @@ def slide_background(results: Path, slide: str) -> tuple[np.ndarray, float, floa
     from pathtwt.io.h5 import read_attrs
 
     for png in sorted((results / "thumbnails").glob(f"*/{slide}.png")):
-        coords = results / "tiles" / png.parent.name / f"{slide}.h5"
+        coords = results / TILES.format(cohort=png.parent.name, slide=slide)
         if not coords.is_file():
             continue
         try:

@@ -69,7 +69,7 @@ for _analysis, _summary in (("intrinsic-dim", "intrinsic_dim.json"), ("stability
             f"analyze_{_analysis.replace('-', '_')}"
         input:
             calibration=lambda wc: get_calibration_entry(wc.backbone),
-            student=lambda wc: f"{get_model_entry(wc.backbone, wc.variant)}/model.json",
+            student=lambda wc: f"{get_model_dir(wc.backbone, wc.variant)}/model.json",
             weights=get_teacher_inputs,
         output:
             study_path(f"analysis/{{backbone}}/{{variant}}/{_analysis}/{_summary}"),

@@ -580,7 +580,6 @@ def get_final_targets():
 # calibration reads and is never extracted; one MIL job per (variant, task, head, fold)
 # trains every seed of that fold. Run folders: pathtwt.mil.layout.run_dir.
 
-from pathtwt.mil import folds as cv_folds
 from pathtwt.mil.layout import run_dir as mil_run_dir
 
 

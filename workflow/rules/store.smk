@@ -167,10 +167,6 @@ def get_discover_inputs(wildcards):
     return {"calibration": get_calibration_entry(b.backbone), "weights": get_teacher_inputs(b)}
 
 
-def get_model_entry(backbone, variant):
-    return str(STORE.model(PRODUCTS.model_key(backbone, variant)))
-
-
 def get_compress_inputs(wildcards):
     if stored(STORE.has_folder_entry, STORE.model(wildcards.mkey)):
         return {"stored": STORED}

@@ -43,7 +43,7 @@ rule view_features:
 rule view_model:
     """A compressed variant's model in the study's folder: links to its entry's files."""
     input:
-        lambda wc: f"{get_model_entry(wc.backbone, wc.variant)}/model.json",
+        lambda wc: f"{get_model_dir(wc.backbone, wc.variant)}/model.json",
     output:
         directory(study_path(layout.MODEL_DIR)),
     log:
@@ -54,7 +54,7 @@ rule view_model:
         mem_mb=500,
         runtime=5,
     run:
-        store_views.entry_view(Path(output[0]), Path(get_model_entry(wildcards.backbone, wildcards.variant)), "model")
+        store_views.entry_view(Path(output[0]), Path(get_model_dir(wildcards.backbone, wildcards.variant)), "model")
 
 
 rule view_discovery:
