@@ -16,7 +16,8 @@ import tifffile
 import torch
 
 from pathtwt.features import device_tiles
-from pathtwt.features.device_tiles import DeviceTiles, UndecodableTile, area_resize, cut, host_decode
+from pathtwt.features.device_tiles import DeviceTiles, UndecodableTile, area_resize, cut
+from pathtwt.features.jpeg_reference import fancy
 from pathtwt.features.gpu_decoders import make_decoder
 from pathtwt.features.reading import Band, BatchReader, SlideRead, plan_bands
 from pathtwt.features.ring import Ring, RingSize
@@ -81,7 +82,7 @@ def test_spliced_rgb_streams_decode_to_tifffiles_and_openslides_pixels(cmu):
         page = tif.pages[0]
         assert int(page.photometric) == 2 and page.jpegtables  # Aperio's RGB JPEG, tables apart
         indices = list(range(len(page.dataoffsets)))
-        ours = [host_decode(s) for s in tile_streams(page, indices)]
+        ours = [fancy(s) for s in tile_streams(page, indices)]
         reference = decode_native_tiles(page, indices)
         assert max(_max_diff(a, b) for a, b in zip(ours, reference)) == 0
         across = -(-page.imagewidth // page.tilewidth)
@@ -93,7 +94,7 @@ def test_spliced_rgb_streams_decode_to_tifffiles_and_openslides_pixels(cmu):
                 assert _max_diff(ours[index][:h, :w], seen) <= 2  # the same libjpeg-turbo: rounding only
         # why the Adobe marker is spliced in: a decoder takes three-component JPEGs for YCbCr
         raw = tile_streams(page, [0])[0].replace(ADOBE_RGB, b"", 1)
-        assert _max_diff(host_decode(raw), reference[0]) > 50
+        assert _max_diff(fancy(raw), reference[0]) > 50
 
 
 def test_splice_joins_tables_and_stream():
@@ -243,7 +244,7 @@ def test_a_stream_the_gpu_decoder_refuses_is_decoded_on_the_host_with_one_line(b
     messages, ring = _messages(bach_tiff, xy, 224, 224, batch=3)
 
     def refusing(streams):  # a GPU decoder that refuses every other stream
-        return [None if k % 2 else torch.from_numpy(host_decode(s)) for k, s in enumerate(streams)]
+        return [None if k % 2 else torch.from_numpy(fancy(s)) for k, s in enumerate(streams)]
 
     made = DeviceTiles(ring, "cpu", 224, decoder=refusing)
     with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
@@ -276,7 +277,7 @@ def test_pixels_off_the_host_decoders_send_the_slide_to_the_cpu_path(bach_tiff, 
     told = []
 
     def off(streams):
-        return [torch.from_numpy(np.clip(host_decode(s).astype(np.int16) + 20, 0, 255).astype(np.uint8)) for s in streams]
+        return [torch.from_numpy(np.clip(fancy(s).astype(np.int16) + 20, 0, 255).astype(np.uint8)) for s in streams]
 
     made = DeviceTiles(ring, "cpu", 224, decoder=off, use_tiles=told.append)
     with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
@@ -312,14 +313,14 @@ def _standin(decode, **said):
     def call(streams):
         return decode(streams)
 
-    call.name, call.is_host, call.reference, call.tolerance, call.decodes_rgb = "standin", False, host_decode, 2, True
+    call.name, call.is_host, call.reference, call.tolerance, call.decodes_rgb = "standin", False, fancy, 2, True
     for key, value in said.items():
         setattr(call, key, value)
     return call
 
 
 def _host_tiles(streams):
-    return [torch.from_numpy(host_decode(s)) for s in streams]
+    return [torch.from_numpy(fancy(s)) for s in streams]
 
 
 def _warnings(caplog, words: str) -> list[str]:

@@ -163,13 +163,13 @@ def test_the_device_path_gives_the_cpu_paths_rows(tmp_path, shared_slides, tiny)
 def _off_by_three(tolerance: int):
     """A GPU decoder stand-in whose pixels are its reference's (libjpeg) plus 3 grey levels,
     saying of itself what gpu_decoders.make_decoder's decoders say."""
-    from pathtwt.features.device_tiles import host_decode
+    from pathtwt.features.jpeg_reference import fancy
 
     def decode(streams):
-        return [torch.from_numpy(np.clip(host_decode(s).astype(np.int16) + 3, 0, 255).astype(np.uint8))
+        return [torch.from_numpy(np.clip(fancy(s).astype(np.int16) + 3, 0, 255).astype(np.uint8))
                 for s in streams]
 
-    decode.name, decode.is_host, decode.reference, decode.decodes_rgb = f"tolerance{tolerance}", False, host_decode, True
+    decode.name, decode.is_host, decode.reference, decode.decodes_rgb = f"tolerance{tolerance}", False, fancy, True
     decode.tolerance = tolerance
     return decode
 

@@ -19,7 +19,8 @@ kept ones. Nothing waits for the device, except the one comparison per slide bel
 Faults, each said once in one line naming the slide, and recorded in the slide's features
 file (:class:`SlideDecode`):
 
-- a stream the GPU decoder refuses is decoded on the host (imagecodecs: the libjpeg-turbo
+- a stream the GPU decoder refuses is decoded on the host
+  (:func:`~pathtwt.features.jpeg_reference.fancy`, imagecodecs: the libjpeg-turbo
   OpenSlide and the CPU path use);
 - a slide whose first GPU-decoded tile differs from the decoder's own reference
   (``decoder.reference``: the host decoding as the decoder does, e.g. the same chroma
@@ -51,13 +52,6 @@ log = logging.getLogger(__name__)
 # the most two decoders of the same JPEG stream may differ, for a decoder that does not say
 # its own tolerance: the measured IDCT bound (pathtwt/features/jpeg_reference.py)
 TOLERANCE = jpeg_reference.TOLERANCE
-
-
-def host_decode(stream: Any) -> np.ndarray:
-    """One complete JPEG stream decoded on the host: uint8 (h, w, 3)."""
-    import imagecodecs
-
-    return np.asarray(imagecodecs.jpeg8_decode(bytes(stream)))
 
 
 def pin_host_memory(ring: Ring, device: Any) -> Callable[[], None]:
@@ -216,7 +210,7 @@ class DeviceTiles:
         # what the decoder says of itself (gpu_decoders.make_decoder), with the defaults of a
         # decoder that does not: checked against libjpeg at TOLERANCE, RGB JPEGs honoured
         self.name = getattr(decoder, "name", "gpu")
-        self.reference = getattr(decoder, "reference", host_decode)
+        self.reference = getattr(decoder, "reference", jpeg_reference.fancy)
         self.tolerance = int(getattr(decoder, "tolerance", TOLERANCE))
         self.decodes_rgb = bool(getattr(decoder, "decodes_rgb", True))
         # each slide's first stream is compared with the reference, unless the decoder is
@@ -414,8 +408,7 @@ class DeviceTiles:
                shape: tuple[int, int]) -> None:
         """The slide's first GPU-decoded tile against the decoder's reference (the one
         host sync of a slide)."""
-        reference = _fit_np(np.asarray(self.reference(stream)), shape).astype(np.int16)
-        diff = int(np.abs(tile.cpu().numpy().astype(np.int16) - reference).max())
+        diff = jpeg_reference.max_difference(tile.cpu().numpy(), _fit_np(np.asarray(self.reference(stream)), shape))
         if diff > self.tolerance:
             self._to_cpu(msg.slide, rec, f"the {self.name} decoder's pixels differ from its reference by {diff} grey "
                                          f"levels (more than {self.tolerance})",
@@ -425,7 +418,7 @@ class DeviceTiles:
 
     def _host_decode(self, msg: BatchMessage, stream: Any) -> np.ndarray:
         try:
-            return host_decode(stream)
+            return jpeg_reference.fancy(stream)
         except Exception as exc:  # noqa: BLE001 - imagecodecs raises its own error types
             raise UndecodableTile(f"cannot decode a native tile at level {msg.level} (tiles {msg.start}-{msg.end - 1} of "
                                   f"the slide): {' '.join(str(exc).split())}") from None
