@@ -187,8 +187,7 @@ def _stub_decoders():
         def decode(streams):
             return list(torch.empty((len(streams), 256, 256, 3), dtype=torch.uint8, device=device).unbind(0))
 
-        decode.is_host = True  # nothing to check it against
-        return decode
+        return gpu_decoders.BatchDecoder(name, decode, is_host=True)  # nothing to check it against
 
     real = gpu_decoders.make_decoder
     gpu_decoders.make_decoder = lambda name, device: make_stub(name, device) if name == "stub" else real(name, device)

@@ -63,8 +63,7 @@ def test_the_gpu_path_reads_nothing_back_and_its_operations_do_not_grow_with_nat
         def decode(streams):
             return list(torch.empty((len(streams), CMU_TILE, CMU_TILE, 3), dtype=torch.uint8, device=device).unbind(0))
 
-        decode.is_host = True  # nothing to check its pixels against
-        return decode
+        return gpu_decoders.BatchDecoder("stub", decode, is_host=True)  # nothing to check its pixels against
 
     monkeypatch.setattr(gpu_decoders, "make_decoder", stub)
     backbone, slide = _meta_backbone(), shared_slides / CMU

@@ -18,7 +18,7 @@ import torch
 from pathtwt.features import device_tiles
 from pathtwt.features.device_tiles import DeviceTiles, UndecodableTile, area_resize, cut
 from pathtwt.features.jpeg_reference import fancy
-from pathtwt.features.gpu_decoders import make_decoder
+from pathtwt.features.gpu_decoders import BatchDecoder, make_decoder
 from pathtwt.features.reading import Band, BatchReader, SlideRead, plan_bands
 from pathtwt.features.ring import Ring, RingSize
 from pathtwt.wsi import jpeg_streams
@@ -246,7 +246,7 @@ def test_a_stream_the_gpu_decoder_refuses_is_decoded_on_the_host_with_one_line(b
     def refusing(streams):  # a GPU decoder that refuses every other stream
         return [None if k % 2 else torch.from_numpy(fancy(s)) for k, s in enumerate(streams)]
 
-    made = DeviceTiles(ring, "cpu", 224, decoder=refusing)
+    made = DeviceTiles(ring, "cpu", 224, decoder=BatchDecoder("refusing", refusing))
     with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
         tiles = torch.cat([made.batch(m).tiles() for m in messages])
     from pathtwt.wsi.slides import open_slide
@@ -279,7 +279,7 @@ def test_pixels_off_the_host_decoders_send_the_slide_to_the_cpu_path(bach_tiff, 
     def off(streams):
         return [torch.from_numpy(np.clip(fancy(s).astype(np.int16) + 20, 0, 255).astype(np.uint8)) for s in streams]
 
-    made = DeviceTiles(ring, "cpu", 224, decoder=off, use_tiles=told.append)
+    made = DeviceTiles(ring, "cpu", 224, decoder=BatchDecoder("off", off), use_tiles=told.append)
     with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
         tiles = torch.cat([made.batch(m).tiles() for m in messages])
     from pathtwt.wsi.slides import open_slide
@@ -309,14 +309,9 @@ def test_levels_that_are_not_jpeg_tiled_come_as_finished_tiles(tmp_path):
 
 
 def _standin(decode, **said):
-    """A GPU decoder stand-in that says of itself what gpu_decoders.make_decoder's do."""
-    def call(streams):
-        return decode(streams)
-
-    call.name, call.is_host, call.reference, call.tolerance, call.decodes_rgb = "standin", False, fancy, 2, True
-    for key, value in said.items():
-        setattr(call, key, value)
-    return call
+    """A GPU decoder stand-in checked against libjpeg's fancy upsampling within 2 grey
+    levels, decoding RGB JPEGs, unless ``said`` says otherwise."""
+    return BatchDecoder("standin", decode, **{"tolerance": 2, "decodes_rgb": True, **said})
 
 
 def _host_tiles(streams):

@@ -145,7 +145,7 @@ def test_the_device_path_gives_the_cpu_paths_rows(tmp_path, shared_slides, tiny)
     tiles and a cut plan, the embedding process decodes them (the host decoder standing in
     for nvImageCodec: the same libjpeg-turbo as the CPU path), cuts with one gather and
     shrinks on the device. Same pixels as the CPU path, so the same rows."""
-    from pathtwt.features import device_tiles, jpeg_reference
+    from pathtwt.features import gpu_decoders, jpeg_reference
 
     slide = shared_slides / CMU
     coords = write_cmu_coords(tmp_path / "c.h5", slide, XY)
@@ -157,21 +157,20 @@ def test_the_device_path_gives_the_cpu_paths_rows(tmp_path, shared_slides, tiny)
     assert gpu[2]["decode"] == "GPU (host, embedding process)" and cpu[2]["decode"] == "CPU (reading processes)"
     # what the first-stream check of each slide allows a decoder that states no tolerance: the
     # one measured bound, not a second figure
-    assert device_tiles.TOLERANCE == jpeg_reference.TOLERANCE
+    assert gpu_decoders.BatchDecoder("plain", list).tolerance == jpeg_reference.TOLERANCE
 
 
 def _off_by_three(tolerance: int):
-    """A GPU decoder stand-in whose pixels are its reference's (libjpeg) plus 3 grey levels,
-    saying of itself what gpu_decoders.make_decoder's decoders say."""
+    """A GPU decoder stand-in whose pixels are its reference's (libjpeg, fancy upsampling)
+    plus 3 grey levels."""
+    from pathtwt.features.gpu_decoders import BatchDecoder
     from pathtwt.features.jpeg_reference import fancy
 
     def decode(streams):
         return [torch.from_numpy(np.clip(fancy(s).astype(np.int16) + 3, 0, 255).astype(np.uint8))
                 for s in streams]
 
-    decode.name, decode.is_host, decode.reference, decode.decodes_rgb = f"tolerance{tolerance}", False, fancy, True
-    decode.tolerance = tolerance
-    return decode
+    return BatchDecoder(f"tolerance{tolerance}", decode, tolerance=tolerance, decodes_rgb=True)
 
 
 def test_a_gpu_decoder_off_by_more_than_its_tolerance_falls_back_and_the_features_file_says_so(

@@ -360,13 +360,12 @@ def test_a_decoder_that_matches_neither_or_decodes_nothing_is_unavailable():
         _check(BatchDecoder("x", broken))
 
 
-def test_a_benchmarks_plain_callable_gets_the_attributes(monkeypatch):
+def test_a_stand_in_decoder_gets_the_attributes_it_does_not_state(monkeypatch):
     def make_stub(device):
         def decode(streams):
             return [None for _ in streams]
 
-        decode.is_host = True
-        return decode
+        return BatchDecoder("stub", decode, is_host=True)
 
     monkeypatch.setitem(gpu_decoders.GPU_DECODERS, "stub", (lambda: True, make_stub, False))  # a plain tuple too
     stub = gpu_decoders.make_decoder("stub", "cpu")

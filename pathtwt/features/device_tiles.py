@@ -42,17 +42,13 @@ import numpy as np
 import torch
 
 from pathtwt.features import jpeg_reference
+from pathtwt.features.gpu_decoders import BatchDecoder
 from pathtwt.features.reading import BatchMessage
 from pathtwt.features.ring import Ring
 from pathtwt.features.step_down import StepDown
 from pathtwt.wsi.cut_plan import CutPlan, gather_plan
 
 log = logging.getLogger(__name__)
-
-# the most two decoders of the same JPEG stream may differ, for a decoder that does not say
-# its own tolerance: the measured IDCT bound (pathtwt/features/jpeg_reference.py)
-TOLERANCE = jpeg_reference.TOLERANCE
-
 
 def pin_host_memory(ring: Ring, device: Any) -> Callable[[], None]:
     """Page-lock the ring once on a CUDA ``device`` (cudaHostRegister), so a slot's tiles
@@ -192,12 +188,12 @@ class DeviceBatch:
 class DeviceTiles:
     """Batches of uint8 tiles (N, S, S, 3) on ``device`` from reading-process messages.
 
-    ``decoder``: a batch decoder of :mod:`pathtwt.features.gpu_decoders` (None: the CPU
-    path only). ``use_tiles(slide)``: tells the readers to send a slide as finished tiles
+    ``decoder``: a :class:`~pathtwt.features.gpu_decoders.BatchDecoder`, whose attributes
+    say how its pixels are checked (None: the CPU path only). ``use_tiles(slide)``: tells the readers to send a slide as finished tiles
     from now on. ``input_size``: the model's. ``steps``: the job's out-of-memory step-down.
     ``slide_name(slide)``: the slide's file, for the lines said."""
 
-    def __init__(self, ring: Ring, device: Any, input_size: int, decoder: Any = None,
+    def __init__(self, ring: Ring, device: Any, input_size: int, decoder: BatchDecoder | None = None,
                  use_tiles: Callable[[int], None] = lambda slide: None, steps: StepDown | None = None,
                  slide_name: Callable[[int], str] = lambda slide: f"slide {slide}") -> None:
         self.ring = ring
@@ -207,15 +203,9 @@ class DeviceTiles:
         self.use_tiles = use_tiles
         self.steps = steps or StepDown()
         self.slide_name = slide_name
-        # what the decoder says of itself (gpu_decoders.make_decoder), with the defaults of a
-        # decoder that does not: checked against libjpeg at TOLERANCE, RGB JPEGs honoured
-        self.name = getattr(decoder, "name", "gpu")
-        self.reference = getattr(decoder, "reference", jpeg_reference.fancy)
-        self.tolerance = int(getattr(decoder, "tolerance", TOLERANCE))
-        self.decodes_rgb = bool(getattr(decoder, "decodes_rgb", True))
-        # each slide's first stream is compared with the reference, unless the decoder is
-        # the host decoder itself (the CPU path's pixels)
-        self.check = decoder is not None and not getattr(decoder, "is_host", False)
+        # each slide's first stream is compared with the decoder's reference, unless the
+        # decoder is the host decoder itself (the CPU path's pixels)
+        self.check = decoder is not None and not decoder.is_host
         self.records: dict[int, SlideDecode] = {}
         self._bands: dict[int, tuple[np.ndarray, torch.Tensor]] = {}  # band -> (native indices, their tiles)
         self._fills: dict[tuple[int, int, int], torch.Tensor] = {}
@@ -355,11 +345,11 @@ class DeviceTiles:
             self._to_cpu(msg.slide, rec, "its JPEG tiles mix RGB and YCbCr colour spaces",
                          f"{name}: its JPEG tiles mix RGB and YCbCr colour spaces, which one GPU decoder call cannot "
                          "tell apart; its tiles are decoded on the CPU")
-        elif "rgb" in rec.colours and not self.decodes_rgb:
-            self._to_cpu(msg.slide, rec, f"RGB JPEG tiles (Adobe transform 0), which the {self.name} decoder "
-                                         "reads as YCbCr",
-                         f"{name}: its JPEG tiles are RGB (Adobe transform 0), which the {self.name} decoder reads "
-                         "as YCbCr; its tiles are decoded on the CPU")
+        elif "rgb" in rec.colours and not self.decoder.decodes_rgb:
+            self._to_cpu(msg.slide, rec, f"RGB JPEG tiles (Adobe transform 0), which the {self.decoder.name} "
+                                         "decoder reads as YCbCr",
+                         f"{name}: its JPEG tiles are RGB (Adobe transform 0), which the {self.decoder.name} decoder "
+                         "reads as YCbCr; its tiles are decoded on the CPU")
 
     def _to_cpu(self, slide: int, rec: SlideDecode, reason: str, line: str) -> None:
         """From now on the readers decode ``slide``; this batch and those in flight are
@@ -392,7 +382,7 @@ class DeviceTiles:
         if refused and not rec.said_refused:
             rec.said_refused = True
             log.warning("%s: the GPU decoder (%s) refused a JPEG stream; it and any other it refuses are decoded on "
-                        "the host", self.slide_name(msg.slide), self.name)
+                        "the host", self.slide_name(msg.slide), self.decoder.name)
         first = next((k for k in present if k not in refused), None)  # the slide's check: a tile the decoder made
         if self.check and not rec.checked and first is not None:
             rec.checked = True
@@ -408,12 +398,13 @@ class DeviceTiles:
                shape: tuple[int, int]) -> None:
         """The slide's first GPU-decoded tile against the decoder's reference (the one
         host sync of a slide)."""
-        diff = jpeg_reference.max_difference(tile.cpu().numpy(), _fit_np(np.asarray(self.reference(stream)), shape))
-        if diff > self.tolerance:
-            self._to_cpu(msg.slide, rec, f"the {self.name} decoder's pixels differ from its reference by {diff} grey "
-                                         f"levels (more than {self.tolerance})",
-                         f"{self.slide_name(msg.slide)}: the {self.name} decoder's pixels differ from its host "
-                         f"reference by {diff} grey levels (more than {self.tolerance}); its tiles are decoded on the "
+        name, reference, tolerance = self.decoder.name, self.decoder.reference, self.decoder.tolerance
+        diff = jpeg_reference.max_difference(tile.cpu().numpy(), _fit_np(np.asarray(reference(stream)), shape))
+        if diff > tolerance:
+            self._to_cpu(msg.slide, rec, f"the {name} decoder's pixels differ from its reference by {diff} grey "
+                                         f"levels (more than {tolerance})",
+                         f"{self.slide_name(msg.slide)}: the {name} decoder's pixels differ from its host "
+                         f"reference by {diff} grey levels (more than {tolerance}); its tiles are decoded on the "
                          "CPU")
 
     def _host_decode(self, msg: BatchMessage, stream: Any) -> np.ndarray:

@@ -86,7 +86,10 @@ def nvimgcodec_params(nvimgcodec: Any) -> Any:
 
 
 class BatchDecoder:
-    """``decode(streams) -> list[Tensor | None]`` with the facts the device side uses."""
+    """``decode(streams) -> list[Tensor | None]`` with the facts the device side uses; what
+    a decoder does not state: not the host decoder, libjpeg's fancy upsampling its
+    reference, the measured tolerance, RGB JPEGs not decoded as RGB (a GPU decoder's
+    reference and ``decodes_rgb`` are measured when it is made: :func:`_checked`)."""
 
     def __init__(self, name: str, decode: Callable[[Sequence[Any]], list], *, is_host: bool = False,
                  reference: jpeg_reference.Reference = jpeg_reference.fancy, tolerance: int = jpeg_reference.TOLERANCE,
@@ -301,7 +304,7 @@ def _installed(module: str) -> Callable[[], bool]:
 
 class Entry(NamedTuple):
     installed: Callable[[], bool]  # is its library installed here?
-    make: Callable[[torch.device], Any]  # maker(device) -> decoder
+    make: Callable[[torch.device], BatchDecoder]  # maker(device) -> decoder
     on_gpu: bool  # does it decode on the GPU?
 
 
@@ -314,15 +317,8 @@ GPU_DECODERS: dict[str, Entry] = {
 
 
 def make_decoder(name: str, device: Any) -> BatchDecoder:
-    """The decoder ``name`` of :data:`GPU_DECODERS` on ``device``; a maker's plain callable
-    (a benchmark's stand-in) gets the attributes it lacks."""
-    made = Entry(*GPU_DECODERS[name]).make(torch.device(device))
-    if isinstance(made, BatchDecoder):
-        return made
-    return BatchDecoder(name, made, is_host=bool(getattr(made, "is_host", False)),
-                        reference=getattr(made, "reference", jpeg_reference.fancy),
-                        tolerance=getattr(made, "tolerance", jpeg_reference.TOLERANCE),
-                        decodes_rgb=bool(getattr(made, "decodes_rgb", False)))
+    """The decoder ``name`` of :data:`GPU_DECODERS` on ``device``."""
+    return Entry(*GPU_DECODERS[name]).make(torch.device(device))
 
 
 _USABLE: dict[tuple[str, Any, str], str | None] = {}  # (name, maker, device) -> why it cannot decode here
