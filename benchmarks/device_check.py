@@ -636,7 +636,7 @@ def measure_decoders(run: Run, slide: Path) -> None:
     device path falls back to; then libjpeg-turbo on one core (tifffile)."""
     import tifffile
 
-    from pathtwt.features.gpu_decoders import GPU_DECODERS, GpuDecoderUnavailable, make_decoder
+    from pathtwt.features.gpu_decoders import GpuDecoderUnavailable, decoder_names, make_decoder
     from pathtwt.wsi.jpeg_streams import tile_streams
     from pathtwt.wsi.native_tiles import decode_native_tiles
 
@@ -644,8 +644,7 @@ def measure_decoders(run: Run, slide: Path) -> None:
         page = tif.pages[0]
         indices = list(range(len(page.dataoffsets)))
         streams = tile_streams(page, indices)
-        names = [n for n, (installed, _make, on_gpu) in GPU_DECODERS.items() if on_gpu == run.gpu and installed()]
-        for name in names:
+        for name in decoder_names(on_gpu=run.gpu):
             row = Row(kind="decode", model=name, precision="uint8", batch=256)
             if run.skipped(row):
                 continue

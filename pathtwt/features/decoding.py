@@ -47,7 +47,7 @@ def _cuda() -> bool:
 def resolve_decode(request: str | None, device: Any = None) -> Decoding:
     """The decoding for ``request`` (auto, cpu, gpu; None is auto) with the model on
     ``device``. ``gpu`` where it cannot run is one line."""
-    from pathtwt.features.gpu_decoders import GPU_DECODERS, INSTALL_GPU_DECODER, usable_gpu_decoder
+    from pathtwt.features.gpu_decoders import INSTALL_GPU_DECODER, decoder_names, usable_gpu_decoder
 
     name = (request or "auto").strip().lower()
     if name not in DECODE_CHOICES:
@@ -66,7 +66,7 @@ def resolve_decode(request: str | None, device: Any = None) -> Decoding:
         raise ConfigError(f"decode gpu: the model runs on {device}, not CUDA; use --device cuda or --decode auto")
     gpu = usable_gpu_decoder(device)
     if gpu is None:
-        installed = [n for n, entry in GPU_DECODERS.items() if entry[2] and entry[0]()]
+        installed = decoder_names()
         why = f"{', '.join(installed)} cannot (said above)" if installed else "none is installed"
         raise ConfigError(f"decode gpu: no GPU JPEG decoder decodes on {device} here ({why}; {INSTALL_GPU_DECODER}); "
                           "use --decode cpu or auto")

@@ -316,6 +316,15 @@ GPU_DECODERS: dict[str, Entry] = {
 }
 
 
+def decoder_names(on_gpu: bool = True, only_installed: bool = True) -> list[str]:
+    """The decoders of :data:`GPU_DECODERS` that decode on the GPU (``on_gpu``; the host
+    decoder otherwise) and, with ``only_installed``, whose library is installed here, in
+    order of preference."""
+    entries = {name: Entry(*entry) for name, entry in GPU_DECODERS.items()}
+    return [name for name, entry in entries.items()
+            if entry.on_gpu == on_gpu and (not only_installed or entry.installed())]
+
+
 def make_decoder(name: str, device: Any) -> BatchDecoder:
     """The decoder ``name`` of :data:`GPU_DECODERS` on ``device``."""
     return Entry(*GPU_DECODERS[name]).make(torch.device(device))
@@ -328,11 +337,8 @@ def usable_gpu_decoder(device: Any) -> str | None:
     """The first decoder of the table installed here that decodes JPEG on ``device``'s
     GPU (each made once per process and device: it checks itself); one warning per
     decoder that cannot, naming what to install. None when none can."""
-    for name, entry in GPU_DECODERS.items():
-        installed, make, on_gpu = entry
-        if not (on_gpu and installed()):
-            continue
-        key = (name, make, _device_key(device))
+    for name in decoder_names():
+        key = (name, Entry(*GPU_DECODERS[name]).make, _device_key(device))
         if key not in _USABLE:
             try:
                 make_decoder(name, device)
