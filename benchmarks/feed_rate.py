@@ -183,14 +183,13 @@ def _stub_decoders():
 
     from pathtwt.features import gpu_decoders
 
-    def make_stub(name, device):
+    def make_stub(device):
         def decode(streams):
             return list(torch.empty((len(streams), 256, 256, 3), dtype=torch.uint8, device=device).unbind(0))
 
-        return gpu_decoders.BatchDecoder(name, decode, is_host=True)  # nothing to check it against
+        return gpu_decoders.BatchDecoder("stub", decode, is_host=True)  # nothing to check it against
 
-    real = gpu_decoders.make_decoder
-    gpu_decoders.make_decoder = lambda name, device: make_stub(name, device) if name == "stub" else real(name, device)
+    gpu_decoders.GPU_DECODERS["stub"] = gpu_decoders.Entry(lambda: True, make_stub, False)
 
 
 def host_us_per_tile(slide: Path, coords: Path, folder: Path) -> float:

@@ -59,13 +59,13 @@ def _coords(path, slide, side: int):
 
 def test_the_gpu_path_reads_nothing_back_and_its_operations_do_not_grow_with_native_tiles(tmp_path, shared_slides,
                                                                                           monkeypatch):
-    def stub(name, device):  # a decoder that decodes nothing: views of one meta tensor, as nvImageCodec's are wrapped
+    def stub(device):  # a decoder that decodes nothing: views of one meta tensor, as nvImageCodec's are wrapped
         def decode(streams):
             return list(torch.empty((len(streams), CMU_TILE, CMU_TILE, 3), dtype=torch.uint8, device=device).unbind(0))
 
         return gpu_decoders.BatchDecoder("stub", decode, is_host=True)  # nothing to check its pixels against
 
-    monkeypatch.setattr(gpu_decoders, "make_decoder", stub)
+    monkeypatch.setitem(gpu_decoders.GPU_DECODERS, "stub", gpu_decoders.Entry(lambda: True, stub, False))
     backbone, slide = _meta_backbone(), shared_slides / CMU
     per_batch, natives = {}, {}
     for side in (300, 600):  # the same shrinks, 1-4 or 4-9 native tiles under each tile

@@ -183,7 +183,9 @@ def test_a_gpu_decoder_off_by_more_than_its_tolerance_falls_back_and_the_feature
     from pathtwt.features import gpu_decoders
 
     decoders = {"tolerance2": _off_by_three(2), "tolerance6": _off_by_three(6)}
-    monkeypatch.setattr(gpu_decoders, "make_decoder", lambda name, device: decoders[name])
+    for name, decoder in decoders.items():
+        monkeypatch.setitem(gpu_decoders.GPU_DECODERS, name,
+                            gpu_decoders.Entry(lambda: True, lambda device, d=decoder: d, False))
     slide = shared_slides / CMU
     coords = write_cmu_coords(tmp_path / "c.h5", slide, XY)
     extract_slide(slide, coords, tmp_path / "cpu.h5", tiny, batch_size=3, workers=1, progress=False, decode="cpu")

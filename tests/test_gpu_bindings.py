@@ -180,6 +180,37 @@ def test_a_library_that_decodes_nothing_on_the_gpu_is_passed_over_by_auto(monkey
     assert f"nvidia-nvimgcodec-{extra}[nvjpeg]" in lines[0] and "next decoder" in lines[0]
 
 
+def test_each_decoder_is_made_once_per_device_and_the_jobs_use_the_one_resolving_made(monkeypatch):
+    """Resolving --decode makes (and so checks) the decoder; the jobs on that device use
+    that decoder, not a second one; one that cannot decode is tried once and says so again."""
+    from pathtwt.features import decoding
+
+    made = []
+
+    def counted(device):
+        made.append(str(device))
+        return gpu_decoders._host(device)
+
+    def unavailable(device):
+        made.append("unavailable")
+        raise GpuDecoderUnavailable("stand-in decodes no JPEG here; pip install stand-in")
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.version.hip", None)
+    monkeypatch.setattr(gpu_decoders, "GPU_DECODERS", {"unavailable": gpu_decoders.Entry(lambda: True, unavailable, True),
+                                                      "counted": gpu_decoders.Entry(lambda: True, counted, True)})
+    monkeypatch.setattr(gpu_decoders, "_USABLE", {})
+    assert decoding.resolve_decode("auto", "cuda:0") == decoding.Decoding("gpu", "counted")
+    decoder = gpu_decoders.shared_decoder("counted", "cuda:0")
+    assert gpu_decoders.shared_decoder("counted", "cuda:0") is decoder
+    assert decoding.resolve_decode("gpu", "cuda:0") == decoding.Decoding("gpu", "counted")
+    assert made == ["unavailable", "cuda:0"]
+    with pytest.raises(GpuDecoderUnavailable, match=r"^stand-in decodes no JPEG here; pip install stand-in$"):
+        gpu_decoders.shared_decoder("unavailable", "cuda:0")
+    assert gpu_decoders.shared_decoder("counted", "cuda:1") is not decoder
+    assert made == ["unavailable", "cuda:0", "cuda:1"]
+
+
 # ---- torchvision ---------------------------------------------------------------------
 
 def test_torchvision_decode_jpeg_binds_and_its_deprecation_is_filtered(streams):

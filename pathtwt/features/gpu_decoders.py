@@ -1,6 +1,7 @@
 """Batch JPEG decoders that run where the model runs: one table, one entry per decoder.
 
-``make_decoder(name, device)`` gives a :class:`BatchDecoder`: called with a list of
+``make_decoder(name, device)`` makes a :class:`BatchDecoder` (``shared_decoder``: the one
+made once per process and device, which the jobs use): called with a list of
 complete JPEG streams (buffers into the ring), it gives per stream a uint8 (h, w, 3)
 tensor on the device that the caller owns, or None for a stream it refuses (the caller
 decodes that one on the host, with one log line). Its attributes are what the device side
@@ -330,25 +331,48 @@ def make_decoder(name: str, device: Any) -> BatchDecoder:
     return Entry(*GPU_DECODERS[name]).make(torch.device(device))
 
 
-_USABLE: dict[tuple[str, Any, str], str | None] = {}  # (name, maker, device) -> why it cannot decode here
+# (name, maker, device) -> the decoder made there, or why it cannot decode there
+_USABLE: dict[tuple[str, Any, str], BatchDecoder | str] = {}
+
+
+def shared_decoder(name: str, device: Any) -> BatchDecoder:
+    """The decoder ``name`` of :data:`GPU_DECODERS` on ``device``, made (and so checked)
+    once per process, maker and device and then used by every job there, as a job's slides
+    use it in turn: the one :func:`usable_gpu_decoder` made when the decoding was resolved.
+    Each call decodes on the caller's current stream and hands back tensors the caller
+    owns; the buffers a decoder keeps (nvImageCodec's output Images, torchvision's stream)
+    are reused from call to call. One that cannot decode there raises
+    :class:`GpuDecoderUnavailable`, each time with the line it raised when made."""
+    key = _key(name, device)
+    if key not in _USABLE:
+        try:
+            _USABLE[key] = make_decoder(name, device)
+        except GpuDecoderUnavailable as exc:
+            _USABLE[key] = str(exc)
+            raise
+    made = _USABLE[key]
+    if isinstance(made, str):
+        raise GpuDecoderUnavailable(made)
+    return made
 
 
 def usable_gpu_decoder(device: Any) -> str | None:
     """The first decoder of the table installed here that decodes JPEG on ``device``'s
-    GPU (each made once per process and device: it checks itself); one warning per
-    decoder that cannot, naming what to install. None when none can."""
+    GPU (:func:`shared_decoder`: each made once per process and device, checking itself);
+    one warning per decoder that cannot, naming what to install. None when none can."""
     for name in decoder_names():
-        key = (name, Entry(*GPU_DECODERS[name]).make, _device_key(device))
-        if key not in _USABLE:
-            try:
-                make_decoder(name, device)
-                _USABLE[key] = None
-            except GpuDecoderUnavailable as exc:
-                _USABLE[key] = str(exc)
-                log.warning("%s; decoding with the next decoder instead", exc)
-        if _USABLE[key] is None:
+        tried = _key(name, device) in _USABLE
+        try:
+            shared_decoder(name, device)
             return name
+        except GpuDecoderUnavailable as exc:
+            if not tried:
+                log.warning("%s; decoding with the next decoder instead", exc)
     return None
+
+
+def _key(name: str, device: Any) -> tuple[str, Any, str]:
+    return name, Entry(*GPU_DECODERS[name]).make, _device_key(device)
 
 
 def _device_key(device: Any) -> str:

@@ -192,7 +192,7 @@ class EmbedJob:
         with cv2_pool_stopped(workers > 0):  # OpenCV's thread pool does not survive a fork
             self.source = ReaderPool(reader, workers) if workers else InlineReader(reader)
         self.unpin = pin_host_memory(self.ring, self.device)
-        decoder = gpu_decoders.make_decoder(options.gpu_decoder or self.decoding.decoder, self.device) \
+        decoder = gpu_decoders.shared_decoder(options.gpu_decoder or self.decoding.decoder, self.device) \
             if ship_bytes else None
         self.device_tiles = DeviceTiles(self.ring, self.device, size, decoder=decoder,
                                 use_tiles=lambda j: modes.__setitem__(j, SLIDE_TILES), steps=self.steps,
