@@ -13,8 +13,9 @@ device from it (pinned memory, without a staging copy).
 What a batch costs the host does not grow with its native tiles: the gathers' index arrays
 (:func:`~pathtwt.wsi.cut_plan.gather_plan`, with the stack's order folded into its lookup
 table) are written into the free end of the batch's ring slot, pinned, and cross in one
-asynchronous copy; the stack is one ``torch.stack`` of the decoder's tiles and the band's
-kept ones. Nothing waits for the device, except the one comparison per slide below.
+asynchronous copy; the stack is one ``torch.cat`` of the decoder's tiles (viewed whole),
+the band's kept ones and the fill tile. Nothing waits for the device, except the one
+comparison per slide below.
 
 Faults, each said once in one line naming the slide, and recorded in the slide's features
 file (:class:`SlideDecode`):
@@ -266,7 +267,7 @@ class DeviceTiles:
         return DeviceBatch(n, make, (stack, axes, lut))
 
     def _stack(self, msg: BatchMessage, rec: SlideDecode, kept: torch.Tensor | None) -> torch.Tensor:
-        """The batch's native tiles on the device, one ``torch.stack``: the fresh ones in the
+        """The batch's native tiles on the device, one ``torch.cat``: the fresh ones in the
         slot's order (decoded in parts after the GPU ran out of memory), the ones the band
         kept, the fill tile. What was decoded where is counted once it all fits."""
         plan = msg.plan
