@@ -296,9 +296,13 @@ def model_label(depth: int, full: int) -> str:
     return "teacher-12" if depth == full else f"twt-{depth}"
 
 
+# the precisions of the matmul rows, in the order measured
+MM_PRECISIONS = ("fp32", "bf16")
+
+
 def measure_mm(run: Run) -> None:
     n = run.s.mm_n
-    for precision in ("fp32", "bf16"):
+    for precision in MM_PRECISIONS:
         dtype = DTYPES[precision]
         row = Row(kind="mm", model=f"torch.mm {n}x{n}", precision=precision, batch=None)
         try:
@@ -715,6 +719,12 @@ def _steady_rate(backbone, slide: Path, coords: Path, tmp: Path, s: Settings, wo
     return 2 * n / max(seconds[3] - seconds[1], 1e-9), record
 
 
+def distill_cases(s: Settings):
+    """(augment, loader workers, label) of each distillation row, in the order measured."""
+    yield True, s.distill_workers, "augment in loader"
+    yield False, 0, "no augment, compute"
+
+
 def measure_distill(run: Run) -> None:
     from pathtwt.compress.distill import DeepSupervision, DistillOptions, distill
     from pathtwt.compress.student import clone_layers, stitch_student
@@ -729,7 +739,7 @@ def measure_distill(run: Run) -> None:
     depth = 5
     ends = [round((j + 1) * n / depth) for j in range(depth)]
     t_flops = 2.0 * count_macs(teacher.model)
-    for augment, workers, label in ((True, s.distill_workers, "augment in loader"), (False, 0, "no augment, compute")):
+    for augment, workers, label in distill_cases(s):
         row = Row(kind="distill", model="twt-5 vs teacher-12", precision="bf16-autocast", batch=s.distill_batch,
                   workers=workers, note=label)
         if run.skipped(row, reserve_s=30.0 if run.gpu else 5.0):
@@ -863,6 +873,12 @@ class OutOfTime(Exception):
     """The hard limit passed: the measurement running then is stopped."""
 
 
+def hard_limit(args: argparse.Namespace, s: Settings) -> float:
+    """Seconds after which a measurement still running is stopped: --hard-limit-s, else the
+    budget + 90 s, at most HARD_LIMIT_S."""
+    return min(args.hard_limit_s or s.budget_s + 90.0, HARD_LIMIT_S)
+
+
 def _arm_hard_limit(seconds: float) -> None:
     import signal
 
@@ -891,7 +907,7 @@ def plan(s: Settings, gpu: bool, skip: set[str] = frozenset()) -> list[dict[str,
     rows: list[dict[str, Any]] = []
     for phase in (p for p in (ORDER_GPU if gpu else ORDER_CPU) if p not in skip):
         if phase == "mm":
-            rows += [{"kind": "mm", "precision": p} for p in ("fp32", "bf16")]
+            rows += [{"kind": "mm", "precision": p} for p in MM_PRECISIONS]
         elif phase == "forward":
             rows += [{"kind": "forward", "model": model_label(d, full), "precision": p, "batch": b}
                      for d, p, b in forward_cases(s)]
@@ -901,8 +917,8 @@ def plan(s: Settings, gpu: bool, skip: set[str] = frozenset()) -> list[dict[str,
             rows += [{"kind": "extract", "model": model_label(d, full), "decode": dec, "mosaic": m, "workers": w,
                       "device_path": dec != "cpu"} for dec, d, m, w in extract_cases(s)]
         elif phase == "distill":
-            rows += [{"kind": "distill", "model": "twt-5 vs teacher-12", "note": n}
-                     for n in ("augment in loader", "no augment, compute")]
+            rows += [{"kind": "distill", "model": "twt-5 vs teacher-12", "note": label}
+                     for _augment, _workers, label in distill_cases(s)]
         elif phase == "compile" and s.compile_batch:
             rows += [{"kind": "forward", "compiled": True, "model": model_label(d, full), "precision": p}
                      for p in s.compile_precisions for d in s.compile_depths]
@@ -935,14 +951,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="print the rows the run would measure, in order, as JSON, and stop (touches no device)")
     args = ap.parse_args(argv)
+    skip = {p for p in args.skip.split(",") if p}
     if args.dry_run:
         import json
 
         device = args.device or ("cpu" if args.cpu else "cuda")
         s = settings_for(device, args)
-        skip = {p for p in args.skip.split(",") if p}
-        print(json.dumps({"device": device, "settings": asdict(s),
-                          "hard_limit_s": min(args.hard_limit_s or s.budget_s + 90.0, HARD_LIMIT_S),
+        print(json.dumps({"device": device, "settings": asdict(s), "hard_limit_s": hard_limit(args, s),
                           "rows": plan(s, device.startswith("cuda"), skip)}))
         return 0
 
@@ -967,9 +982,7 @@ def main(argv: list[str] | None = None) -> int:
           f"/dev/shm {info['dev_shm']}, slide {info['slide']}; backbone {s.backbone}, budget {s.budget_s:.0f} s",
           flush=True)
     print(header(), flush=True)
-    hard = min(args.hard_limit_s or s.budget_s + 90.0, HARD_LIMIT_S)
-    _arm_hard_limit(hard - run.elapsed())
-    skip = {p for p in args.skip.split(",") if p}
+    _arm_hard_limit(hard_limit(args, s) - run.elapsed())
     try:
         for name in ORDER_GPU if run.gpu else ORDER_CPU:
             phase = globals()[PHASES[name]]
