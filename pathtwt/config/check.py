@@ -14,8 +14,8 @@ import glob
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterable, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Iterable, Mapping
 
 from pathtwt.errors import ConfigError
 from pathtwt.io.layout import RANDOM_INIT as RANDOM_INIT_VARIANT  # a reserved variant name and method
@@ -378,26 +378,45 @@ def compression_split(config: Mapping[str, Any], task: Mapping[str, Any]) -> str
     return HOLDOUT_SPLIT if cohort_folds(config, task["cohort"]) else task["train_split"]
 
 
+# Methods with no compress job: the teacher itself, and its architecture with random weights.
+NOT_COMPRESSED = ("none", RANDOM_INIT_VARIANT)
+
+
+def backbone_variants(config: Mapping[str, Any], backbone: Mapping[str, Any]) -> list[str]:
+    """The variant names of a backbone (its config section): its ``variants``, else every
+    variant; only those the config defines."""
+    return [v for v in (backbone["variants"] or list(config["variants"])) if v in config["variants"]]
+
+
+def compressed_variants(config: Mapping[str, Any], backbone: Mapping[str, Any]) -> list[str]:
+    """A backbone's variants that a compress job makes (method neither ``none`` nor ``random-init``)."""
+    return [v for v in backbone_variants(config, backbone) if config["variants"][v]["method"] not in NOT_COMPRESSED]
+
+
+def is_calibrated(config: Mapping[str, Any], backbone: Mapping[str, Any]) -> bool:
+    """Whether a backbone's calibration tiles are drawn: a compressed variant, or the analyses."""
+    return bool(compressed_variants(config, backbone)) or bool(config.get("analysis", {}).get("enabled"))
+
+
+def backbone_calibration_slides(config: Mapping[str, Any], backbone: Mapping[str, Any],
+                                table_of: Callable[[str], LabelTable | None]) -> list[tuple[str, str]]:
+    """(cohort, slide id) of a backbone's calibration tiles (its config section), in the
+    order the draw reads them: its coords files sorted as paths, by cohort, then by file
+    name. ``table_of(cohort)``: the cohort's label table (None: the cohort is left out)."""
+    slides = set()
+    for task_name in backbone["calibrate_on"] or list(config["tasks"]):
+        task = config["tasks"][task_name]
+        table = table_of(task["cohort"])
+        if table is not None:
+            slides.update((task["cohort"], s) for s in table.ids_in_split(compression_split(config, task)))
+    return sorted(slides, key=lambda cs: PurePosixPath(cs[0], f"{cs[1]}.h5"))
+
+
 def calibration_slides(config: Mapping[str, Any], tables: Mapping[str, LabelTable]) -> dict[str, list[tuple[str, str]]]:
     """backbone -> the (cohort, slide id) its calibration tiles are drawn from, for every
-    backbone that is calibrated (a compressed variant, or the analyses); only cohorts of
-    ``tables``."""
-    from pathtwt.compress.registry import METHODS
-
-    out = {}
-    for name, bb in config["backbones"].items():
-        variants = [v for v in (bb["variants"] or list(config["variants"])) if v in config["variants"]]
-        if not any(config["variants"][v]["method"] in METHODS for v in variants) and \
-                not config.get("analysis", {}).get("enabled"):
-            continue
-        slides = []
-        for task_name in bb["calibrate_on"] or list(config["tasks"]):
-            task = config["tasks"][task_name]
-            table = tables.get(task["cohort"])
-            if table is not None:
-                slides += [(task["cohort"], s) for s in table.ids_in_split(compression_split(config, task))]
-        out[name] = sorted(set(slides))
-    return out
+    backbone that is calibrated (:func:`is_calibrated`); only cohorts of ``tables``."""
+    return {name: backbone_calibration_slides(config, bb, tables.get)
+            for name, bb in config["backbones"].items() if is_calibrated(config, bb)}
 
 
 def check_fold_draws(config: Mapping[str, Any], *, source: str) -> None:
@@ -422,8 +441,7 @@ def check_fold_draws(config: Mapping[str, Any], *, source: str) -> None:
             continue
         calibrating = [b for b, bb in config["backbones"].items()
                        if any(config["tasks"][t]["cohort"] == name for t in (bb["calibrate_on"] or list(config["tasks"])))
-                       and any(config["variants"][v]["method"] not in ("none", RANDOM_INIT_VARIANT)
-                               for v in (bb["variants"] or list(config["variants"])) if v in config["variants"])]
+                       and compressed_variants(config, bb)]
         if calibrating:
             raise ConfigError(
                 f"{source}: key {key}.holdout: backbone {calibrating[0]} is compressed on cohort {name}, whose every slide "

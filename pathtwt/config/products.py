@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import os
 from dataclasses import asdict
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pathtwt.config.store_keys import values
@@ -27,8 +27,6 @@ from pathtwt.io.store.layout import Store
 
 # spec fields that describe where a backbone comes from or how it is credited, not what it computes
 DESCRIPTIVE_SPEC_FIELDS = ("hub_id", "hub_file", "default_weights", "licence", "card", "variant_dir")
-# Methods with no compress job: the teacher itself, and its architecture with random weights.
-NOT_COMPRESSED = ("none", RANDOM_INIT)
 
 
 def resolve_backbones(config: Mapping[str, Any], say: Callable[[str], Any] = print) -> dict[str, dict[str, Any]]:
@@ -138,14 +136,10 @@ class StudyProducts:
 
     def calibration_slides(self, backbone: str) -> list[tuple[str, str]]:
         """(cohort, slide) of a backbone's calibration tiles, in the order the draw reads them
-        (its coords files sorted as paths: by cohort, then by file name)."""
-        from pathtwt.config.check import compression_split
+        (:func:`~pathtwt.config.check.backbone_calibration_slides`)."""
+        from pathtwt.config.check import backbone_calibration_slides
 
-        slides = set()
-        for task in self.backbones[backbone]["calibrate_on"] or list(self.config["tasks"]):
-            t = self.config["tasks"][task]
-            slides.update((t["cohort"], s) for s in self._table_of(t["cohort"]).ids_in_split(compression_split(self.config, t)))
-        return sorted(slides, key=lambda cs: PurePosixPath(cs[0], f"{cs[1]}.h5"))
+        return backbone_calibration_slides(self.config, self.backbones[backbone], self._table_of)
 
     def calibration_key(self, backbone: str) -> str:
         """Calibration tiles: the slides' tiles keys in the order the draw reads them (which
@@ -240,11 +234,14 @@ class StudyProducts:
 
     def variants(self, backbone: str) -> list[str]:
         """Variant names for a backbone, the uncompressed one included."""
-        names = self.backbones[backbone]["variants"] or list(self.config["variants"])
-        return [v for v in names if v in self.config["variants"]]
+        from pathtwt.config.check import backbone_variants
+
+        return backbone_variants(self.config, self.backbones[backbone])
 
     def compressed_variants(self, backbone: str) -> list[str]:
-        return [v for v in self.variants(backbone) if self.config["variants"][v]["method"] not in NOT_COMPRESSED]
+        from pathtwt.config.check import compressed_variants
+
+        return compressed_variants(self.config, self.backbones[backbone])
 
     def variant_kind(self, variant: str) -> str:
         """How a variant's backbone is built: RANDOM_INIT (the teacher's architecture with
@@ -264,8 +261,9 @@ class StudyProducts:
 
     def calibrated_backbones(self) -> list[str]:
         """Backbones whose calibration tiles are drawn: a compressed variant, or the analyses."""
-        analyses = self.config["analysis"]["enabled"]
-        return [b for b in self.backbones if analyses or self.compressed_variants(b)]
+        from pathtwt.config.check import is_calibrated
+
+        return [b for b in self.backbones if is_calibrated(self.config, self.backbones[b])]
 
     def study_entries(self, sets: bool | None = None) -> list[tuple[str, str, dict[str, Any]]]:
         """(entry name, key, names) of every store entry the study uses: each slide's tiles,
