@@ -641,6 +641,14 @@ def check_workflow_paths(config: Mapping[str, Any]) -> None:
             check_workflow_path(resolve(config, str(value)), key)
 
 
+def roi_file(config: Mapping[str, Any], cohort: str, slide: str) -> Path | None:
+    """A slide's GeoJSON in its cohort's `roi` folder (``{slide}.geojson``); None when the
+    cohort has no such folder or the slide no file in it (the slide is tiled whole)."""
+    folder = config["cohorts"][cohort].get("roi")
+    path = resolve(config, folder) / f"{slide}.geojson" if folder else None
+    return path if path is not None and path.is_file() else None
+
+
 def check_roi_folder(config: Mapping[str, Any], cohort: str, paths: Mapping[str, Path]) -> None:
     """A cohort's `roi` folder exists and each GeoJSON in it is named after a slide of the
     cohort (a misnamed file would leave its slide tiled whole without a word)."""

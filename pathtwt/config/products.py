@@ -93,15 +93,15 @@ class StudyProducts:
         """A slide's tiles: its fingerprint, how it is read and tiled, its ROI's content."""
         name = ("tiles", cohort, slide)
         if name not in self._keys:
-            from pathtwt.config.check import resolve
+            from pathtwt.config.check import roi_file
 
             cfg = self.config["cohorts"][cohort]
             path = Path(self._paths_of(cohort)[slide])
             size, digest = self.fingerprints.get(path)
-            roi = resolve(self.config, cfg["roi"]) / f"{slide}.geojson" if cfg.get("roi") else None
+            roi = roi_file(self.config, cohort, slide)
             inputs = {"slide": {"size": size, "sha256": digest}, "reading": values(("cohorts", "*"), cfg),
                       "tiling": values(("cohorts", "*", "tiling"), cfg["tiling"]),
-                      "roi": _file_sha256(roi) if roi is not None and roi.is_file() else None}
+                      "roi": _file_sha256(roi) if roi is not None else None}
             self._remember(name, "tiles", inputs, {"cohort": cohort, "slide": slide, "slide_path": str(path)})
         return self._keys[name]
 
