@@ -94,8 +94,6 @@ def stage_defaults() -> dict[tuple[str, ...], dict[str, Any]]:
     from pathtwt.compress.defaults import COMPRESS_DEFAULTS
     from pathtwt.features.options import EXTRACT_DEFAULTS
     from pathtwt.models.defaults import FORWARD_BATCH_SIZE
-    from pathtwt.models.precision import INFERENCE_REQUESTS
-    from pathtwt.models.recipes import DEFAULT_RECIPE
     from pathtwt.wsi.tiling import TILING_DEFAULTS
 
     compress = asdict(COMPRESS_DEFAULTS)
@@ -103,8 +101,7 @@ def stage_defaults() -> dict[tuple[str, ...], dict[str, Any]]:
         ("cohorts", "additionalProperties", "tiling"): asdict(TILING_DEFAULTS),
         ("compress",): {k: compress[k] for k in SCHEMA_COMPRESS_KEYS},
         ("discovery",): {"tokens": COMPRESS_DEFAULTS.tokens, "batch_size": FORWARD_BATCH_SIZE},
-        # `pathtwt extract`'s --precision (its first choice, auto) and --embedding defaults
-        ("extract",): {**asdict(EXTRACT_DEFAULTS), "precision": INFERENCE_REQUESTS[0], "embedding": DEFAULT_RECIPE},
+        ("extract",): asdict(EXTRACT_DEFAULTS),
     }
 
 
