@@ -9,20 +9,27 @@ import os
 from pathlib import Path
 
 HELP = "list, measure and prune the store of tiles, models and features; make one entry (the workflow's jobs)"
-DEFAULT_STORE = "results/store"
+
+
+def default_store() -> str:
+    """The store ls and du read without --store: the config's default ``store:`` (the schema's)."""
+    from pathtwt.config.check import read_schema
+
+    return str(read_schema()["properties"]["store"]["default"])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    store = default_store()
 
     p = sub.add_parser("ls", help="one line per entry: name, size, when made, what it is")
-    _store_argument(p)
+    _store_argument(p, store)
 
     p = sub.add_parser("du", help="entries and space on disk per kind")
-    _store_argument(p)
+    _store_argument(p, store)
 
     p = sub.add_parser("gc", help="remove the entries no named study uses (a dry run unless --yes)")
-    _store_argument(p)
+    _store_argument(p, store)
     p.add_argument("--keep-used-by", nargs="+", required=True, metavar="STUDY.yaml",
                    help="study configs whose entries stay (each as `snakemake --configfile` reads it; the store is "
                    "the first one's store: key unless --store is given)")
@@ -44,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command that makes the entry")
 
 
-def _store_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", default=None, help=f"the store folder (default: {DEFAULT_STORE})")
+def _store_argument(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--store", default=None, help=f"the store folder (default: {default})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,7 +63,7 @@ def _ls(args: argparse.Namespace) -> int:
     from pathtwt.io.store.layout import Store
     from pathtwt.io.store.maintenance import list_lines
 
-    for line in list_lines(Store(args.store or DEFAULT_STORE)):
+    for line in list_lines(Store(args.store or default_store())):
         print(line)
     return 0
 
@@ -65,7 +72,7 @@ def _du(args: argparse.Namespace) -> int:
     from pathtwt.io.store.layout import Store
     from pathtwt.io.store.maintenance import _human, usage
 
-    totals = usage(Store(args.store or DEFAULT_STORE))
+    totals = usage(Store(args.store or default_store()))
     for kind, (n, size) in sorted(totals.items()):
         print(f"{kind}\t{n}\t{_human(size)}")
     print(f"total\t{sum(n for n, _ in totals.values())}\t{_human(sum(s for _, s in totals.values()))}")

@@ -44,14 +44,19 @@ def _key_path(parts: Iterable[Any]) -> str:
     return ".".join(str(p) for p in parts) or "<top level>"
 
 
-def load_schema() -> dict:
-    """The workflow config schema shipped with the package."""
+def read_schema() -> dict:
+    """schema.yaml as written: without the defaults and choices :func:`load_schema` fills in
+    from the stages and registries."""
     import yaml
     from importlib.resources import files
 
     package, name = SCHEMA_RESOURCE
-    schema = yaml.safe_load(files(package).joinpath(name).read_text(encoding="utf-8"))
-    return with_compression_methods(with_mil_heads(with_stage_defaults(schema)))
+    return yaml.safe_load(files(package).joinpath(name).read_text(encoding="utf-8"))
+
+
+def load_schema() -> dict:
+    """The workflow config schema shipped with the package."""
+    return with_compression_methods(with_mil_heads(with_stage_defaults(read_schema())))
 
 
 def with_compression_methods(schema: dict) -> dict:
