@@ -79,6 +79,7 @@ class StudyProducts:
         self._inputs: dict[tuple[str, str], dict[str, Any]] = {}
         self._names: dict[tuple[str, str], dict[str, Any]] = {}
         self._teachers: dict[str, dict[str, Any]] = {}
+        self._entries: list[tuple[tuple[str, str, dict[str, Any]], bool]] | None = None
 
     # ---- the keys ------------------------------------------------------------------------
 
@@ -270,9 +271,15 @@ class StudyProducts:
         each backbone's calibration tiles and discovery, each compressed model, each slide's
         features by each variant and (``sets``, default: unless extraction runs per slide)
         each cohort's set. Entry names are the store's (``tiles/T``, ``features/E/T``;
-        :mod:`pathtwt.io.store.maintenance`)."""
+        :mod:`pathtwt.io.store.maintenance`). The list is built once per plan."""
         if sets is None:
             sets = not self.config["extract"]["per_slide_jobs"]
+        if self._entries is None:
+            self._entries = self._all_entries()
+        return [entry for entry, is_set in self._entries if sets or not is_set]
+
+    def _all_entries(self) -> list[tuple[tuple[str, str, dict[str, Any]], bool]]:
+        """:meth:`study_entries` with the sets, each entry with whether it is a cohort's set."""
         out = []
         cohorts = self.task_cohorts()
         for cohort in cohorts:
@@ -287,20 +294,21 @@ class StudyProducts:
         for b in self.backbones:
             out += [(f"models/{self.model_key(b, v)}", self.model_key(b, v), {"kind": "models", "backbone": b, "variant": v})
                     for v in self.compressed_variants(b)]
+        sets = set()
         for b in self.backbones:
             for v in self.variants(b):
                 e = self.extractor_key(b, v)
                 for cohort in cohorts:
                     names = {"kind": "features", "backbone": b, "variant": v, "cohort": cohort}
-                    if sets:
-                        out.append((f"features/{e}/sets/{self.set_key(b, v, cohort)}", self.set_key(b, v, cohort), names))
+                    sets.add(f"features/{e}/sets/{self.set_key(b, v, cohort)}")
+                    out.append((f"features/{e}/sets/{self.set_key(b, v, cohort)}", self.set_key(b, v, cohort), names))
                     out += [(f"features/{e}/{self.tiles_key(cohort, s)}", self.tiles_key(cohort, s), dict(names, slide=s))
                             for s in self.extracted_slides(cohort)]
         # an entry two products share (two backbones' calibration, one slide in two cohorts) once
         first: dict[str, tuple[str, str, dict[str, Any]]] = {}
         for entry in out:
             first.setdefault(entry[0], entry)
-        return list(first.values())
+        return [(entry, name in sets) for name, entry in first.items()]
 
     # ---- what is known -------------------------------------------------------------------
 
