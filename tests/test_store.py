@@ -254,6 +254,25 @@ def test_two_writers_of_one_entry_at_once_make_it_once(tmp_path):
     assert sum("being made by" in log for log in logs) == 1  # the waiter said whom it waited for
 
 
+def test_a_slides_features_file_is_its_entry_under_its_extractors_record(tmp_path, capsys):
+    """A per-slide extraction job: the features file is the entry (no record of its own),
+    made once under its lock beside the extractor's shared record."""
+    from pathtwt.cli import main
+
+    store = Store(tmp_path / "store")
+    plan = {"kind": "extractor", "inputs": {"model": "m"}, "names": {"backbone": "b"}}
+    extractor = entry_key("extractor", plan["inputs"])
+    out = store.features(extractor, entry_key("tiles", {"slide": "a"}))
+    out.parent.mkdir(parents=True)  # as Snakemake makes its outputs' folders
+    make = ["store", "make", "--entry", str(out), "--record", json.dumps(plan), "--", sys.executable, "-c"]
+    assert main([*make, f"open({str(out)!r}, 'w').write('h5')"]) == 0
+    assert out.read_text() == "h5" and {p.name for p in out.parent.iterdir()} == {"entry.json", out.name}
+    assert main([*make, "raise SystemExit(3)"]) == 0  # there: the command is not run again
+    assert "made by another run meanwhile" in capsys.readouterr().out
+    out.unlink()
+    assert main([*make, "raise SystemExit(3)"]) == 3
+
+
 def test_a_slide_changed_since_the_plan_is_refused_by_its_job(tmp_path):
     slide = tmp_path / "a.svs"
     slide.write_bytes(b"a" * 64)

@@ -203,19 +203,11 @@ def _make_features_set(args, store, entry, record, command) -> int:
 
 
 def _make_slide_features(args, store, entry, record, command) -> int:
+    """A slide's features file: the entry is the file the command writes; its record is
+    its extractor's, shared by the extractor's folder."""
     from pathtwt.io.store.layout import RECORD
-    from pathtwt.io.store.make import ensure_record, run_command
-    from pathtwt.io.store.lock import EntryLock
+    from pathtwt.io.store.make import Target, ensure_record, make_entry, run_command
 
     ensure_record(store, entry.parent / RECORD, record)
-    lock = EntryLock(store, entry)
-    lock.acquire(say=_say)
-    try:
-        if entry.exists():
-            _say(f"{entry}: made by another run meanwhile; used as it is")
-            return 0
-        _job_time_checks(args, record)
-        return run_command(command)
-    finally:
-        lock.release()
-
+    return make_entry(store, Target(entry, record, own_record=False), lambda: run_command(command),
+                      check=lambda: _job_time_checks(args, record), say=_say)
