@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 HELP = "list, measure and prune the store of tiles, models and features; make one entry (the workflow's jobs)"
@@ -99,8 +100,11 @@ def _gc(args: argparse.Namespace) -> int:
 
     for beat in stale_heartbeats(store):  # writers killed before they could remove theirs
         beat.unlink(missing_ok=True)
-    print(f"removed {len(doomed)} entries, {_human(remove(doomed))} freed")
-    return 0
+    freed, failed = remove(doomed)
+    for line in failed:
+        print(f"pathtwt store gc: {line}", file=sys.stderr)
+    print(f"removed {len(doomed) - len(failed)} entries, {_human(freed)} freed")
+    return 1 if failed else 0
 
 
 def _make(args: argparse.Namespace) -> int:
