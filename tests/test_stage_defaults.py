@@ -173,12 +173,13 @@ def test_extract_defaults_are_one_table():
     from pathtwt.features.options import EXTRACT_DEFAULTS, ExtractOptions
 
     table = dataclasses.asdict(EXTRACT_DEFAULTS)
-    assert table == {"batch_size": None, "decode": "auto", "device": "auto"}
+    assert table == {"batch_size": None, "decode": "auto", "device": "auto", "precision": "auto", "embedding": "cls+mean"}
     cli = _defaults("extract")
     assert {k: cli[k] for k in table} == table
     assert {k: _schema_defaults("extract")[k] for k in table} == table
     options = ExtractOptions()
     assert options.batch_size == table["batch_size"] and options.decode == table["decode"]
+    assert options.embedding == table["embedding"]
     assert options.resolved_batch_size("cpu") == 32
     assert ExtractOptions(batch_size=7).resolved_batch_size("cuda:0") == 7
 

@@ -254,6 +254,25 @@ def test_two_writers_of_one_entry_at_once_make_it_once(tmp_path):
     assert sum("being made by" in log for log in logs) == 1  # the waiter said whom it waited for
 
 
+def test_a_slides_features_file_is_its_entry_under_its_extractors_record(tmp_path, capsys):
+    """A per-slide extraction job: the features file is the entry (no record of its own),
+    made once under its lock beside the extractor's shared record."""
+    from pathtwt.cli import main
+
+    store = Store(tmp_path / "store")
+    plan = {"kind": "extractor", "inputs": {"model": "m"}, "names": {"backbone": "b"}}
+    extractor = entry_key("extractor", plan["inputs"])
+    out = store.features(extractor, entry_key("tiles", {"slide": "a"}))
+    out.parent.mkdir(parents=True)  # as Snakemake makes its outputs' folders
+    make = ["store", "make", "--entry", str(out), "--record", json.dumps(plan), "--", sys.executable, "-c"]
+    assert main([*make, f"open({str(out)!r}, 'w').write('h5')"]) == 0
+    assert out.read_text() == "h5" and {p.name for p in out.parent.iterdir()} == {"entry.json", out.name}
+    assert main([*make, "raise SystemExit(3)"]) == 0  # there: the command is not run again
+    assert "made by another run meanwhile" in capsys.readouterr().out
+    out.unlink()
+    assert main([*make, "raise SystemExit(3)"]) == 3
+
+
 def test_a_slide_changed_since_the_plan_is_refused_by_its_job(tmp_path):
     slide = tmp_path / "a.svs"
     slide.write_bytes(b"a" * 64)
@@ -416,6 +435,40 @@ def test_ls_du_and_gc_keep_what_a_study_uses(tmp_path):
     remove(doomed)
     assert store.has_tiles(kept.record["key"]) and not Store(store.root).has_tiles(dropped.record["key"])
     assert not dropped.files[0].exists()
+
+
+def test_gc_counts_only_what_it_removed_and_names_what_it_could_not(tmp_path, monkeypatch):
+    from pathtwt.io.store import maintenance
+
+    store = Store(tmp_path / "store")
+    tiles = _tiles_target(store, {"slide": "a"})
+    make_entry(store, tiles, _writes(tiles, size=5000), say=print)
+    model = new_record("model", {"m": 1})
+    folder = store.model(model["key"])
+    folder.mkdir(parents=True)
+    make_entry(store, Target(folder, model, [Store.building(folder) / "model.json"], folder=True),
+               lambda: (Store.building(folder) / "model.json").write_bytes(b"x" * 5000) and 0, say=print)
+    doomed = unused(store, set())
+    assert sorted(e.kind for e in doomed) == ["models", "tiles"]
+
+    def refused(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(maintenance.shutil, "rmtree", refused)
+    monkeypatch.setattr(Path, "unlink", lambda path, missing_ok=False: refused(path) if path.suffix == ".h5"
+                        else os.unlink(path))
+    freed, failed = remove(doomed)
+    assert freed < sum(e.size for e in doomed)  # the folder and the tiles' coords file stay
+    assert len(failed) == 2 and all("\n" not in line and "Permission denied" in line for line in failed)
+    assert any(line.startswith(f"models/{model['key']} could not be removed") and str(folder) in line
+               for line in failed)
+    assert any(line.startswith(f"tiles/{tiles.record['key']}") and str(tiles.files[0]) in line and
+               "by hand, or run pathtwt store gc again" in line for line in failed)
+    assert folder.is_dir() and tiles.files[0].exists()
+    monkeypatch.undo()
+    left = unused(store, set())
+    assert remove(left) == (sum(e.size for e in left), [])
+    assert not folder.exists() and not tiles.files[0].exists()
 
 
 def test_a_study_folder_from_before_the_store_is_found(tmp_path):

@@ -152,7 +152,10 @@ def add_normalisation_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_precision_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+    from pathtwt.features.options import EXTRACT_DEFAULTS
+    from pathtwt.models.precision import INFERENCE_REQUESTS
+
+    parser.add_argument("--precision", default=EXTRACT_DEFAULTS.precision, choices=list(INFERENCE_REQUESTS),
                         help="auto: bf16 autocast over fp32 weights where the device has native bf16, kept "
                         "only if the run's first 8 tiles agree with fp32 (cosine >= 0.999, else fp32; see the features "
                         "files' precision_check), otherwise the backbone's default; bf16/fp16: weights cast")

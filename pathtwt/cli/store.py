@@ -6,23 +6,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 HELP = "list, measure and prune the store of tiles, models and features; make one entry (the workflow's jobs)"
-DEFAULT_STORE = "results/store"
+
+
+def default_store() -> str:
+    """The store ls and du read without --store: the config's default ``store:`` (the schema's)."""
+    from pathtwt.config.check import read_schema
+
+    return str(read_schema()["properties"]["store"]["default"])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    store = default_store()
 
     p = sub.add_parser("ls", help="one line per entry: name, size, when made, what it is")
-    _store_argument(p)
+    _store_argument(p, store)
 
     p = sub.add_parser("du", help="entries and space on disk per kind")
-    _store_argument(p)
+    _store_argument(p, store)
 
     p = sub.add_parser("gc", help="remove the entries no named study uses (a dry run unless --yes)")
-    _store_argument(p)
+    _store_argument(p, store)
     p.add_argument("--keep-used-by", nargs="+", required=True, metavar="STUDY.yaml",
                    help="study configs whose entries stay (each as `snakemake --configfile` reads it; the store is "
                    "the first one's store: key unless --store is given)")
@@ -44,8 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command that makes the entry")
 
 
-def _store_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", default=None, help=f"the store folder (default: {DEFAULT_STORE})")
+def _store_argument(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--store", default=None, help=f"the store folder (default: {default})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,7 +64,7 @@ def _ls(args: argparse.Namespace) -> int:
     from pathtwt.io.store.layout import Store
     from pathtwt.io.store.maintenance import list_lines
 
-    for line in list_lines(Store(args.store or DEFAULT_STORE)):
+    for line in list_lines(Store(args.store or default_store())):
         print(line)
     return 0
 
@@ -65,7 +73,7 @@ def _du(args: argparse.Namespace) -> int:
     from pathtwt.io.store.layout import Store
     from pathtwt.io.store.maintenance import _human, usage
 
-    totals = usage(Store(args.store or DEFAULT_STORE))
+    totals = usage(Store(args.store or default_store()))
     for kind, (n, size) in sorted(totals.items()):
         print(f"{kind}\t{n}\t{_human(size)}")
     print(f"total\t{sum(n for n, _ in totals.values())}\t{_human(sum(s for _, s in totals.values()))}")
@@ -92,8 +100,11 @@ def _gc(args: argparse.Namespace) -> int:
 
     for beat in stale_heartbeats(store):  # writers killed before they could remove theirs
         beat.unlink(missing_ok=True)
-    print(f"removed {len(doomed)} entries, {_human(remove(doomed))} freed")
-    return 0
+    freed, failed = remove(doomed)
+    for line in failed:
+        print(f"pathtwt store gc: {line}", file=sys.stderr)
+    print(f"removed {len(doomed) - len(failed)} entries, {_human(freed)} freed")
+    return 1 if failed else 0
 
 
 def _make(args: argparse.Namespace) -> int:
@@ -196,19 +207,11 @@ def _make_features_set(args, store, entry, record, command) -> int:
 
 
 def _make_slide_features(args, store, entry, record, command) -> int:
+    """A slide's features file: the entry is the file the command writes; its record is
+    its extractor's, shared by the extractor's folder."""
     from pathtwt.io.store.layout import RECORD
-    from pathtwt.io.store.make import ensure_record, run_command
-    from pathtwt.io.store.lock import EntryLock
+    from pathtwt.io.store.make import Target, ensure_record, make_entry, run_command
 
     ensure_record(store, entry.parent / RECORD, record)
-    lock = EntryLock(store, entry)
-    lock.acquire(say=_say)
-    try:
-        if entry.exists():
-            _say(f"{entry}: made by another run meanwhile; used as it is")
-            return 0
-        _job_time_checks(args, record)
-        return run_command(command)
-    finally:
-        lock.release()
-
+    return make_entry(store, Target(entry, record, own_record=False), lambda: run_command(command),
+                      check=lambda: _job_time_checks(args, record), say=_say)

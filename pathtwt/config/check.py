@@ -14,8 +14,8 @@ import glob
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterable, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Iterable, Mapping
 
 from pathtwt.errors import ConfigError
 from pathtwt.io.layout import RANDOM_INIT as RANDOM_INIT_VARIANT  # a reserved variant name and method
@@ -44,14 +44,19 @@ def _key_path(parts: Iterable[Any]) -> str:
     return ".".join(str(p) for p in parts) or "<top level>"
 
 
-def load_schema() -> dict:
-    """The workflow config schema shipped with the package."""
+def read_schema() -> dict:
+    """schema.yaml as written: without the defaults and choices :func:`load_schema` fills in
+    from the stages and registries."""
     import yaml
     from importlib.resources import files
 
     package, name = SCHEMA_RESOURCE
-    schema = yaml.safe_load(files(package).joinpath(name).read_text(encoding="utf-8"))
-    return with_compression_methods(with_mil_heads(with_stage_defaults(schema)))
+    return yaml.safe_load(files(package).joinpath(name).read_text(encoding="utf-8"))
+
+
+def load_schema() -> dict:
+    """The workflow config schema shipped with the package."""
+    return with_compression_methods(with_mil_heads(with_stage_defaults(read_schema())))
 
 
 def with_compression_methods(schema: dict) -> dict:
@@ -94,8 +99,6 @@ def stage_defaults() -> dict[tuple[str, ...], dict[str, Any]]:
     from pathtwt.compress.defaults import COMPRESS_DEFAULTS
     from pathtwt.features.options import EXTRACT_DEFAULTS
     from pathtwt.models.defaults import FORWARD_BATCH_SIZE
-    from pathtwt.models.precision import INFERENCE_REQUESTS
-    from pathtwt.models.recipes import DEFAULT_RECIPE
     from pathtwt.wsi.tiling import TILING_DEFAULTS
 
     compress = asdict(COMPRESS_DEFAULTS)
@@ -103,8 +106,7 @@ def stage_defaults() -> dict[tuple[str, ...], dict[str, Any]]:
         ("cohorts", "additionalProperties", "tiling"): asdict(TILING_DEFAULTS),
         ("compress",): {k: compress[k] for k in SCHEMA_COMPRESS_KEYS},
         ("discovery",): {"tokens": COMPRESS_DEFAULTS.tokens, "batch_size": FORWARD_BATCH_SIZE},
-        # `pathtwt extract`'s --precision (its first choice, auto) and --embedding defaults
-        ("extract",): {**asdict(EXTRACT_DEFAULTS), "precision": INFERENCE_REQUESTS[0], "embedding": DEFAULT_RECIPE},
+        ("extract",): asdict(EXTRACT_DEFAULTS),
     }
 
 
@@ -378,26 +380,45 @@ def compression_split(config: Mapping[str, Any], task: Mapping[str, Any]) -> str
     return HOLDOUT_SPLIT if cohort_folds(config, task["cohort"]) else task["train_split"]
 
 
+# Methods with no compress job: the teacher itself, and its architecture with random weights.
+NOT_COMPRESSED = ("none", RANDOM_INIT_VARIANT)
+
+
+def backbone_variants(config: Mapping[str, Any], backbone: Mapping[str, Any]) -> list[str]:
+    """The variant names of a backbone (its config section): its ``variants``, else every
+    variant; only those the config defines."""
+    return [v for v in (backbone["variants"] or list(config["variants"])) if v in config["variants"]]
+
+
+def compressed_variants(config: Mapping[str, Any], backbone: Mapping[str, Any]) -> list[str]:
+    """A backbone's variants that a compress job makes (method neither ``none`` nor ``random-init``)."""
+    return [v for v in backbone_variants(config, backbone) if config["variants"][v]["method"] not in NOT_COMPRESSED]
+
+
+def is_calibrated(config: Mapping[str, Any], backbone: Mapping[str, Any]) -> bool:
+    """Whether a backbone's calibration tiles are drawn: a compressed variant, or the analyses."""
+    return bool(compressed_variants(config, backbone)) or bool(config.get("analysis", {}).get("enabled"))
+
+
+def backbone_calibration_slides(config: Mapping[str, Any], backbone: Mapping[str, Any],
+                                table_of: Callable[[str], LabelTable | None]) -> list[tuple[str, str]]:
+    """(cohort, slide id) of a backbone's calibration tiles (its config section), in the
+    order the draw reads them: its coords files sorted as paths, by cohort, then by file
+    name. ``table_of(cohort)``: the cohort's label table (None: the cohort is left out)."""
+    slides = set()
+    for task_name in backbone["calibrate_on"] or list(config["tasks"]):
+        task = config["tasks"][task_name]
+        table = table_of(task["cohort"])
+        if table is not None:
+            slides.update((task["cohort"], s) for s in table.ids_in_split(compression_split(config, task)))
+    return sorted(slides, key=lambda cs: PurePosixPath(cs[0], f"{cs[1]}.h5"))
+
+
 def calibration_slides(config: Mapping[str, Any], tables: Mapping[str, LabelTable]) -> dict[str, list[tuple[str, str]]]:
     """backbone -> the (cohort, slide id) its calibration tiles are drawn from, for every
-    backbone that is calibrated (a compressed variant, or the analyses); only cohorts of
-    ``tables``."""
-    from pathtwt.compress.registry import METHODS
-
-    out = {}
-    for name, bb in config["backbones"].items():
-        variants = [v for v in (bb["variants"] or list(config["variants"])) if v in config["variants"]]
-        if not any(config["variants"][v]["method"] in METHODS for v in variants) and \
-                not config.get("analysis", {}).get("enabled"):
-            continue
-        slides = []
-        for task_name in bb["calibrate_on"] or list(config["tasks"]):
-            task = config["tasks"][task_name]
-            table = tables.get(task["cohort"])
-            if table is not None:
-                slides += [(task["cohort"], s) for s in table.ids_in_split(compression_split(config, task))]
-        out[name] = sorted(set(slides))
-    return out
+    backbone that is calibrated (:func:`is_calibrated`); only cohorts of ``tables``."""
+    return {name: backbone_calibration_slides(config, bb, tables.get)
+            for name, bb in config["backbones"].items() if is_calibrated(config, bb)}
 
 
 def check_fold_draws(config: Mapping[str, Any], *, source: str) -> None:
@@ -422,8 +443,7 @@ def check_fold_draws(config: Mapping[str, Any], *, source: str) -> None:
             continue
         calibrating = [b for b, bb in config["backbones"].items()
                        if any(config["tasks"][t]["cohort"] == name for t in (bb["calibrate_on"] or list(config["tasks"])))
-                       and any(config["variants"][v]["method"] not in ("none", RANDOM_INIT_VARIANT)
-                               for v in (bb["variants"] or list(config["variants"])) if v in config["variants"])]
+                       and compressed_variants(config, bb)]
         if calibrating:
             raise ConfigError(
                 f"{source}: key {key}.holdout: backbone {calibrating[0]} is compressed on cohort {name}, whose every slide "
@@ -621,6 +641,14 @@ def check_workflow_paths(config: Mapping[str, Any]) -> None:
     for key, value in keys:
         if value:
             check_workflow_path(resolve(config, str(value)), key)
+
+
+def roi_file(config: Mapping[str, Any], cohort: str, slide: str) -> Path | None:
+    """A slide's GeoJSON in its cohort's `roi` folder (``{slide}.geojson``); None when the
+    cohort has no such folder or the slide no file in it (the slide is tiled whole)."""
+    folder = config["cohorts"][cohort].get("roi")
+    path = resolve(config, folder) / f"{slide}.geojson" if folder else None
+    return path if path is not None and path.is_file() else None
 
 
 def check_roi_folder(config: Mapping[str, Any], cohort: str, paths: Mapping[str, Path]) -> None:

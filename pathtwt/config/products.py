@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import os
 from dataclasses import asdict
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pathtwt.config.store_keys import values
@@ -27,8 +27,6 @@ from pathtwt.io.store.layout import Store
 
 # spec fields that describe where a backbone comes from or how it is credited, not what it computes
 DESCRIPTIVE_SPEC_FIELDS = ("hub_id", "hub_file", "default_weights", "licence", "card", "variant_dir")
-# Methods with no compress job: the teacher itself, and its architecture with random weights.
-NOT_COMPRESSED = ("none", RANDOM_INIT)
 
 
 def resolve_backbones(config: Mapping[str, Any], say: Callable[[str], Any] = print) -> dict[str, dict[str, Any]]:
@@ -81,6 +79,7 @@ class StudyProducts:
         self._inputs: dict[tuple[str, str], dict[str, Any]] = {}
         self._names: dict[tuple[str, str], dict[str, Any]] = {}
         self._teachers: dict[str, dict[str, Any]] = {}
+        self._entries: list[tuple[tuple[str, str, dict[str, Any]], bool]] | None = None
 
     # ---- the keys ------------------------------------------------------------------------
 
@@ -95,15 +94,15 @@ class StudyProducts:
         """A slide's tiles: its fingerprint, how it is read and tiled, its ROI's content."""
         name = ("tiles", cohort, slide)
         if name not in self._keys:
-            from pathtwt.config.check import resolve
+            from pathtwt.config.check import roi_file
 
             cfg = self.config["cohorts"][cohort]
             path = Path(self._paths_of(cohort)[slide])
             size, digest = self.fingerprints.get(path)
-            roi = resolve(self.config, cfg["roi"]) / f"{slide}.geojson" if cfg.get("roi") else None
+            roi = roi_file(self.config, cohort, slide)
             inputs = {"slide": {"size": size, "sha256": digest}, "reading": values(("cohorts", "*"), cfg),
                       "tiling": values(("cohorts", "*", "tiling"), cfg["tiling"]),
-                      "roi": _file_sha256(roi) if roi is not None and roi.is_file() else None}
+                      "roi": _file_sha256(roi) if roi is not None else None}
             self._remember(name, "tiles", inputs, {"cohort": cohort, "slide": slide, "slide_path": str(path)})
         return self._keys[name]
 
@@ -138,14 +137,10 @@ class StudyProducts:
 
     def calibration_slides(self, backbone: str) -> list[tuple[str, str]]:
         """(cohort, slide) of a backbone's calibration tiles, in the order the draw reads them
-        (its coords files sorted as paths: by cohort, then by file name)."""
-        from pathtwt.config.check import compression_split
+        (:func:`~pathtwt.config.check.backbone_calibration_slides`)."""
+        from pathtwt.config.check import backbone_calibration_slides
 
-        slides = set()
-        for task in self.backbones[backbone]["calibrate_on"] or list(self.config["tasks"]):
-            t = self.config["tasks"][task]
-            slides.update((t["cohort"], s) for s in self._table_of(t["cohort"]).ids_in_split(compression_split(self.config, t)))
-        return sorted(slides, key=lambda cs: PurePosixPath(cs[0], f"{cs[1]}.h5"))
+        return backbone_calibration_slides(self.config, self.backbones[backbone], self._table_of)
 
     def calibration_key(self, backbone: str) -> str:
         """Calibration tiles: the slides' tiles keys in the order the draw reads them (which
@@ -240,11 +235,14 @@ class StudyProducts:
 
     def variants(self, backbone: str) -> list[str]:
         """Variant names for a backbone, the uncompressed one included."""
-        names = self.backbones[backbone]["variants"] or list(self.config["variants"])
-        return [v for v in names if v in self.config["variants"]]
+        from pathtwt.config.check import backbone_variants
+
+        return backbone_variants(self.config, self.backbones[backbone])
 
     def compressed_variants(self, backbone: str) -> list[str]:
-        return [v for v in self.variants(backbone) if self.config["variants"][v]["method"] not in NOT_COMPRESSED]
+        from pathtwt.config.check import compressed_variants
+
+        return compressed_variants(self.config, self.backbones[backbone])
 
     def variant_kind(self, variant: str) -> str:
         """How a variant's backbone is built: RANDOM_INIT (the teacher's architecture with
@@ -264,17 +262,24 @@ class StudyProducts:
 
     def calibrated_backbones(self) -> list[str]:
         """Backbones whose calibration tiles are drawn: a compressed variant, or the analyses."""
-        analyses = self.config["analysis"]["enabled"]
-        return [b for b in self.backbones if analyses or self.compressed_variants(b)]
+        from pathtwt.config.check import is_calibrated
+
+        return [b for b in self.backbones if is_calibrated(self.config, self.backbones[b])]
 
     def study_entries(self, sets: bool | None = None) -> list[tuple[str, str, dict[str, Any]]]:
         """(entry name, key, names) of every store entry the study uses: each slide's tiles,
         each backbone's calibration tiles and discovery, each compressed model, each slide's
         features by each variant and (``sets``, default: unless extraction runs per slide)
         each cohort's set. Entry names are the store's (``tiles/T``, ``features/E/T``;
-        :mod:`pathtwt.io.store.maintenance`)."""
+        :mod:`pathtwt.io.store.maintenance`). The list is built once per plan."""
         if sets is None:
             sets = not self.config["extract"]["per_slide_jobs"]
+        if self._entries is None:
+            self._entries = self._all_entries()
+        return [entry for entry, is_set in self._entries if sets or not is_set]
+
+    def _all_entries(self) -> list[tuple[tuple[str, str, dict[str, Any]], bool]]:
+        """:meth:`study_entries` with the sets, each entry with whether it is a cohort's set."""
         out = []
         cohorts = self.task_cohorts()
         for cohort in cohorts:
@@ -289,20 +294,21 @@ class StudyProducts:
         for b in self.backbones:
             out += [(f"models/{self.model_key(b, v)}", self.model_key(b, v), {"kind": "models", "backbone": b, "variant": v})
                     for v in self.compressed_variants(b)]
+        sets = set()
         for b in self.backbones:
             for v in self.variants(b):
                 e = self.extractor_key(b, v)
                 for cohort in cohorts:
                     names = {"kind": "features", "backbone": b, "variant": v, "cohort": cohort}
-                    if sets:
-                        out.append((f"features/{e}/sets/{self.set_key(b, v, cohort)}", self.set_key(b, v, cohort), names))
+                    sets.add(f"features/{e}/sets/{self.set_key(b, v, cohort)}")
+                    out.append((f"features/{e}/sets/{self.set_key(b, v, cohort)}", self.set_key(b, v, cohort), names))
                     out += [(f"features/{e}/{self.tiles_key(cohort, s)}", self.tiles_key(cohort, s), dict(names, slide=s))
                             for s in self.extracted_slides(cohort)]
         # an entry two products share (two backbones' calibration, one slide in two cohorts) once
         first: dict[str, tuple[str, str, dict[str, Any]]] = {}
         for entry in out:
             first.setdefault(entry[0], entry)
-        return list(first.values())
+        return [(entry, name in sets) for name, entry in first.items()]
 
     # ---- what is known -------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pathtwt.models.defaults import FORWARD_BATCH_SIZE
+from pathtwt.models.precision import INFERENCE_REQUESTS
 from pathtwt.models.recipes import DEFAULT_RECIPE
 
 
@@ -24,6 +25,10 @@ class ExtractDefaults:
     # auto: the GPU decodes where the model runs on CUDA and a GPU decoder is installed
     decode: str = "auto"
     device: str = "auto"
+    # auto: bf16 autocast where the device has it natively and the first tiles agree with fp32
+    # (pathtwt.models.precision); the choices are INFERENCE_REQUESTS
+    precision: str = INFERENCE_REQUESTS[0]
+    embedding: str = DEFAULT_RECIPE  # the tile embedding (pathtwt.models.recipes.RECIPES)
 
 
 EXTRACT_DEFAULTS = ExtractDefaults()
@@ -36,7 +41,7 @@ class ExtractOptions:
     batch_size: int | None = EXTRACT_DEFAULTS.batch_size
     workers: int | None = None  # reading processes; None: pathtwt.devices.reading_workers
     decode: str = EXTRACT_DEFAULTS.decode  # the request; resolved once when the job starts
-    embedding: str = DEFAULT_RECIPE
+    embedding: str = EXTRACT_DEFAULTS.embedding
     progress: bool = True
     skip_existing: bool = False
     failures: Path | None = None  # this job's failures table; None: the first failure stops the job

@@ -649,9 +649,8 @@ def get_mil_out_pattern(wildcards):
 
 def get_roi(wildcards):
     """The slide's GeoJSON in its cohort's `roi` folder, as a list ([] when none)."""
-    folder = config["cohorts"][wildcards.cohort].get("roi")
-    path = config_check.resolve(config, folder) / f"{wildcards.slide}.geojson" if folder else None
-    return [str(path)] if path is not None and path.is_file() else []
+    path = config_check.roi_file(config, wildcards.cohort, wildcards.slide)
+    return [str(path)] if path is not None else []
 
 
 # heads with per-tile attention (a head without it has no heatmap)

@@ -337,8 +337,9 @@ def check_shared_records():
             records[STORE.calibration(key).record] = ("calibration", key)
         elif kind in ("discovery", "models"):
             records[STORE.root / name / "entry.json"] = ("discovery" if kind == "discovery" else "model", key)
-        elif kind == "features":
-            extractor = PRODUCTS.extractor_key(names["backbone"], names["variant"])
+    for backbone in PRODUCTS.backbones:
+        for variant in PRODUCTS.variants(backbone):
+            extractor = PRODUCTS.extractor_key(backbone, variant)
             records[STORE.extractor(extractor) / "entry.json"] = ("extractor", extractor)
     try:
         for path, (kind, key) in records.items():
@@ -383,6 +384,6 @@ if not workflow.remote_exec:
     _to_make = say_store_plan()  # None until the demo cohorts it names are written
     if _to_make is not None:
         check_shared_records()
-    if _to_make and store_refusal():
-        refuse(store_refusal())
+    if _to_make and (_refusal := store_refusal()):
+        refuse(_refusal)
     PRODUCTS.fingerprints.save()  # the slides hashed for this plan are not hashed at the next

@@ -187,16 +187,25 @@ def _held(store: Store, entry: Entry, locks: list[str]) -> bool:
     return False
 
 
-def remove(entries: Iterable[Entry]) -> int:
-    """Delete the entries' files (record first, so an entry is never seen half removed);
-    the bytes freed."""
-    freed = 0
+def remove(entries: Iterable[Entry]) -> tuple[int, list[str]]:
+    """Delete the entries' files (record first, so an entry is never seen half removed):
+    the bytes freed (of an entry that could not be removed whole, what did go), and one
+    line per entry that could not be removed, naming it and what to do."""
+    freed, failed = 0, []
     for entry in entries:
-        freed += entry.size
         records = [p for p in entry.files if p.suffix == ".json"]
-        for path in records + [p for p in entry.files if p not in records]:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-    return freed
+        try:
+            for path in records + [p for p in entry.files if p not in records]:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+        except OSError as exc:
+            left = [p for p in entry.files if os.path.lexists(p)]
+            if left:  # (nothing left: another process removed it meanwhile)
+                freed += max(entry.size - sum(_disk_bytes(p) for p in left), 0)
+                failed.append(f"{entry.name} could not be removed ({exc.strerror or exc}); remove "
+                              f"{' '.join(str(p) for p in left)} by hand, or run pathtwt store gc again")
+                continue
+        freed += entry.size
+    return freed, failed

@@ -29,12 +29,15 @@ from pathtwt.io.store.records import read_checked
 @dataclass(frozen=True)
 class Target:
     """An entry to make: ``entry`` (a folder, or a file entry's record), the files the
-    command must leave (in the build folder, or in place), and its record."""
+    command must leave (in the build folder, or in place), and its record. ``own_record``
+    False: the entry is the file the command writes, and its record is shared and written
+    beforehand (a slide's features: its extractor's, :func:`ensure_record`)."""
 
     entry: Path
     record: Mapping[str, Any]
     files: Sequence[Path] = field(default_factory=tuple)
     folder: bool = False
+    own_record: bool = True
 
     @property
     def record_path(self) -> Path:
@@ -45,7 +48,10 @@ class Target:
         return Store.building(self.entry) if self.folder else None
 
     def published(self) -> bool:
-        """Its record is there (and, for a file entry, its files: one deleted by hand is made again)."""
+        """Its record is there (and, for a file entry, its files: one deleted by hand is made
+        again); an entry without a record of its own: the file is there."""
+        if not self.own_record:
+            return self.entry.exists()
         return self.record_path.is_file() and (self.folder or all(f.exists() for f in self.files))
 
 
@@ -60,7 +66,8 @@ def make_entry(store: Store, target: Target, run: Callable[[], int], *, check: C
     lock.acquire(say=say)
     try:
         if target.published():
-            read_checked(target.record_path, kind=target.record["kind"], key=target.record["key"])
+            if target.own_record:
+                read_checked(target.record_path, kind=target.record["kind"], key=target.record["key"])
             say(f"{target.entry}: made by another run meanwhile; used as it is")
             return 0
         if check is not None:
@@ -77,7 +84,7 @@ def make_entry(store: Store, target: Target, run: Callable[[], int], *, check: C
         if target.folder:
             write_json_atomic(target.build / RECORD, target.record)
             publish_folder(target.build, target.entry)
-        else:
+        elif target.own_record:
             write_json_atomic(target.record_path, target.record)
         return 0
     finally:
