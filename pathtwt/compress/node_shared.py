@@ -63,6 +63,7 @@ def node_tensors(shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.flo
     """Host tensors of ``shapes``, one copy per node when several ranks share it (see the
     module doc); every rank calls it."""
     from pathtwt.compress import ranks
+    from pathtwt.errors import first_line
 
     if ranks.world_size() == 1:
         return NodeTensors([torch.empty(tuple(s), dtype=dtype) for s in shapes])
@@ -83,7 +84,7 @@ def node_tensors(shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.flo
         try:
             flat = torch.from_file(f"/proc/{pid}/fd/{leader_fd}", shared=True, size=total, dtype=dtype)
         except (OSError, RuntimeError) as exc:
-            reason = f"rank {me} cannot map rank {leader}'s shared memory ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+            reason = f"rank {me} cannot map rank {leader}'s shared memory ({first_line(exc)})"
     mapped = ranks.gather_json(reason)
     if fd is not None:
         os.close(fd)  # the ranks' mappings keep the memory
