@@ -99,7 +99,7 @@ def error_line(command: str, exc: BaseException) -> str | None:
             return str(line)
         return None
     if isinstance(exc, RuntimeError):  # torch.cuda.OutOfMemoryError is one
-        from pathtwt.cli.out_of_memory import is_out_of_memory, out_of_memory_line
+        from pathtwt.out_of_memory import is_out_of_memory, out_of_memory_line
 
         if is_out_of_memory(exc):
             return out_of_memory_line(command, exc)
