@@ -75,3 +75,20 @@ def test_an_allocation_failure_re_raised_as_a_runtime_error_is_named_too():
     with pytest.raises(RuntimeError, match="a bug"):
         with side_passes.named_out_of_memory("the pass", 4):
             raise RuntimeError("a bug")
+
+
+def test_auditionings_fitting_steps_name_their_whole_batch(monkeypatch):
+    """Auditioning fits its candidates at its whole fitting batch on every rank, not at a
+    rank's share: an out-of-memory error there names that batch and what sets it."""
+    from pathtwt.compress import ranks
+    from pathtwt.compress.audition import AuditionOptions, _fit
+
+    monkeypatch.setattr(ranks, "world_size", lambda: 4)
+    layer = torch.nn.Linear(8, 8)
+    _fail_at(layer, 1)
+    states = torch.zeros(40, 3, 8)
+    with pytest.raises(DeviceMemoryError) as info:
+        _fit(layer, states, states, AuditionOptions(steps=2, batch_size=16))
+    assert str(info.value).startswith("auditioning's fitting steps ran out of GPU memory at 16 tiles a forward pass, "
+                                      "the smaller of --batch-size and 16 (CUDA out of memory. Tried to allocate")
+    assert str(info.value).endswith("or --audition-steps 0 (candidates ranked unfitted)")

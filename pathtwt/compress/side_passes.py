@@ -33,15 +33,15 @@ class DeviceMemoryError(PathtwtError):
 
 
 @contextlib.contextmanager
-def named_out_of_memory(name: str, tiles: int, skip: str = "") -> Iterator[None]:
+def named_out_of_memory(name: str, tiles: int, skip: str = "",
+                        sized_by: str = "this rank's share of --batch-size") -> Iterator[None]:
     """Within the block, a GPU out-of-memory error becomes one line naming the pass
-    ``name``, its ``tiles`` per forward pass and what to change (``skip``: a setting that
-    leaves the pass out, where there is one)."""
+    ``name``, its ``tiles`` per forward pass, what sets that number (``sized_by``) and what
+    to change (``skip``: a setting that leaves the pass out, where there is one)."""
     try:
         yield
     except Exception as exc:
         if not is_out_of_memory(exc):  # CUDA and ROCm ("HIP out of memory") alike, re-raised ones too
             raise
-        raise DeviceMemoryError(f"{name} ran out of GPU memory at {tiles} tiles a forward pass, this rank's share of "
-                                f"--batch-size ({failed_allocation(exc, 160)}); {BATCH_ADVICE}"
-                                f"{', or ' + skip if skip else ''}") from None
+        raise DeviceMemoryError(f"{name} ran out of GPU memory at {tiles} tiles a forward pass, {sized_by} "
+                                f"({failed_allocation(exc, 160)}); {BATCH_ADVICE}{', or ' + skip if skip else ''}") from None
