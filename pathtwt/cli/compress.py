@@ -127,21 +127,19 @@ def compress_options(args: argparse.Namespace, **resolved) -> "CompressOptions":
     return CompressOptions(distill=distill, **own)
 
 
-ERROR_PREFIX = "pathtwt compress: error: "
-
-
 def process_device(requested: str, timeout_minutes: float) -> str:
     """This process's device, joining the process group under torchrun / srun. An srun rank
     learns its rank (LOCAL_RANK from SLURM_LOCALID) before the device is resolved, so it
     takes the GPU of its rank and claims no other one. A rank of several watches the others
     from then on (:mod:`pathtwt.compress.rank_failures`)."""
+    from pathtwt.cli import error_prefix
     from pathtwt.compress.rank_failures import watch_peers
     from pathtwt.compress.ranks import init_from_env, launched_world_size
     from pathtwt.devices import use_device
 
     launched_world_size()
     device = init_from_env(use_device(requested), timeout_minutes)
-    watch_peers(ERROR_PREFIX)
+    watch_peers(error_prefix("compress"))
     return device
 
 
