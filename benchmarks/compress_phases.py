@@ -147,7 +147,7 @@ def host_waits_per_step(call: tuple[tuple, dict]) -> dict[str, Any]:
     import copy
     import dataclasses
 
-    from host_waits import DEVICE, StepMarks, counter, per_step
+    from host_waits import DEVICE, counted_run
 
     from pathtwt.compress.distill import distill
 
@@ -157,10 +157,8 @@ def host_waits_per_step(call: tuple[tuple, dict]) -> dict[str, Any]:
     kwargs["options"] = dataclasses.replace(options, steps=REPLAY_STEPS, epochs=None, stop_after=None, checkpoint=None,
                                             progress=False, workers=0, device=options.device if on_gpu else DEVICE)
     kwargs.pop("description", None)
-    with counter(options.device) as waits, StepMarks(waits.traffic) as steps:
-        distill(copy.deepcopy(student), copy.deepcopy(teacher), tiles, **kwargs)
-    return {**per_step(waits.traffic, steps.marks),
-            "counted_on": "torch.cuda sync debug mode" if on_gpu else f"the CPU stand-in device {DEVICE}"}
+    return counted_run(kwargs["options"].device,
+                       lambda: distill(copy.deepcopy(student), copy.deepcopy(teacher), tiles, **kwargs))[1]
 
 
 def startup_seconds() -> float:
