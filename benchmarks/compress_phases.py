@@ -74,6 +74,9 @@ class PhaseClock:
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
         self._stack: list[list[float]] = []  # [start, seconds spent in nested phases]
+        # the arguments of the latest distillation (the subset search runs one per
+        # candidate): the job's last one is replayed to count its host waits
+        self.last_distillation: tuple[tuple, dict] | None = None
 
     def wrap(self, fn: Callable, phase: str) -> Callable:
         @functools.wraps(fn)
@@ -110,10 +113,7 @@ def install(clock: PhaseClock) -> None:
                 continue
             raise SystemExit(f"{module_name}.{attr}: not found; update PHASES for this version")
         original = getattr(owner, name)
-        timed = clock.wrap(original, phase)
-        for loaded in list(sys.modules.values()):
-            if getattr(loaded, "__name__", "").startswith("pathtwt") and getattr(loaded, name, None) is original:
-                setattr(loaded, name, timed)
+        _replace(name, original, clock.wrap(original, phase))
     _record_distillations(clock)
     # TargetCache's constructors are classmethods: wrap them on the class (in
     # compress/targets.py, or in distill.py before it)
@@ -124,21 +124,25 @@ def install(clock: PhaseClock) -> None:
             setattr(cls, name, classmethod(clock.wrap(cls.__dict__[name].__func__, phase)))
 
 
+def _replace(name: str, original: Callable, replacement: Callable) -> None:
+    """``replacement`` for ``original`` as the attribute ``name`` of every loaded pathtwt
+    module that holds it (its own module, and those that imported it by name)."""
+    for loaded in list(sys.modules.values()):
+        if getattr(loaded, "__name__", "").startswith("pathtwt") and getattr(loaded, name, None) is original:
+            setattr(loaded, name, replacement)
+
+
 def _record_distillations(clock: PhaseClock) -> None:
-    """Keep the arguments of every distillation (``clock.distillations``), for the replay
-    that counts its host waits; the job itself runs untouched."""
-    distill = importlib.import_module("pathtwt.compress.distill")
-    timed = distill.distill
-    clock.distillations = []
+    """Keep the arguments of the latest distillation (``clock.last_distillation``), for the
+    replay that counts its host waits; the job itself runs untouched."""
+    timed = importlib.import_module("pathtwt.compress.distill").distill
 
     @functools.wraps(timed)
     def recorded(*args: Any, **kwargs: Any) -> Any:
-        clock.distillations.append((args, kwargs))
+        clock.last_distillation = (args, kwargs)
         return timed(*args, **kwargs)
 
-    for loaded in list(sys.modules.values()):
-        if getattr(loaded, "__name__", "").startswith("pathtwt") and getattr(loaded, "distill", None) is timed:
-            setattr(loaded, "distill", recorded)
+    _replace("distill", timed, recorded)
 
 
 def host_waits_per_step(call: tuple[tuple, dict]) -> dict[str, Any]:
@@ -147,7 +151,7 @@ def host_waits_per_step(call: tuple[tuple, dict]) -> dict[str, Any]:
     import copy
     import dataclasses
 
-    from host_waits import DEVICE, StepMarks, counter, per_step
+    from host_waits import DEVICE, counted_run
 
     from pathtwt.compress.distill import distill
 
@@ -157,10 +161,8 @@ def host_waits_per_step(call: tuple[tuple, dict]) -> dict[str, Any]:
     kwargs["options"] = dataclasses.replace(options, steps=REPLAY_STEPS, epochs=None, stop_after=None, checkpoint=None,
                                             progress=False, workers=0, device=options.device if on_gpu else DEVICE)
     kwargs.pop("description", None)
-    with counter(options.device) as waits, StepMarks(waits.traffic) as steps:
-        distill(copy.deepcopy(student), copy.deepcopy(teacher), tiles, **kwargs)
-    return {**per_step(waits.traffic, steps.marks),
-            "counted_on": "torch.cuda sync debug mode" if on_gpu else f"the CPU stand-in device {DEVICE}"}
+    return counted_run(kwargs["options"].device,
+                       lambda: distill(copy.deepcopy(student), copy.deepcopy(teacher), tiles, **kwargs))[1]
 
 
 def startup_seconds() -> float:
@@ -204,10 +206,10 @@ def main() -> int:
         discover = {"job": args.discover, "wall_s": wall, "phases": seconds}
     results, replays = [], []
     for job in args.job:
-        before = len(clock.distillations)
+        clock.last_distillation = None
         wall, seconds, calls = run_job(clock, shlex.split(job))
         results.append({"job": job, "wall_s": wall, "phases": seconds, "calls": calls})
-        replays.append(clock.distillations[-1] if len(clock.distillations) > before else None)
+        replays.append(clock.last_distillation)
     for r, call in zip(results, replays):  # after every job: the timed jobs run untouched
         r["host_waits"] = host_waits_per_step(call) if call is not None else None
     startup = startup_seconds()

@@ -136,13 +136,11 @@ def _union(spans: list[tuple[float, float]]) -> float:
 def replayed_waits(args, device: str) -> dict[str, Any]:
     """Host waits per step from a short run on the CPU stand-in device (a fresh teacher and
     student: the stand-in tracks only what is made within it)."""
-    from host_waits import DEVICE, DeviceStandIn, StepMarks, per_step
+    from host_waits import DEVICE, counted_run
 
     teacher, student, objective = build(args.backbone, args.depth, "cpu")
     tiles = random_tiles(args.tiles, teacher.spec.input_size)
-    with DeviceStandIn() as standin, StepMarks(standin.traffic) as steps:
-        distill_run(teacher, student, objective, tiles, DEVICE, args, PROFILED_STEPS)
-    return {**per_step(standin.traffic, steps.marks), "counted_on": f"the CPU stand-in device {DEVICE}"}
+    return counted_run(DEVICE, lambda: distill_run(teacher, student, objective, tiles, DEVICE, args, PROFILED_STEPS))[1]
 
 
 def nccl_two_process(args, budget_s: float) -> dict[str, Any]:
@@ -196,7 +194,7 @@ def rank_main(args) -> int:
 def measure(args) -> dict[str, Any]:
     import torch
 
-    from host_waits import StepMarks, Traffic, counter, per_step
+    from host_waits import StepMarks, Traffic, counted_run
 
     from pathtwt.models.precision import resolve_precision
 
@@ -217,18 +215,18 @@ def measure(args) -> dict[str, Any]:
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    with counter(device) as waits, StepMarks(waits.traffic) as timed:
-        result = distill_run(teacher, student, objective, tiles, device, args, steps)
+    result, counted, marks = counted_run(device, lambda: distill_run(teacher, student, objective, tiles, device, args,
+                                                                     steps))
     if cuda:
         torch.cuda.synchronize()
         peak = {"allocated_bytes": torch.cuda.max_memory_allocated(), "reserved_bytes": torch.cuda.max_memory_reserved()}
-        counted = {**per_step(waits.traffic, timed.marks), "counted_on": "torch.cuda sync debug mode, the timed run"}
+        counted["counted_on"] += ", the timed run"
         share, note = gpu_wait_share(lambda: distill_run(teacher, student, objective, tiles, device, args, PROFILED_STEPS))
     else:
         peak = {"process_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         counted = replayed_waits(args, device)
         share, note = "n/a", "the CPU computes the steps itself: there is no device to wait"
-    rate = steady_rate(timed.marks)
+    rate = steady_rate(marks)
     return {
         "device": device, "device_name": torch.cuda.get_device_name(torch.device(device)) if cuda else "cpu",
         "backbone": args.backbone, "depth": args.depth, "batch_size": args.batch_size, "precision": result.precision,

@@ -44,12 +44,13 @@ import traceback
 import warnings
 import weakref
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+T = TypeVar("T")
 DEVICE = "cpu:0"
 _DEVICE = torch.device(DEVICE)
 aten = torch.ops.aten
@@ -302,3 +303,13 @@ def per_step(traffic: Traffic, marks: list[tuple[int, float]]) -> dict[str, Any]
     where = {kind: {w: n / steps for w, n in places.items()}
              for kind, places in traffic.summary(start, end).items()}
     return {"host_waits_per_step": traffic.waits(start, end) / steps, "steps_counted": steps, "where": where}
+
+
+def counted_run(device: str, run: Callable[[], T]) -> tuple[T, dict[str, Any], list[tuple[int, float]]]:
+    """``run()``, a distillation on ``device`` (on the CPU: on :data:`DEVICE`), with its host
+    waits counted (:func:`counter`): its result, the waits per step (:func:`per_step`, and
+    ``counted_on``: what counted them) and the ends of its steps (:class:`StepMarks`)."""
+    with counter(device) as waits, StepMarks(waits.traffic) as steps:
+        result = run()
+    on = "torch.cuda sync debug mode" if torch.device(device).type == "cuda" else f"the CPU stand-in device {DEVICE}"
+    return result, {**per_step(waits.traffic, steps.marks), "counted_on": on}, steps.marks

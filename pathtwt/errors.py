@@ -28,3 +28,9 @@ class OutputError(PathtwtError):
 
 class StoreError(PathtwtError):
     """A store entry is missing, refused (its record disagrees with its key) or cannot be made."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, or its type's name when the message is empty."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -197,3 +197,29 @@ def test_only_rank_0_writes_the_subset_search_record(tmp_path, monkeypatch):
     monkeypatch.setattr(ranks, "is_writer", lambda: True)
     assert run_search(teacher, calib, options, settings) == record  # the same search (scores memoised), now kept
     assert json.loads((tmp_path / "subset_search.json").read_text()) == record
+
+
+def test_the_ranks_compare_the_calibration_tiles_pixels_not_only_their_count(monkeypatch):
+    """A node that reads another calibration file with as many tiles differs from rank 0 in
+    what the ranks compare before training; a single process compares nothing."""
+    import argparse
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from pathtwt.cli.compress import agree_on_inputs
+    from pathtwt.compress.calibration import CalibrationSet
+
+    compared = []
+    monkeypatch.setattr(ranks, "agree", lambda name, value, remedy: compared.append(value))
+    args, teacher = argparse.Namespace(method="twt", rank_timeout=1.0), SimpleNamespace(weights_sha256="w")
+    rng = np.random.default_rng(0)
+    sets = [CalibrationSet(*(rng.integers(0, 256, size=(n, 8, 8, 3), dtype=np.uint8) for n in (6, 2, 2)), patch_size=8)
+            for _ in range(2)]
+    agree_on_inputs(args, teacher, sets[0])
+    assert compared == []  # one process
+    monkeypatch.setattr(ranks, "world_size", lambda: 2)
+    for calib in sets:
+        agree_on_inputs(args, teacher, calib)
+    assert compared[0]["calibration_tiles"] == compared[1]["calibration_tiles"]
+    assert compared[0] != compared[1]

@@ -62,3 +62,33 @@ def test_side_passes_take_a_ranks_share_of_the_batch(monkeypatch):
     options = CompressOptions.from_flat(out="x", batch_size=64)
     assert options.forward_batch == 16  # fidelity, discovery, the linear fit, scoring
     assert side_passes.BATCH_ADVICE.startswith("lower --batch-size")
+
+
+def test_an_allocation_failure_re_raised_as_a_runtime_error_is_named_too():
+    """An out-of-memory error that reaches a side pass as a plain RuntimeError (a library
+    re-raising CUDA's) is named as torch's own is; any other error passes through."""
+    with pytest.raises(DeviceMemoryError) as info:
+        with side_passes.named_out_of_memory("the pass", 4, skip="--pass off"):
+            raise RuntimeError(OOM)
+    assert str(info.value).startswith("the pass ran out of GPU memory at 4 tiles a forward pass")
+    assert "Tried to allocate 2.00 GiB" in str(info.value) and str(info.value).endswith(", or --pass off")
+    with pytest.raises(RuntimeError, match="a bug"):
+        with side_passes.named_out_of_memory("the pass", 4):
+            raise RuntimeError("a bug")
+
+
+def test_auditionings_fitting_steps_name_their_whole_batch(monkeypatch):
+    """Auditioning fits its candidates at its whole fitting batch on every rank, not at a
+    rank's share: an out-of-memory error there names that batch and what sets it."""
+    from pathtwt.compress import ranks
+    from pathtwt.compress.audition import AuditionOptions, _fit
+
+    monkeypatch.setattr(ranks, "world_size", lambda: 4)
+    layer = torch.nn.Linear(8, 8)
+    _fail_at(layer, 1)
+    states = torch.zeros(40, 3, 8)
+    with pytest.raises(DeviceMemoryError) as info:
+        _fit(layer, states, states, AuditionOptions(steps=2, batch_size=16))
+    assert str(info.value).startswith("auditioning's fitting steps ran out of GPU memory at 16 tiles a forward pass, "
+                                      "the smaller of --batch-size and 16 (CUDA out of memory. Tried to allocate")
+    assert str(info.value).endswith("or --audition-steps 0 (candidates ranked unfitted)")

@@ -82,6 +82,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def error_prefix(command: str) -> str:
+    """What the one line of a failure of ``command`` begins with."""
+    return f"pathtwt {command}: error: "
+
+
 def error_line(command: str, exc: BaseException) -> str | None:
     """The one line for an expected failure of ``command`` (a PathtwtError; a full disk, a
     full quota or a read-only folder met outside the atomic writers; a GPU out of memory),
@@ -99,7 +104,7 @@ def error_line(command: str, exc: BaseException) -> str | None:
             return str(line)
         return None
     if isinstance(exc, RuntimeError):  # torch.cuda.OutOfMemoryError is one
-        from pathtwt.cli.out_of_memory import is_out_of_memory, out_of_memory_line
+        from pathtwt.out_of_memory import is_out_of_memory, out_of_memory_line
 
         if is_out_of_memory(exc):
             return out_of_memory_line(command, exc)
@@ -124,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         line = error_line(args.command, exc)
         if line is None:
             raise
-        print(f"pathtwt {args.command}: error: {line}", file=sys.stderr)
+        print(f"{error_prefix(args.command)}{line}", file=sys.stderr)
         return 1
     return int(code or 0)
 

@@ -127,21 +127,19 @@ def compress_options(args: argparse.Namespace, **resolved) -> "CompressOptions":
     return CompressOptions(distill=distill, **own)
 
 
-ERROR_PREFIX = "pathtwt compress: error: "
-
-
 def process_device(requested: str, timeout_minutes: float) -> str:
     """This process's device, joining the process group under torchrun / srun. An srun rank
     learns its rank (LOCAL_RANK from SLURM_LOCALID) before the device is resolved, so it
     takes the GPU of its rank and claims no other one. A rank of several watches the others
     from then on (:mod:`pathtwt.compress.rank_failures`)."""
+    from pathtwt.cli import error_prefix
     from pathtwt.compress.rank_failures import watch_peers
     from pathtwt.compress.ranks import init_from_env, launched_world_size
     from pathtwt.devices import use_device
 
     launched_world_size()
     device = init_from_env(use_device(requested), timeout_minutes)
-    watch_peers(ERROR_PREFIX)
+    watch_peers(error_prefix("compress"))
     return device
 
 
@@ -229,13 +227,19 @@ def _run(args: argparse.Namespace) -> int:
 def agree_on_inputs(args: argparse.Namespace, teacher, calib) -> None:
     """Several ranks: every rank runs the same command on the same teacher and tiles (an
     srun task started with other arguments, or a node that sees another file, is one line
-    on every rank before any training)."""
-    from pathtwt.compress.ranks import agree
+    on every rank before any training). The calibration tiles are compared by a hash of
+    their pixels (the teacher cache's, computed once per set), streamed training tiles by
+    their count."""
+    from pathtwt.compress.ranks import agree, world_size
+    from pathtwt.compress.teacher_cache import tiles_digest
 
+    if world_size() == 1:
+        return
     settings = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "rank_timeout"}
     inputs = {"teacher_weights_sha256": teacher.weights_sha256,
               "calibration_tiles": {split: len(tiles) for split, tiles in
                                     (("fit", calib.fit), ("select", calib.select), ("report", calib.report))},
+              "calibration_pixels_sha256": tiles_digest(calib),
               "training_tiles": len(calib.training_tiles())}
     agree("the run's settings and inputs", {**settings, **inputs},
           "start every rank with the same command, on files every rank reads the same")

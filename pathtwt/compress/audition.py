@@ -105,15 +105,18 @@ def _fit(layer: nn.Module, h_in: torch.Tensor, h_out: torch.Tensor, options: Aud
     opt = torch.optim.AdamW(layer.parameters(), lr=options.lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(options.seed)
     b = min(options.batch_size, len(h_in))
-    for _ in range(options.steps):
-        idx = torch.randperm(len(h_in), generator=g)[:b]
-        with autocast(options.device, options.precision), bf16_attention([layer], options.device, options.precision):
-            pred = layer(h_in[idx].to(options.device))
-        loss = nn.functional.mse_loss(pred.float(), h_out[idx].to(options.device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)
-        opt.step()
+    # the whole fitting batch on every rank (not a rank's share): its own message
+    with named_out_of_memory("auditioning's fitting steps", b, skip="--audition-steps 0 (candidates ranked unfitted)",
+                             sized_by=f"the smaller of --batch-size and {AuditionOptions.batch_size}"):
+        for _ in range(options.steps):
+            idx = torch.randperm(len(h_in), generator=g)[:b]
+            with autocast(options.device, options.precision), bf16_attention([layer], options.device, options.precision):
+                pred = layer(h_in[idx].to(options.device))
+            loss = nn.functional.mse_loss(pred.float(), h_out[idx].to(options.device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)
+            opt.step()
     layer.eval()
 
 

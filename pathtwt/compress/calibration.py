@@ -69,7 +69,8 @@ class DerivedValues:
     ``id(teacher.model)``) and reused by every measurement on it: the teacher's fit means
     and select-tile embeddings and the reference rows (:mod:`pathtwt.compress.fidelity`),
     its layer outputs of the fit and held-out tiles (:mod:`pathtwt.compress.teacher_cache`),
-    and the subset search's candidate scores (:mod:`pathtwt.compress.methods.subset`)."""
+    and the subset search's candidate scores (:mod:`pathtwt.compress.methods.subset`); and,
+    once per set, the hash of its tiles (:func:`pathtwt.compress.teacher_cache.tiles_digest`)."""
 
     teacher_centres: dict[int, TeacherCentre] = field(default_factory=dict)
     select_embeddings: dict[int, "torch.Tensor"] = field(default_factory=dict)
@@ -78,6 +79,7 @@ class DerivedValues:
     teacher_caches: dict[int, Any] = field(default_factory=dict)  # pathtwt.compress.teacher_cache.TeacherCache
     fit_outputs: dict[tuple[int, int], list["torch.Tensor"]] = field(default_factory=dict)  # ... fit_layer_outputs
     held_out_outputs: dict[tuple[int, str, int], list["torch.Tensor"]] = field(default_factory=dict)  # ... held_out_outputs
+    tiles_digest: str | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -48,7 +48,7 @@ from pathtwt.compress.distill_options import BF16_LOSS_TOLERANCE, DistillOptions
 from pathtwt.compress.targets import TargetCache, target_source, teacher_targets
 from pathtwt.models.bf16_guard import autocast as _autocast
 from pathtwt.models.bf16_guard import bf16_attention, weights_cast_once
-from pathtwt.errors import NumericsError, PathtwtError
+from pathtwt.errors import NumericsError, PathtwtError, first_line
 from pathtwt.io.atomic import atomic_output
 from pathtwt.compress.intermediates import tiles_to_batch
 from pathtwt.compress.schedule import cosine_lr_factor, term_weights
@@ -249,11 +249,10 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PathtwtError(f"{path}: refused, the checkpoint holds pickled objects, not only tensors and plain values "
-                           f"({first[:160]}); delete it to start over") from None
+                           f"({first_line(exc)[:160]}); delete it to start over") from None
     except (OSError, RuntimeError, EOFError) as exc:
-        raise PathtwtError(f"{path}: unreadable checkpoint ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+        raise PathtwtError(f"{path}: unreadable checkpoint ({first_line(exc)}); "
                            "delete it to start over") from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise PathtwtError(f"{path}: not a pathtwt distillation checkpoint; delete it or choose another --out")

@@ -9,11 +9,12 @@ shared-memory file (``memfd_create``), the node's other ranks open it through
 no name: the memory is returned when the last rank unmaps it, however the job ends, and
 nothing is left in ``/dev/shm``.
 
-Ranks find their node peers by one ``all_gather_object`` of (host name, boot id, pid),
-not from launcher variables, so torchrun and srun alike work. Where a rank cannot open
-its node's file (ranks in separate process namespaces, ``/proc`` mounted ``hidepid``)
-every rank keeps its own copy, said in one log line. A single process keeps a plain host
-tensor.
+Ranks find their node peers, and then the node's file, by gathering every rank's host
+name and boot id, and then its pid and file descriptor
+(:func:`pathtwt.compress.ranks.gather_json`), not from launcher variables, so torchrun
+and srun alike work. Where a rank cannot open its node's file (ranks in separate process
+namespaces, ``/proc`` mounted ``hidepid``) every rank keeps its own copy, said in one log
+line. A single process keeps a plain host tensor.
 """
 
 from __future__ import annotations
@@ -62,11 +63,13 @@ def node_tensors(shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.flo
     """Host tensors of ``shapes``, one copy per node when several ranks share it (see the
     module doc); every rank calls it."""
     from pathtwt.compress import ranks
+    from pathtwt.errors import first_line
 
     if ranks.world_size() == 1:
         return NodeTensors([torch.empty(tuple(s), dtype=dtype) for s in shapes])
     me = ranks.rank()
-    peers = [r for r, node in enumerate(ranks.gather_json(_node_id())) if node == _node_id()]
+    node = _node_id()
+    peers = [r for r, theirs in enumerate(ranks.gather_json(node)) if theirs == node]
     leader = peers[0]
     counts = [math.prod(s) for s in shapes]
     total = max(1, sum(counts))
@@ -81,7 +84,7 @@ def node_tensors(shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.flo
         try:
             flat = torch.from_file(f"/proc/{pid}/fd/{leader_fd}", shared=True, size=total, dtype=dtype)
         except (OSError, RuntimeError) as exc:
-            reason = f"rank {me} cannot map rank {leader}'s shared memory ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+            reason = f"rank {me} cannot map rank {leader}'s shared memory ({first_line(exc)})"
     mapped = ranks.gather_json(reason)
     if fd is not None:
         os.close(fd)  # the ranks' mappings keep the memory

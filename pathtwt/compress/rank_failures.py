@@ -95,8 +95,9 @@ def _first_words(exc: BaseException) -> str:
     gloo puts in front ("[.../pair.cc:561] Connection closed by peer [10.0.0.2]:4242")."""
     import re
 
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return re.sub(r"^\[[^\]]*\]\s*", "", first).split(". ")[0][:160]
+    from pathtwt.errors import first_line
+
+    return re.sub(r"^\[[^\]]*\]\s*", "", first_line(exc)).split(". ")[0][:160]
 
 
 def _claim_report() -> bool:

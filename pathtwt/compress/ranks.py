@@ -28,7 +28,7 @@ import json
 import logging
 import os
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -151,29 +151,19 @@ def decide(name: str, value: Any) -> Any:
     rank computed alone, made once for all. A rank whose own value differed says so."""
     if world_size() == 1:
         return json.loads(json.dumps(value))  # the same types as several ranks get
-    import torch.distributed as dist
-
-    device = collective_device()
-    data = json.dumps(value).encode() if rank() == 0 else b""
-    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    dist.broadcast(size, 0)
-    if rank() == 0:
-        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-    else:
-        buffer = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    dist.broadcast(buffer, 0)
-    chosen = json.loads(bytes(buffer.cpu().numpy()))
-    if rank() != 0 and json.dumps(value) != json.dumps(chosen):
+    values = gather_json(value, default=None)
+    if json.dumps(values[rank()]) != json.dumps(values[0]):
         log.warning("rank %d: %s differs from rank 0's; rank 0's is used", rank(), name)
-    return chosen
+    return values[0]
 
 
-def gather_json(value: Any) -> list[Any]:
-    """Every rank's ``value``, in rank order (two small all-gathers)."""
+def gather_json(value: Any, default: Callable[[Any], Any] | None = str) -> list[Any]:
+    """Every rank's ``value``, in rank order (two small all-gathers). ``default`` encodes
+    what JSON has no form for (``json.dumps``'s; None refuses it)."""
     import torch.distributed as dist
 
     device, n = collective_device(), world_size()
-    data = json.dumps(value, sort_keys=True, default=str).encode()
+    data = json.dumps(value, default=default).encode()
     sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(n)]
     dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64, device=device))
     longest = max(int(s.item()) for s in sizes)

@@ -15,9 +15,10 @@ import contextlib
 from typing import Iterator
 
 from pathtwt.errors import PathtwtError
+from pathtwt.out_of_memory import ADVICE, failed_allocation, is_out_of_memory
 
 # what lowers every side pass's memory: its tiles per pass are a rank's share of --batch-size
-BATCH_ADVICE = "lower --batch-size and raise --accumulate by the same factor (the optimiser step keeps its tiles)"
+BATCH_ADVICE = ADVICE["compress"]
 
 
 def rank_batch(batch_size: int) -> int:
@@ -32,16 +33,15 @@ class DeviceMemoryError(PathtwtError):
 
 
 @contextlib.contextmanager
-def named_out_of_memory(name: str, tiles: int, skip: str = "") -> Iterator[None]:
+def named_out_of_memory(name: str, tiles: int, skip: str = "",
+                        sized_by: str = "this rank's share of --batch-size") -> Iterator[None]:
     """Within the block, a GPU out-of-memory error becomes one line naming the pass
-    ``name``, its ``tiles`` per forward pass and what to change (``skip``: a setting that
-    leaves the pass out, where there is one)."""
-    import torch
-
+    ``name``, its ``tiles`` per forward pass, what sets that number (``sized_by``) and what
+    to change (``skip``: a setting that leaves the pass out, where there is one)."""
     try:
         yield
-    except torch.OutOfMemoryError as exc:  # CUDA and ROCm ("HIP out of memory") alike
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        what = first.split(". Including")[0].split(" Of the allocated")[0][:160].rstrip(". ")
-        raise DeviceMemoryError(f"{name} ran out of GPU memory at {tiles} tiles a forward pass, this rank's share of "
-                                f"--batch-size ({what}); {BATCH_ADVICE}{', or ' + skip if skip else ''}") from None
+    except Exception as exc:
+        if not is_out_of_memory(exc):  # CUDA and ROCm ("HIP out of memory") alike, re-raised ones too
+            raise
+        raise DeviceMemoryError(f"{name} ran out of GPU memory at {tiles} tiles a forward pass, {sized_by} "
+                                f"({failed_allocation(exc, 160)}); {BATCH_ADVICE}{', or ' + skip if skip else ''}") from None

@@ -33,17 +33,15 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class StopRequest:
-    """What the handler saw: the first stop signal (None: none yet), how many came, and
-    whether the stop is deferred to the end of a step (inside the loop)."""
+    """What the handler saw: the first stop signal (None: none yet), and whether the stop
+    is deferred to the end of a step (inside the loop)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self.count = 0
         self.defer = False
         self.stopping = False  # a stop is under way (raised, or agreed by the ranks): later signals change nothing
 
     def __call__(self, signum: int, frame: Any) -> None:
-        self.count += 1
         if self.signum is not None or self.stopping:
             return  # a second SIGTERM (torchrun's forward of SLURM's) must not end the step half-way
         self.signum = signum

@@ -48,13 +48,17 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def _tiles_digest(calib: "CalibrationSet") -> str:
-    h = hashlib.sha256()
-    for name, tiles in (("fit", calib.fit), ("select", calib.select), ("report", calib.report)):
-        part = np.ascontiguousarray(tiles)
-        h.update(f"{name}:{part.shape}:{part.dtype};".encode())
-        h.update(memoryview(part).cast("B"))
-    return h.hexdigest()
+def tiles_digest(calib: "CalibrationSet") -> str:
+    """SHA-256 of the set's tiles (each split's name, shape, dtype and pixels), computed
+    once per set: about 0.1 s for 1024 tiles of 224 x 224."""
+    if calib.derived.tiles_digest is None:
+        h = hashlib.sha256()
+        for name, tiles in (("fit", calib.fit), ("select", calib.select), ("report", calib.report)):
+            part = np.ascontiguousarray(tiles)
+            h.update(f"{name}:{part.shape}:{part.dtype};".encode())
+            h.update(memoryview(part).cast("B"))
+        calib.derived.tiles_digest = h.hexdigest()
+    return calib.derived.tiles_digest
 
 
 def _plain(value: Any) -> Any:
@@ -147,7 +151,7 @@ def teacher_cache(teacher: "Backbone", calib: "CalibrationSet") -> TeacherCache:
     store, key = calib.derived.teacher_caches, id(teacher.model)
     if key not in store:
         directory = cache_directory(calib)
-        base = {"teacher": teacher_identity(teacher), "tiles": _tiles_digest(calib) if directory is not None else None}
+        base = {"teacher": teacher_identity(teacher), "tiles": tiles_digest(calib) if directory is not None else None}
         store[key] = TeacherCache(directory, base)
     return store[key]
 

@@ -164,10 +164,13 @@ def fp32_matmul_in_effect(device: object) -> dict[str, str]:
     switches on CUDA GPUs that have TF32 units (compute capability 8.0 and later), ``ieee``
     elsewhere (CPUs, ROCm, older GPUs), whatever the switches say. Part of every cached
     value's key (:func:`pathtwt.compress.teacher_cache.teacher_identity`)."""
+    return _tf32_switches() if _has_tf32(device) else {"matmul": "ieee", "conv": "ieee"}
+
+
+def _has_tf32(device: object) -> bool:
+    """Whether ``device`` is a CUDA GPU with TF32 units (compute capability 8.0 and later)."""
     capability = _cuda_capability(device) if str(device).startswith("cuda") else None
-    if capability is None or capability < NATIVE_BF16_CAPABILITY:
-        return {"matmul": "ieee", "conv": "ieee"}
-    return _tf32_switches()
+    return capability is not None and capability >= NATIVE_BF16_CAPABILITY
 
 
 def pin_fp32_matmul(mode: str) -> None:
@@ -189,8 +192,7 @@ def choose_fp32_matmul(device: object) -> str:
     has changed between releases; a mode pinned by :func:`pin_fp32_matmul` wins."""
     if _pinned_fp32_matmul is not None:
         return _pinned_fp32_matmul
-    capability = _cuda_capability(device) if str(device).startswith("cuda") else None
-    if capability is None or capability < NATIVE_BF16_CAPABILITY:
+    if not _has_tf32(device):
         return "ieee"
     _set_fp32_matmul("tf32")
     log.info("fp32 matrix multiplies on %s use TF32", device)

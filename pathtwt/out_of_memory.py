@@ -2,11 +2,15 @@
 
 torch raises ``torch.cuda.OutOfMemoryError`` (ROCm builds too, as "HIP out of memory") with
 a multi-line message about the caching allocator; what a user needs is the option that
-brings the job's memory down, which depends on the command."""
+brings the job's memory down, which depends on the command. The command line's handler
+(:func:`out_of_memory_line`) and the passes around distillation's steps
+(:func:`pathtwt.compress.side_passes.named_out_of_memory`) both say it from here."""
 
 from __future__ import annotations
 
 import sys
+
+from pathtwt.errors import first_line
 
 # command -> what to lower; the commands absent here get the generic advice
 ADVICE = {
@@ -34,9 +38,13 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("CUDA out of memory", "HIP out of memory"))
 
 
+def failed_allocation(exc: BaseException, limit: int) -> str:
+    """What an out-of-memory ``exc`` says failed, in at most ``limit`` characters: the first
+    line of torch's message without its account of the memory in use."""
+    # torch's first line: "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of ..."
+    return first_line(exc).split(". Including")[0].split(" Of the allocated")[0][:limit].rstrip(". ")
+
+
 def out_of_memory_line(command: str, exc: BaseException) -> str:
     """The one line printed for an out-of-memory ``exc`` of ``command``."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    # torch's first line: "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of ..."
-    what = first.split(". Including")[0].split(" Of the allocated")[0][:200].rstrip(". ")
-    return f"the GPU ran out of memory ({what}); {ADVICE.get(command, GENERIC)}"
+    return f"the GPU ran out of memory ({failed_allocation(exc, 200)}); {ADVICE.get(command, GENERIC)}"
