@@ -34,8 +34,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
     oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
     if oom is not None and isinstance(exc, oom):
         return True
-    # torch before 1.13, and allocation failures re-raised as plain RuntimeErrors
-    return isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("CUDA out of memory", "HIP out of memory"))
+    # torch before 1.13, allocation failures re-raised as plain RuntimeErrors, and a GPU
+    # library's (nvImageCodec, nvJPEG) that reports CUDA's own error in its words
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
 def failed_allocation(exc: BaseException, limit: int) -> str:

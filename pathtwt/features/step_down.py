@@ -14,17 +14,9 @@ from __future__ import annotations
 import sys
 from typing import Callable, TypeVar
 
+from pathtwt.out_of_memory import is_out_of_memory
+
 T = TypeVar("T")
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """A device allocation failure: torch's (CUDA, ROCm), or a GPU library's that reports
-    CUDA's own error as a RuntimeError."""
-    import torch
-
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
 class StepDown:
