@@ -59,11 +59,14 @@ def _coords(path, slide, side: int):
 
 def test_the_gpu_path_reads_nothing_back_and_its_operations_do_not_grow_with_native_tiles(tmp_path, shared_slides,
                                                                                           monkeypatch):
+    released = []
+
     def stub(device):  # a decoder that decodes nothing: views of one meta tensor, as nvImageCodec's are wrapped
         def decode(streams):
             return list(torch.empty((len(streams), CMU_TILE, CMU_TILE, 3), dtype=torch.uint8, device=device).unbind(0))
 
-        return gpu_decoders.BatchDecoder("stub", decode, is_host=True)  # nothing to check its pixels against
+        # nothing to check its pixels against; what it keeps for a job's streams is dropped when the job ends
+        return gpu_decoders.BatchDecoder("stub", decode, is_host=True, release=released.append)
 
     monkeypatch.setitem(gpu_decoders.GPU_DECODERS, "stub", gpu_decoders.Entry(lambda: True, stub, False))
     backbone, slide = _meta_backbone(), shared_slides / CMU
@@ -79,5 +82,7 @@ def test_the_gpu_path_reads_nothing_back_and_its_operations_do_not_grow_with_nat
             counts.append(counted.count)
         per_batch[side] = (counts[2] - counts[1]) / 4
         natives[side] = h5io.read_features(tmp_path / f"f{side}-0.h5")[2]["natives_decoded_device"] / 2
+    assert released == [False] * 6  # once per job, its buffers only (nothing ran out of memory)
     assert natives[600] >= 2 * natives[300]
     assert max(per_batch.values()) <= 64 and per_batch[600] == per_batch[300], (per_batch, natives)
+    print("operations per batch", per_batch)

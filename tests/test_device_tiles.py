@@ -2,7 +2,11 @@
 streams of the native tiles under a batch and a cut plan; the embedding process decodes
 them (the host decoder standing in for nvImageCodec), cuts every tile with one gather and
 shrinks it. The tiles equal the CPU path's, and every fault is one log line or one slide's
-failure, never a crash."""
+failure, never a crash.
+
+Every test runs as the device path runs in a job on an H100 or H200: under inference mode
+and the job's own precision context, bf16 autocast (``AutoPrecision.job_context``), which
+CPU autocast applies to the same operations (matmul among them) as CUDA's."""
 
 from __future__ import annotations
 
@@ -28,6 +32,17 @@ from pathtwt.wsi.jpeg_streams import ADOBE_RGB, StreamHeader, pack_streams, spli
 from pathtwt.wsi.native_tiles import decode_native_tiles
 
 CMU = "CMU-1-Small-Region.svs"
+
+
+@pytest.fixture(autouse=True)
+def job_precision():
+    """The context EmbedJob runs a bf16 job's batches in (loop.py), with a stand-in model."""
+    from pathtwt.models.bf16_guard import AutoPrecision
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    with torch.inference_mode(), AutoPrecision(bf16=True, note="kept").job_context("cpu", model):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        yield
 
 
 def _max_diff(a, b) -> int:
@@ -243,8 +258,11 @@ def test_a_stream_the_gpu_decoder_refuses_is_decoded_on_the_host_with_one_line(b
     xy = np.array([(x, 0) for x in range(0, 1400, 224)])
     messages, ring = _messages(bach_tiff, xy, 224, 224, batch=3)
 
-    def refusing(streams):  # a GPU decoder that refuses every other stream
-        return [None if k % 2 else torch.from_numpy(fancy(s)) for k, s in enumerate(streams)]
+    shipped = [bytes(s) for m in messages for s in _streams(m, ring)]
+    bad = set(shipped[1::2])
+
+    def refusing(streams):  # a GPU decoder that refuses every other stream shipped, alone or not
+        return [None if bytes(s) in bad else torch.from_numpy(fancy(s)) for s in streams]
 
     made = DeviceTiles(ring, "cpu", 224, decoder=BatchDecoder("refusing", refusing))
     with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
@@ -257,6 +275,11 @@ def test_a_stream_the_gpu_decoder_refuses_is_decoded_on_the_host_with_one_line(b
     assert "refused" in made.records[0].fallback()
     lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(lines) == 1 and "\n" not in lines[0]
+
+
+def _streams(msg, ring) -> list:
+    slot = ring.slot(msg.slot)
+    return [slot[o:o + n] for o, n in zip(msg.offsets.tolist(), msg.lengths.tolist())]
 
 
 def test_a_native_tile_no_decoder_reads_fails_its_slide(bach_tiff, tmp_path):
@@ -420,19 +443,198 @@ def test_what_a_slide_records_of_where_its_tiles_were_decoded():
 def test_a_decoders_batch_is_viewed_whole_and_anything_else_is_stacked():
     """The rows of one tensor, in order (how gpu_decoders hands back a batch), become that
     tensor again without a copy, under inference mode too (which keeps no ``_base``); rows
-    out of order, a row of another tensor, or rows of a larger tensor are stacked. The
-    pixels are the same either way."""
-    from pathtwt.features.device_tiles import _as_block
+    out of order, a row of another tensor, or rows of a larger tensor are not one block,
+    and are stacked into the caller's rows. The pixels are the same either way."""
+    from pathtwt.features.gpu_decoders import as_block, place
 
     def same_storage(a, b):
         return a.untyped_storage()._cdata == b.untyped_storage()._cdata
 
-    with torch.inference_mode():
-        batch = torch.arange(4 * 2 * 2 * 3, dtype=torch.int64).to(torch.uint8).view(4, 2, 2, 3)
-        rows = list(batch.unbind(0))
-        whole = _as_block(rows)
-        assert same_storage(whole, batch) and torch.equal(whole, batch)
-        other = torch.zeros(2, 2, 3, dtype=torch.uint8)
-        for tiles in (rows[::-1], [*rows[:3], other], list(batch[:3].unbind(0))):
-            block = _as_block(tiles)
-            assert not same_storage(block, batch) and torch.equal(block, torch.stack(tiles))
+    batch = torch.arange(4 * 2 * 2 * 3, dtype=torch.int64).to(torch.uint8).view(4, 2, 2, 3)
+    rows = list(batch.unbind(0))
+    whole = as_block(rows)
+    assert same_storage(whole, batch) and torch.equal(whole, batch)
+    other = torch.zeros(2, 2, 3, dtype=torch.uint8)
+    for tiles in (rows[::-1], [*rows[:3], other], list(batch[:3].unbind(0))):
+        assert as_block(tiles) is None
+        out = torch.empty((len(tiles), 2, 2, 3), dtype=torch.uint8)
+        assert place(tiles, out) == [True] * len(tiles) and torch.equal(out, torch.stack(tiles))
+    # a tile of another shape is handed back to be fitted, a missing one stays None
+    out = torch.zeros((3, 2, 2, 3), dtype=torch.uint8)
+    odd = torch.ones((1, 2, 3), dtype=torch.uint8)
+    placed = place([rows[0], odd, None], out)
+    assert placed[0] is True and placed[1] is odd and placed[2] is None and torch.equal(out[0], rows[0])
+
+
+# ---- the third reading: precision, memory, parts -------------------------------------
+
+def test_tiles_are_cut_and_shrunk_in_fp32_inside_the_jobs_bf16_autocast(bach_tiff):
+    """A bf16 job (an H100's or H200's) makes its tiles inside its autocast: the batch's
+    pixels are those made outside autocast, and the CPU reader's (cv2) within the resize
+    bound, at a fractional and a whole factor. Under autocast the resize's matmuls would
+    run in bf16 and move pixels by up to 2 grey levels."""
+    from pathtwt.wsi.slides import open_slide
+
+    assert torch.is_autocast_enabled("cpu")  # the job's context (the fixture)
+    for side, limit in ((267, 1), (448, 0)):
+        xy = np.array([(x, y) for y in (0, side) for x in range(0, 2800 - side, side)])[:12]
+        messages, ring = _messages(bach_tiff, xy, side, 224, batch=12)
+        made = DeviceTiles(ring, "cpu", 224, decoder=_standin(_host_tiles))
+        inside = torch.cat([made.batch(m).tiles() for m in messages])
+        with torch.autocast("cpu", enabled=False):
+            plain = DeviceTiles(ring, "cpu", 224, decoder=_standin(_host_tiles))
+            outside = torch.cat([plain.batch(m).tiles() for m in messages])
+        assert torch.equal(inside, outside), (side, int((inside != outside).sum()))
+        with open_slide(bach_tiff) as slide:
+            assert _max_diff(inside, slide.read_tiles(xy, side, 0, 224)) <= limit, side
+
+
+def test_the_fp32_context_turns_tf32_off_for_the_pixels_only():
+    from pathtwt.models.precision import exact_fp32
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True  # an Ampere-or-later job's choice for its forward passes
+    try:
+        with exact_fp32("cuda"):
+            assert torch.backends.cuda.matmul.allow_tf32 is False
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+        with exact_fp32("cpu"):
+            assert not torch.is_autocast_enabled("cpu")
+            assert torch.backends.cuda.matmul.allow_tf32 is True  # a CPU's matmuls have no TF32
+        assert torch.is_autocast_enabled("cpu")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+class LiveTiles:
+    """A GPU decoder stand-in that counts the bytes of its decoded tiles still alive (a
+    call's tiles are one array, alive until its last row is dropped). With ``cap`` (bytes)
+    it gives no image, as nvImageCodec does for an Image it cannot allocate, for the
+    streams beyond what fits; a stream in ``bad`` it never decodes."""
+
+    def __init__(self, cap: int | None = None, bad=()) -> None:
+        self.cap, self.bad = cap, set(bad)
+        self.live = self.peak = 0
+        self.calls: list[int] = []
+
+    def _freed(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __call__(self, streams):
+        import weakref
+
+        self.calls.append(len(streams))
+        good = [k for k, s in enumerate(streams) if bytes(s) not in self.bad]
+        if self.cap is not None and good:
+            good = good[:max(0, (self.cap - self.live) // fancy(streams[good[0]]).nbytes)]
+        if not good:
+            return [None] * len(streams)
+        block = np.stack([fancy(streams[k]) for k in good])
+        self.live += block.nbytes
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(block, self._freed, block.nbytes)
+        rows = dict(zip(good, torch.from_numpy(block).unbind(0)))
+        return [rows.get(k) for k in range(len(streams))]
+
+
+def test_decoding_in_parts_lowers_the_peak_of_decoded_tiles(bach_tiff):
+    """Each part of a batch is decoded into the stack and freed before the next: k parts
+    hold at most 1/k of the batch's decoded tiles beside the stack."""
+    xy = np.array([(x, y) for y in (0, 224, 448) for x in range(0, 1400, 224)])
+    messages, ring = _messages(bach_tiff, xy, 224, 224, batch=len(xy))
+    (msg,) = messages
+    fresh = len(msg.fresh)
+    tile = 256 * 256 * 3
+    peaks, batches = {}, {}
+    for k in (1, 2, 4):
+        decoder = LiveTiles()
+        made = DeviceTiles(ring, "cpu", 224, decoder=_standin(decoder))
+        made.steps.size = None if k == 1 else -(-fresh // k)
+        batches[k] = made.batch(msg).tiles()
+        peaks[k] = decoder.peak
+        assert decoder.live == 0 and len(decoder.calls) == k
+    assert peaks[1] == fresh * tile, peaks
+    for k in (2, 4):
+        assert peaks[k] <= -(-fresh // k) * tile, peaks
+        assert torch.equal(batches[k], batches[1])
+
+
+def test_a_decoder_that_gives_no_image_for_lack_of_memory_steps_down_and_refused_streams_go_to_the_host(
+        bach_tiff, caplog, capsys):
+    """A GPU that holds 4 decoded tiles: the decoder gives no image for the rest of a batch
+    (as nvImageCodec does when it cannot allocate). Those are decoded again in smaller
+    calls, on the device, and the job steps down, saying it ran out of memory. A stream it gives no image for even alone
+    is refused: decoded on the host, counted, said once."""
+    from pathtwt.wsi.slides import open_slide
+
+    xy = np.array([(x, y) for y in (0, 224) for x in range(0, 1400, 224)])
+    messages, ring = _messages(bach_tiff, xy, 224, 224, batch=len(xy))
+    (msg,) = messages
+    streams = _streams(msg, ring)
+    capped = LiveTiles(cap=4 * 256 * 256 * 3, bad=[bytes(streams[5])])
+    made = DeviceTiles(ring, "cpu", 224, decoder=_standin(capped))
+    with caplog.at_level(logging.WARNING, logger="pathtwt.features.device_tiles"):
+        tiles = made.batch(msg).tiles()
+    with open_slide(bach_tiff) as slide:
+        assert _max_diff(tiles, slide.read_tiles(xy, 224, 0, 224)) == 0
+    record = made.records[0]
+    assert (record.device, record.refused, record.host) == (len(streams) - 1, 1, 1)
+    assert capped.calls[0] == len(streams) and max(capped.calls[1:]) <= len(streams) // 2
+    assert made.steps.size == len(streams) // 2  # the parts halved
+    made.steps.say()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "ran out of memory decoding a batch of JPEG streams (the GPU decoder gave no image for" in line
+    (refused,) = _warnings(caplog, "refused")
+    assert "even when given it alone" in refused and "not for lack of memory" in refused
+
+
+def test_a_step_down_gives_back_what_the_decoder_keeps(bach_tiff):
+    """Out of memory in decoding: the decoder drops the buffers it keeps and trims its
+    memory pool (release with trim) before the smaller parts run."""
+    xy = np.array([(x, 0) for x in range(0, 1400, 224)])
+    messages, ring = _messages(bach_tiff, xy, 224, 224, batch=len(xy))
+    events = []
+
+    def small(streams):
+        events.append(len(streams))
+        if len(streams) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 MiB")
+        return _host_tiles(streams)
+
+    made = DeviceTiles(ring, "cpu", 224, decoder=_standin(small, release=lambda trim: events.append(("release", trim))))
+    made.batch(messages[0])
+    assert events[:2] == [len(messages[0].fresh), ("release", True)] and made.steps.size <= 2
+    made.close()  # the job ends
+    assert events[-1] == ("release", False)
+
+
+def test_refused_streams_cross_to_the_device_in_one_copy_per_batch(bach_tiff):
+    """On PyTorch's meta device (nothing computed): a batch whose decoder refuses several
+    streams copies host memory to the device twice, its index arrays and its host-decoded
+    tiles, however many were refused."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class HostCopies(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func._overloadpacket in (torch.ops.aten.to, torch.ops.aten._to_copy) and \
+                    args[0].device.type == "cpu" and str(kwargs.get("device")) == "meta":
+                HostCopies.count += 1
+            return func(*args, **kwargs)
+
+    xy = np.array([(x, 0) for x in range(0, 1400, 224)])
+    messages, ring = _messages(bach_tiff, xy, 224, 224, batch=len(xy))
+    (msg,) = messages
+    bad = {bytes(s) for s in _streams(msg, ring)[1::2]}
+    assert len(bad) >= 3
+
+    def refusing(streams):
+        return [None if bytes(s) in bad else torch.empty((256, 256, 3), dtype=torch.uint8, device="meta")
+                for s in streams]
+
+    made = DeviceTiles(ring, "meta", 224, decoder=BatchDecoder("refusing", refusing, is_host=True))
+    with HostCopies():
+        made.batch(msg)
+    assert made.records[0].refused == len(bad) and HostCopies.count == 2

@@ -106,6 +106,12 @@ def test_the_whole_decoder_runs_on_the_real_librarys_cpu_backend(nvimgcodec, str
         reference = jpeg_reference.fancy(s)
         assert a.dtype == torch.uint8 and a.shape == reference.shape
         assert np.array_equal(a.numpy(), reference) and np.array_equal(b.numpy(), reference)
+    # decoded straight into the caller's rows (the batch's stack): libjpeg's pixels there too
+    rows = torch.zeros((len(streams["svs"]), 240, 240, 3), dtype=torch.uint8)
+    assert decoder.into(streams["svs"], rows) == [True] * len(streams["svs"])
+    assert all(np.array_equal(r.numpy(), jpeg_reference.fancy(s)) for r, s in zip(rows, streams["svs"]))
+    decoder.release()  # a job ends: the Images kept for its streams go
+    assert decoder._decode.pools == {}
     # without the option its CPU backend upsamples plainly: the option is what reaches it
     plain = _cpu_nvimgcodec_with(nvimgcodec, ":fancy_upsampling=0")
     assert plain.reference is jpeg_reference.plain
@@ -113,7 +119,7 @@ def test_the_whole_decoder_runs_on_the_real_librarys_cpu_backend(nvimgcodec, str
 
 
 def decoder_pool(decoder: BatchDecoder) -> list:
-    return decoder._decode.pool
+    return decoder._decode.pools[0]  # a CPU's one "stream"
 
 
 def _cpu_nvimgcodec_with(nvimgcodec, options):
@@ -236,9 +242,32 @@ def test_torchvision_decode_jpeg_binds_and_its_deprecation_is_filtered(streams):
 def test_the_extras_pin_the_series_the_calls_are_checked_against():
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     pin = gpu_decoders.NVIMGCODEC_PIN
-    assert extras["gpu"] == [f"nvidia-nvimgcodec-cu13[nvjpeg]{pin}"]  # CUDA 13, with its GPU backend
-    assert extras["gpu-cu12"] == [f"nvidia-nvimgcodec-cu12[nvjpeg]{pin}"]
+    assert extras["gpu"][0] == f"nvidia-nvimgcodec-cu13[nvjpeg]{pin}"  # CUDA 13, with its GPU backend
+    assert extras["gpu-cu12"][0] == f"nvidia-nvimgcodec-cu12[nvjpeg]{pin}"
     assert f"nvidia-nvimgcodec-cu13{pin}" in extras["test"]  # the binding tests' wheel, without nvJPEG
+
+
+def test_one_nvjpeg_build_across_the_extras_the_workflow_envs_and_the_smoke_run():
+    """nvImageCodec's nvjpeg extra names nvJPEG without a version, which would resolve to
+    the newest build: each extra pins the nvJPEG its CUDA environment carries, and the
+    smoke run carries the CUDA 13 extra's (its lock), so every install decodes alike."""
+    import json
+
+    import yaml
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra, env, name in (("gpu", "pathtwt", "nvidia-nvjpeg"), ("gpu-cu12", "pathtwt-cu12", "nvidia-nvjpeg-cu12")):
+        (pin,) = [Requirement(r) for r in extras[extra] if Requirement(r).name == name]
+        (exact,) = pin.specifier
+        assert exact.operator == "==", pin  # one build, not a range
+        pip = next(d["pip"] for d in yaml.safe_load((REPO / "workflow" / "envs" / f"{env}.yaml").read_text())
+                   ["dependencies"] if isinstance(d, dict))
+        carried = [p.split("==", 1)[1] for p in pip if p.split("==", 1)[0] == name]
+        assert carried == [exact.version], (env, carried, str(pin))
+        if extra == "gpu":
+            lock = json.loads((REPO / "benchmarks" / "gpu_smoke_wheels.json").read_text())["wheels"]
+            assert [w["version"] for w in lock if w["name"] == name] == [exact.version]
 
 
 def test_a_torchvision_too_old_for_a_list_of_streams_is_one_line(monkeypatch):
@@ -299,6 +328,96 @@ def test_the_memory_pool_keeps_its_memory_through_the_runtime_torch_loaded():
 
     assert cuda_runtime.keep_pool_memory(3, Runtime()) == 0
     assert calls == [("pool", 3), ("set", 0x1234, 4, 2**64 - 1)]
+
+
+def test_the_memory_pool_is_trimmed_through_the_runtime_torch_loaded():
+    """After an out-of-memory error the decoder's pool gives back what it keeps: the
+    runtime's cudaMemPoolTrimTo, with the pool of the job's device and 0 bytes to keep (a
+    size_t); a failure is cleared and costs only memory."""
+    import ctypes
+
+    from pathtwt.features import cuda_runtime
+
+    if torch.version.cuda is None:
+        pytest.skip("a CPU build of torch loads no CUDA runtime")
+    loaded = ctypes.CDLL(cuda_runtime.loaded_runtime(), mode=os.RTLD_NOLOAD)
+    assert loaded.cudaMemPoolTrimTo  # AttributeError if absent
+    calls = []
+
+    class Runtime:
+        def __init__(self, status):
+            self.status = status
+
+        def cudaDeviceGetDefaultMemPool(self, pool, device):
+            ctypes.cast(pool, ctypes.POINTER(ctypes.c_void_p))[0] = 0x1234
+            calls.append(("pool", device))
+            return 0
+
+        def cudaMemPoolTrimTo(self, pool, keep):
+            assert isinstance(keep, ctypes.c_size_t)
+            calls.append(("trim", pool.value, keep.value))
+            return self.status
+
+        def cudaGetLastError(self):
+            calls.append("cleared")
+            return self.status
+
+    assert cuda_runtime.trim_pool(1, Runtime(0)) == 0
+    assert calls == [("pool", 1), ("trim", 0x1234, 0)]
+    calls.clear()
+    assert cuda_runtime.trim_pool(1, Runtime(2)) == 2 and calls[-1] == "cleared"
+
+
+def test_nvimgcodec_images_are_reused_only_on_the_stream_they_were_made_on(monkeypatch):
+    """nvImageCodec's DeviceBuffer::resize synchronises the stream a reused Image was made
+    on when a call runs on another (src/imgproc/device_buffer.cpp): Images are kept per
+    stream, never from torch's default stream (the forward passes'), and dropped when a job
+    ends; a step down also gives the device pool's memory back, after synchronising."""
+    from pathtwt.features import cuda_runtime
+
+    class Stream:
+        def __init__(self, handle):
+            self.cuda_stream = handle
+
+        def __eq__(self, other):
+            return self.cuda_stream == other.cuda_stream
+
+    current = [Stream(0)]
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[0])
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: Stream(0))
+    monkeypatch.setattr(gpu_decoders, "_tensor", lambda image, device: torch.zeros((2, 2, 3), dtype=torch.uint8))
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+    monkeypatch.setattr(cuda_runtime, "trim_pool", lambda index, runtime=None: events.append(("trim", index)) or 0)
+    seen = []
+
+    class Library:
+        CodeStream = staticmethod(lambda data: data)
+
+    class Decoder:
+        def decode(self, sources, images=None, params=None, cuda_stream=0):
+            seen.append((cuda_stream, None if images is None else [id(i) for i in images]))
+            return [object() for _ in sources]
+
+    batches = gpu_decoders._NvImageCodecBatches(Library, Decoder(), None, torch.device("cuda", 1))
+    out = torch.empty((2, 2, 2, 3), dtype=torch.uint8)
+    batches.into([b"a", b"b"], out)  # the default stream (the decoder's check): nothing kept
+    assert seen[-1] == (0, None) and batches.pools == {}
+    current[0] = Stream(7)
+    batches.into([b"a", b"b"], out)
+    kept = [id(i) for i in batches.pools[7]]
+    batches.into([b"a", b"b"], out)
+    assert seen[-1] == (7, kept)  # reused on the stream it was made on
+    current[0] = Stream(9)
+    batches.into([b"a", b"b"], out)
+    assert seen[-1] == (9, None) and set(batches.pools) == {7, 9}  # never another stream's
+    current[0] = Stream(0)
+    batches.into([b"a"], out[:1])
+    assert seen[-1] == (0, None)
+    batches.release(False)  # a job ends
+    assert batches.pools == {} and events == []
+    batches.release(True)  # a step down
+    assert events == ["sync", ("trim", 1)]
 
 
 def test_a_failed_pin_clears_the_cuda_error_or_stops_in_one_line(monkeypatch, caplog, tmp_path):

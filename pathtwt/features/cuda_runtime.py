@@ -1,6 +1,6 @@
 """The CUDA runtime library torch calls (``libcudart``), for what ``torch.cuda.cudart()``
 has no binding for: clearing its last error, and keeping a device's stream-ordered memory
-pool's memory across batches.
+pool's memory across batches (and giving it back after the GPU ran out of memory).
 
 A runtime call that fails (``cudaHostRegister`` of the tile ring, say) leaves its error
 as the runtime's last error for the calling thread; the next kernel launch that checks
@@ -19,6 +19,7 @@ import ctypes
 import os
 import re
 from pathlib import Path
+from typing import Callable
 
 from pathtwt.errors import PathtwtError
 
@@ -58,22 +59,45 @@ def clear_last_error(context: str) -> int:
     return int(runtime.cudaGetLastError())
 
 
-def keep_pool_memory(device_index: int, runtime: object = None) -> int:
-    """Make ``device_index``'s default stream-ordered memory pool (the one ``cudaMallocAsync``
-    takes from: nvImageCodec's decoder allocates there) keep what it has freed. Its release
-    threshold is 0 by default, so at every synchronisation (the loop waits for each batch's
-    outputs) it would give its memory back and map it again for the next batch. Returns the
-    runtime's status (0: done); a failure is cleared and costs only speed. ``runtime``: a
-    stand-in for the tests."""
+def _runtime(runtime: object) -> object | None:
+    """``runtime`` (a stand-in, for the tests), else the runtime torch loaded (None: not a
+    loaded library here)."""
+    if runtime is not None:
+        return runtime
+    path = loaded_runtime()
+    return None if path is None else ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
+
+
+def _on_default_pool(device_index: int, runtime: object, call: Callable[[object, ctypes.c_void_p], int]) -> int:
+    """``call(runtime, pool)`` on ``device_index``'s default stream-ordered memory pool (the
+    one ``cudaMallocAsync`` takes from: nvImageCodec's decoder allocates there); the
+    runtime's status (0: done; -1: no runtime here). A failure is cleared: it costs only
+    memory or speed, and would otherwise fail the next kernel launch."""
+    runtime = _runtime(runtime)
     if runtime is None:
-        path = loaded_runtime()
-        if path is None:
-            return -1
-        runtime = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
+        return -1
     pool = ctypes.c_void_p()
     status = int(runtime.cudaDeviceGetDefaultMemPool(ctypes.byref(pool), int(device_index)))
     if status == 0:
-        status = int(runtime.cudaMemPoolSetAttribute(pool, RELEASE_THRESHOLD, ctypes.byref(KEEP_ALL)))
+        status = int(call(runtime, pool))
     if status != 0:
-        runtime.cudaGetLastError()  # the failed call's error would otherwise fail the next launch
+        runtime.cudaGetLastError()
     return status
+
+
+def keep_pool_memory(device_index: int, runtime: object = None) -> int:
+    """Make ``device_index``'s default memory pool keep what it has freed. Its release
+    threshold is 0 by default, so at every synchronisation (the loop waits for each batch's
+    outputs) it would give its memory back and map it again for the next batch. What it
+    keeps is given back by :func:`trim_pool` when the GPU runs out of memory."""
+    return _on_default_pool(device_index, runtime, lambda rt, pool: rt.cudaMemPoolSetAttribute(
+        pool, RELEASE_THRESHOLD, ctypes.byref(KEEP_ALL)))
+
+
+def trim_pool(device_index: int, runtime: object = None) -> int:
+    """Give back to the device what ``device_index``'s default memory pool holds unused
+    (``cudaMemPoolTrimTo(pool, 0)``): after an out-of-memory error, so the forward pass and
+    torch's allocator can have what the decoder's freed Images held. Memory freed on a
+    stream the host has not yet seen reach that point counts as in use: the caller
+    synchronises first."""
+    return _on_default_pool(device_index, runtime, lambda rt, pool: rt.cudaMemPoolTrimTo(pool, ctypes.c_size_t(0)))

@@ -13,16 +13,19 @@ device from it (pinned memory, without a staging copy).
 What a batch costs the host does not grow with its native tiles: the gathers' index arrays
 (:func:`~pathtwt.wsi.cut_plan.gather_plan`, with the stack's order folded into its lookup
 table) are written into the free end of the batch's ring slot, pinned, and cross in one
-asynchronous copy; the stack is one ``torch.cat`` of the decoder's tiles (viewed whole),
-the band's kept ones and the fill tile. Nothing waits for the device, except the one
-comparison per slide below.
+asynchronous copy; the stack is one tensor, allocated once, that the decoder decodes into
+(one copy of its batch, or of each part of it), then the band's kept tiles and the fill
+tile. Nothing waits for the device, except the one comparison per slide below. Cut and
+shrink run in IEEE fp32 whatever precision the forward passes run in.
 
 Faults, each said once in one line naming the slide, and recorded in the slide's features
 file (:class:`SlideDecode`):
 
-- a stream the GPU decoder refuses is decoded on the host
-  (:func:`~pathtwt.features.jpeg_reference.fancy`, imagecodecs: the libjpeg-turbo
-  OpenSlide and the CPU path use);
+- a stream the GPU decoder gives no image for, even alone, is refused: it is decoded on
+  the host (:func:`~pathtwt.features.jpeg_reference.fancy`, imagecodecs: the libjpeg-turbo
+  OpenSlide and the CPU path use), the batch's such tiles crossing in one copy. Streams it
+  gives none for among several and then decodes in smaller calls ran out of memory
+  (nvImageCodec says so with None, not an error): a step down, said as that;
 - a slide whose first GPU-decoded tile differs from the decoder's own reference
   (``decoder.reference``: the host decoding as the decoder does, e.g. the same chroma
   upsampling) by more than ``decoder.tolerance`` grey levels, a slide of RGB JPEG tiles
@@ -30,7 +33,9 @@ file (:class:`SlideDecode`):
   and a slide whose tiles mix RGB and YCbCr go to the CPU path: the readers send its tiles
   finished from then on, and what is in flight is decoded on the host here;
 - a native tile neither decoder reads fails its slide;
-- running out of GPU memory halves the batch (:mod:`pathtwt.features.step_down`).
+- running out of GPU memory halves the batch (:mod:`pathtwt.features.step_down`); decoding
+  in parts lowers the peak, since each part's decoded tiles are copied into the stack and
+  freed before the next; what is done of a batch is not done again.
 """
 
 from __future__ import annotations
@@ -43,10 +48,11 @@ import numpy as np
 import torch
 
 from pathtwt.features import jpeg_reference
-from pathtwt.features.gpu_decoders import BatchDecoder
+from pathtwt.features.gpu_decoders import BatchDecoder, place
 from pathtwt.features.reading import BatchMessage
 from pathtwt.features.ring import Ring
 from pathtwt.features.step_down import StepDown
+from pathtwt.models.precision import exact_fp32
 from pathtwt.wsi.cut_plan import CutPlan, gather_plan
 
 log = logging.getLogger(__name__)
@@ -111,23 +117,26 @@ def area_resize(batch: torch.Tensor, size: int) -> torch.Tensor:
     cv2's rounding: cv2's pixels on whole factors up to 5; on fractional ones the sums run
     in another order than cv2's, so a pixel on a rounding boundary can differ by one grey
     level), bilinear with half-pixel centres to enlarge (cv2's INTER_LINEAR within one grey
-    level: cv2 uses fixed-point weights)."""
+    level: cv2 uses fixed-point weights). In IEEE fp32 whatever the caller's precision
+    (:class:`~pathtwt.models.precision.exact_fp32`): under the job's bf16 autocast the two
+    products would run in bf16 and move pixels by up to 2 grey levels."""
     import torch.nn.functional as F
 
     n, h, w, _ = batch.shape
     if (h, w) == (size, size):
         return batch
-    x = batch.permute(0, 3, 1, 2).to(torch.float32)  # (N, 3, h, w)
-    if h > size and w > size:
-        wy, wx_t = _cached_weights(h, size, batch.device), _cached_weights(w, size, batch.device).T
-        out = torch.matmul(torch.matmul(wy, x), wx_t)
-        # cv2 rounds a halving's box mean half up ((sum + 2) >> 2, its 2x2 fast path), any
-        # other factor's float mean half to even (cvRound)
-        halving = h == 2 * size and w == 2 * size
-        out = torch.floor(out + 0.5) if halving else torch.round(out)
-    else:
-        out = torch.floor(F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False) + 0.5)
-    return out.clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+    with exact_fp32(batch.device):  # pixels, not model arithmetic: never the job's bf16 autocast, nor TF32
+        x = batch.permute(0, 3, 1, 2).to(torch.float32)  # (N, 3, h, w)
+        if h > size and w > size:
+            wy, wx_t = _cached_weights(h, size, batch.device), _cached_weights(w, size, batch.device).T
+            out = torch.matmul(torch.matmul(wy, x), wx_t)
+            # cv2 rounds a halving's box mean half up ((sum + 2) >> 2, its 2x2 fast path), any
+            # other factor's float mean half to even (cvRound)
+            halving = h == 2 * size and w == 2 * size
+            out = torch.floor(out + 0.5) if halving else torch.round(out)
+        else:
+            out = torch.floor(F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False) + 0.5)
+        return out.clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
 
 
 @dataclass
@@ -186,6 +195,25 @@ class DeviceBatch:
             t.record_stream(stream)
 
 
+@dataclass
+class _Stacking:
+    """One batch's stack of native tiles as it is filled (rows: its fresh streams in the
+    slot's order, the band's kept tiles, the fill tile), kept across the retries after an
+    out-of-memory error so that nothing done is done again or counted twice."""
+
+    streams: list
+    shape: tuple[int, int]
+    rows: int
+    stack: torch.Tensor | None = None
+    done: int = 0  # streams decoded into the stack (on the device, or queued for the host)
+    tail: bool = False  # the kept tiles and the fill tile are in
+    device_rows: list = field(default_factory=list)  # rows the GPU decoder decoded
+    host: list = field(default_factory=list)  # rows to decode on the host, copied in together
+    host_done: int = 0
+    refused: int = 0
+    indices: tuple | None = None  # the cut's axes and lookup table, the rows to keep, on the device
+
+
 class DeviceTiles:
     """Batches of uint8 tiles (N, S, S, 3) on ``device`` from reading-process messages.
 
@@ -207,9 +235,10 @@ class DeviceTiles:
         # each slide's first stream is compared with the decoder's reference, unless the
         # decoder is the host decoder itself (the CPU path's pixels)
         self.check = decoder is not None and not decoder.is_host
+        if decoder is not None:  # a step down gives back what the decoder keeps, and its pool's memory
+            self.steps.releases.append(lambda: decoder.release(trim=True))
         self.records: dict[int, SlideDecode] = {}
         self._bands: dict[int, tuple[np.ndarray, torch.Tensor]] = {}  # band -> (native indices, their tiles)
-        self._fills: dict[tuple[int, int, int], torch.Tensor] = {}
 
     def record(self, slide: int) -> SlideDecode:
         rec = self.records.get(slide)
@@ -243,6 +272,13 @@ class DeviceTiles:
         """Drop what a band left on the device (its slide failed)."""
         self._bands.pop(band, None)
 
+    def close(self) -> None:
+        """The job ended: the buffers its decoder keeps for the job's streams are dropped
+        (the next job decodes on streams of its own)."""
+        self._bands.clear()
+        if self.decoder is not None:
+            self.decoder.release()
+
     # -- the GPU path ----------------------------------------------------------------------
     def _from_bytes(self, msg: BatchMessage) -> DeviceBatch:
         plan: CutPlan = msg.plan
@@ -251,13 +287,27 @@ class DeviceTiles:
             raise RuntimeError(f"band {msg.band}: the native tiles kept on the device do not match the reader's")
         rec = self.record(msg.slide)
         self._colours(msg, rec)
-        stack = self._stack(msg, rec, kept)
+        slot = self.ring.slot(msg.slot)
+        streams = [slot[o:o + n] for o, n in zip(msg.offsets.tolist(), msg.lengths.tolist())]
+        batch = _Stacking(streams, (plan.grid.tile_height, plan.grid.tile_width), len(streams) + len(kept_natives) + 1)
+
+        def build() -> torch.Tensor | None:  # every device step of the batch, resumed after a step down
+            self._stack(msg, rec, kept, batch)
+            if batch.indices is None:
+                batch.indices = self._indices(msg, kept_natives)
+            keep = batch.indices[2]
+            return batch.stack.index_select(0, keep) if len(keep) else None
+
+        kept_next = self.steps.attempt(build, max(len(streams), 1), "decoding a batch of JPEG streams")
+        rec.device += len(batch.device_rows)
+        rec.host += batch.host_done
+        rec.refused += batch.refused
         rec.reused += len(kept_natives)
-        axes, lut, keep = self._indices(msg, kept_natives)
-        if len(keep):
-            self._bands[msg.band] = (np.asarray(msg.keep), stack.index_select(0, keep))
+        if kept_next is not None:
+            self._bands[msg.band] = (np.asarray(msg.keep), kept_next)
         else:
             self._bands.pop(msg.band, None)
+        stack, (axes, lut, _keep) = batch.stack, batch.indices
         n, size = msg.end - msg.start, self.input_size
 
         def make(lo: int, hi: int) -> torch.Tensor:
@@ -266,29 +316,127 @@ class DeviceTiles:
 
         return DeviceBatch(n, make, (stack, axes, lut))
 
-    def _stack(self, msg: BatchMessage, rec: SlideDecode, kept: torch.Tensor | None) -> torch.Tensor:
-        """The batch's native tiles on the device, one ``torch.cat``: the fresh ones in the
-        slot's order (decoded in parts after the GPU ran out of memory), the ones the band
-        kept, the fill tile. What was decoded where is counted once it all fits."""
-        plan = msg.plan
-        shape = (plan.grid.tile_height, plan.grid.tile_width)
-        slot = self.ring.slot(msg.slot)
-        streams = [slot[o:o + n] for o, n in zip(msg.offsets.tolist(), msg.lengths.tolist())]
-        tail = [*(() if kept is None else (kept,)), self._fill(shape, plan.fill).unsqueeze(0)]
-        fresh = len(streams)
+    def _stack(self, msg: BatchMessage, rec: SlideDecode, kept: torch.Tensor | None, batch: _Stacking) -> None:
+        """The batch's native tiles on the device, in one tensor allocated once: the fresh
+        ones in the slot's order, decoded straight into their rows part by part (what the
+        decoder allocated for a part is freed before the next, so parts lower the peak), the
+        ones the band kept, the fill tile; then the rows decoded on the host, in one copy.
+        Resumes where an out-of-memory error stopped it."""
+        if batch.stack is None:
+            batch.stack = torch.empty((batch.rows, *batch.shape, 3), dtype=torch.uint8, device=self.device)
+        fresh = len(batch.streams)
+        while batch.done < fresh:
+            hi = min(batch.done + self.steps.part(fresh), fresh)  # the part after a step down is the smaller one
+            self._decode_part(msg, rec, batch, batch.done, hi)
+            batch.done = hi
+        if not batch.tail:
+            if kept is not None:
+                batch.stack[fresh:fresh + len(kept)].copy_(kept)
+            batch.stack[-1].fill_(int(msg.plan.fill))
+            batch.tail = True
+        self._host_rows(msg, batch)
 
-        def decode_and_stack() -> tuple[torch.Tensor, dict[str, int]]:
-            counts = {"device": 0, "host": 0, "refused": 0}
-            size = self.steps.part(max(fresh, 1))
-            blocks = [_as_block(self._decode(msg, rec, streams[lo:lo + size], shape, counts))
-                      for lo in range(0, fresh, size)]
-            return torch.cat([*blocks, *tail]), counts
+    def _decode_part(self, msg: BatchMessage, rec: SlideDecode, batch: _Stacking, lo: int, hi: int) -> None:
+        """Streams [lo, hi) into their rows of the stack; empty streams (a sparse TIFF's
+        empty tiles) white. A stream the decoder gives no image for, even alone, is decoded
+        on the host (refused); one it gave none for among several and then did in smaller
+        calls ran out of memory: the job's parts are halved, said as that."""
+        present = [k for k in range(lo, hi) if len(batch.streams[k])]
+        for k in range(lo, hi):
+            if not len(batch.streams[k]):
+                batch.stack[k].fill_(255)
+        if not present:
+            return
+        if rec.to_cpu:
+            batch.host.extend(present)
+            return
+        got, recovered = self._decode_rows(batch, present)
+        if recovered:
+            self.steps.halve(len(present), f"decoding a batch of JPEG streams (the GPU decoder gave no image for "
+                                           f"{recovered} of {len(present)} until given fewer at a time)")
+        refused = [k for k, g in zip(present, got) if g is None]
+        for k, g in zip(present, got):
+            if g is not None and g is not True:
+                _fit_into(batch.stack[k], g)  # a stream encoded at another size than the page's tiles
+        batch.device_rows.extend(k for k, g in zip(present, got) if g is not None)
+        batch.host.extend(refused)
+        batch.refused += len(refused)
+        if refused and not rec.said_refused:
+            rec.said_refused = True
+            log.warning("%s: the GPU decoder (%s) refused a JPEG stream: it gave no image for it even when given it "
+                        "alone (not for lack of memory); it and any other it refuses are decoded on the host",
+                        self.slide_name(msg.slide), self.decoder.name)
+        first = next((k for k, g in zip(present, got) if g is not None), None)  # the slide's check: a tile the decoder made
+        if self.check and not rec.checked and first is not None:
+            rec.checked = True
+            self._check(msg, rec, batch.stack[first], batch.streams[first], batch.shape)
+            if rec.to_cpu:  # this batch's tiles too, those decoded so far included
+                batch.host.extend(batch.device_rows)
+                batch.device_rows = []
 
-        stack, counts = self.steps.attempt(decode_and_stack, max(fresh, 1), "decoding a batch of JPEG streams")
-        rec.device += counts["device"]
-        rec.host += counts["host"]
-        rec.refused += counts["refused"]
-        return stack
+    def _decode_rows(self, batch: _Stacking, present: list[int]) -> tuple[list, int]:
+        """The streams of rows ``present`` decoded into those rows: per row True, its tile
+        decoded at another shape, or None (no image, after :meth:`_retried`); and how many
+        came back only in smaller calls."""
+        lo, hi = present[0], present[-1] + 1
+        contiguous = hi - lo == len(present)
+        target = batch.stack[lo:hi] if contiguous else \
+            torch.empty((len(present), *batch.shape, 3), dtype=torch.uint8, device=self.device)
+        streams = [batch.streams[k] for k in present]
+        got = self.decoder.into(streams, target)
+        recovered = self._retried(streams, target, got)
+        if not contiguous:
+            for i, k in enumerate(present):
+                if got[i] is True:
+                    batch.stack[k].copy_(target[i])
+        return got, recovered
+
+    def _retried(self, streams: list, target: torch.Tensor, got: list) -> int:
+        """The streams ``got`` has no image for, decoded again into ``target``: a lone one
+        alone, several in halves, after the device memory nothing holds is given back.
+        nvImageCodec answers an image it cannot allocate (or parse, or decode) with None in
+        its place, not an error (``python/decoder.cpp``, ``Decoder::decode``): out of memory
+        comes first. ``got`` is filled in; returns how many of several missing came back."""
+        missing = [i for i, g in enumerate(got) if g is None]
+        if not missing or len(got) == 1:
+            return 0
+        several = len(missing) > 1
+        if several:
+            self.steps.free()
+        recovered, groups = 0, [missing]
+        while groups:
+            group = groups.pop()
+            for half in (group[:len(group) // 2], group[len(group) // 2:]) if len(group) > 1 else (group,):
+                tiles = self.decoder([streams[i] for i in half])
+                again = [i for i, t in zip(half, tiles) if t is None]
+                for i, t in zip(half, tiles):
+                    if t is not None:
+                        got[i] = place([t], target[i:i + 1])[0]
+                recovered += len(half) - len(again)
+                if again and len(half) > 1:
+                    groups.append(again)
+        return recovered if several else 0
+
+    def _host_rows(self, msg: BatchMessage, batch: _Stacking) -> None:
+        """The batch's rows to decode on the host (refused streams; all of a slide sent to
+        the CPU path) decoded here into one host buffer, pinned on CUDA, that crosses in one
+        non-blocking copy. The buffer may be dropped at once: torch's pinned-memory cache
+        takes a block back only after the copies queued from it are done (a non-blocking
+        copy records an event on it, ``aten/src/ATen/native/cuda/Copy.cu``)."""
+        if not batch.host:
+            return
+        rows = sorted(set(batch.host))
+        host = torch.empty((len(rows), *batch.shape, 3), dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        pixels = host.numpy()
+        for i, k in enumerate(rows):
+            pixels[i] = _fit_np(self._host_decode(msg, batch.streams[k]), batch.shape)
+        tiles = host.to(self.device, non_blocking=True)
+        at = 0
+        for a, b in _runs(rows):
+            batch.stack[a:b].copy_(tiles[at:at + b - a])
+            at += b - a
+        batch.host_done += len(rows)
+        batch.host = []
 
     def _indices(self, msg: BatchMessage, kept_natives: np.ndarray) -> tuple[torch.Tensor, ...]:
         """The cut's ``axes`` and ``lut`` and the stack rows to keep for the band's next
@@ -322,12 +470,6 @@ class DeviceTiles:
         at = -(-end // 64) * 64
         return np.frombuffer(self.ring.slot(msg.slot), np.int32, offset=min(at, self.ring.size.slot_bytes))
 
-    def _fill(self, shape: tuple[int, int], value: int) -> torch.Tensor:
-        key = (*shape, int(value))
-        if key not in self._fills:
-            self._fills[key] = torch.full((*shape, 3), int(value), dtype=torch.uint8, device=self.device)
-        return self._fills[key]
-
     def _colours(self, msg: BatchMessage, rec: SlideDecode) -> None:
         """RGB JPEG tiles (Adobe transform 0) with a decoder that reads them as YCbCr, or
         RGB and YCbCr tiles in one slide (the first-tile check sees one of them): the slide
@@ -360,41 +502,6 @@ class DeviceTiles:
         self.use_tiles(slide)
         log.warning(line)
 
-    def _decode(self, msg: BatchMessage, rec: SlideDecode, streams: list, shape: tuple[int, int],
-                counts: dict[str, int]) -> list[torch.Tensor]:
-        """The native tiles of ``streams`` on the device, at the page's tile shape; empty
-        streams (a sparse TIFF's empty tiles) white. Adds what was decoded where to ``counts``."""
-        out = [self._fill(shape, 255)] * len(streams)
-        present = [k for k, s in enumerate(streams) if len(s)]
-        if not present:
-            return out
-        if rec.to_cpu:
-            host = np.stack([_fit_np(self._host_decode(msg, streams[k]), shape) for k in present])
-            counts["host"] += len(present)
-            for k, tile in zip(present, torch.from_numpy(host).to(self.device).unbind(0)):
-                out[k] = tile
-            return out
-        decoded = self.decoder([streams[k] for k in present])
-        refused = [k for k, tile in zip(present, decoded) if tile is None]
-        for k, tile in zip(present, decoded):
-            if tile is None:
-                tile = torch.from_numpy(self._host_decode(msg, streams[k])).to(self.device)
-            out[k] = tile if tuple(tile.shape[:2]) == shape else _fit(tile, shape)
-        if refused and not rec.said_refused:
-            rec.said_refused = True
-            log.warning("%s: the GPU decoder (%s) refused a JPEG stream; it and any other it refuses are decoded on "
-                        "the host", self.slide_name(msg.slide), self.decoder.name)
-        first = next((k for k in present if k not in refused), None)  # the slide's check: a tile the decoder made
-        if self.check and not rec.checked and first is not None:
-            rec.checked = True
-            self._check(msg, rec, out[first], streams[first], shape)
-            if rec.to_cpu:  # this batch's tiles too
-                return self._decode(msg, rec, streams, shape, counts)
-        counts["device"] += len(present) - len(refused)
-        counts["host"] += len(refused)
-        counts["refused"] += len(refused)
-        return out
-
     def _check(self, msg: BatchMessage, rec: SlideDecode, tile: torch.Tensor, stream: Any,
                shape: tuple[int, int]) -> None:
         """The slide's first GPU-decoded tile against the decoder's reference (the one
@@ -416,23 +523,6 @@ class DeviceTiles:
                                   f"the slide): {' '.join(str(exc).split())}") from None
 
 
-def _as_block(tiles: list[torch.Tensor]) -> torch.Tensor:
-    """``tiles`` (h, w, 3) as one (N, h, w, 3) tensor. A decoder's batch usually comes as
-    the rows of one tensor it owns, in order (gpu_decoders' outputs): those rows are viewed
-    as that tensor again (one view of their storage; their ``_base`` is not kept under
-    inference mode), so the batch is copied once into the stack, not twice, and the host
-    dispatches one operation, not one per native tile. Anything else is stacked."""
-    first = tiles[0] if tiles else None
-    if first is not None and first.is_contiguous():
-        storage, step, at = first.untyped_storage(), first.numel(), first.storage_offset()
-        rows = (first.device, first.dtype, first.shape)
-        if storage.nbytes() == len(tiles) * step * first.element_size() and at == 0 and all(
-                (t.device, t.dtype, t.shape) == rows and t.is_contiguous() and t.storage_offset() == i * step
-                and t.untyped_storage()._cdata == storage._cdata for i, t in enumerate(tiles)):
-            return torch.as_strided(first, (len(tiles), *first.shape), (step, *first.stride()), 0)
-    return torch.stack(tiles)
-
-
 class UndecodableTile(RuntimeError):
     """A native tile that neither the GPU nor the host decoder reads: its slide fails."""
 
@@ -449,5 +539,23 @@ def _fit(tile: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     return out
 
 
+def _fit_into(row: torch.Tensor, tile: torch.Tensor) -> None:
+    """``tile`` written into a stack ``row`` of another shape, as :func:`_fit` pads or crops."""
+    hh, ww = min(int(tile.shape[0]), int(row.shape[0])), min(int(tile.shape[1]), int(row.shape[1]))
+    row.fill_(255)
+    row[:hh, :ww].copy_(tile[:hh, :ww])
+
+
 def _fit_np(tile: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     return _fit(torch.from_numpy(np.ascontiguousarray(tile)), shape).numpy()
+
+
+def _runs(rows: list[int]) -> list[tuple[int, int]]:
+    """Sorted distinct ``rows`` as runs [a, b) of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for k in rows:
+        if runs and runs[-1][1] == k:
+            runs[-1] = (runs[-1][0], k + 1)
+        else:
+            runs.append((k, k + 1))
+    return runs

@@ -90,13 +90,22 @@ class BatchDecoder:
     """``decode(streams) -> list[Tensor | None]`` with the facts the device side uses; what
     a decoder does not state: not the host decoder, libjpeg's fancy upsampling its
     reference, the measured tolerance, RGB JPEGs not decoded as RGB (a GPU decoder's
-    reference and ``decodes_rgb`` are measured when it is made: :func:`_checked`)."""
+    reference and ``decodes_rgb`` are measured when it is made: :func:`_checked`).
+
+    ``into(streams, out)`` decodes straight into the rows of a tensor the caller owns (the
+    batch's stack of native tiles), so what the decoder allocated for a part of a batch is
+    freed, or back in its pool, before the next part: ``into`` (the decoder's own way to,
+    if it has one) otherwise :func:`place` of its tiles. ``release`` drops the buffers it
+    keeps between calls (:meth:`release`)."""
 
     def __init__(self, name: str, decode: Callable[[Sequence[Any]], list], *, is_host: bool = False,
                  reference: jpeg_reference.Reference = jpeg_reference.fancy, tolerance: int = jpeg_reference.TOLERANCE,
-                 decodes_rgb: bool = False) -> None:
+                 decodes_rgb: bool = False, into: Callable[[Sequence[Any], torch.Tensor], list] | None = None,
+                 release: Callable[[bool], None] | None = None) -> None:
         self.name = name
         self._decode = decode
+        self._into = into
+        self._release = release
         self.is_host = is_host
         self.reference = reference
         self.tolerance = int(tolerance)
@@ -104,6 +113,21 @@ class BatchDecoder:
 
     def __call__(self, streams: Sequence[Any]) -> list:
         return self._decode(streams)
+
+    def into(self, streams: Sequence[Any], out: torch.Tensor) -> list:
+        """Decode ``streams`` into the rows of ``out`` (uint8 (len(streams), h, w, 3) on the
+        device): per stream True (its tile is in its row), its tile (decoded at another
+        shape: the caller fits it) or None (no image)."""
+        if self._into is not None:
+            return self._into(streams, out)
+        return place(self._decode(streams), out)
+
+    def release(self, trim: bool = False) -> None:
+        """Drop the buffers kept for the next call (a job ends: the next one decodes on
+        other streams); ``trim``: give the device memory they held back too (the GPU ran
+        out of memory)."""
+        if self._release is not None:
+            self._release(trim)
 
     def __repr__(self) -> str:
         upsampling = "fancy" if self.reference is jpeg_reference.fancy else "plain"
@@ -123,6 +147,47 @@ def _owned(tensors: list) -> list:
     else:
         rows = iter([t.clone() for t in present])
     return [None if t is None else next(rows) for t in tensors]
+
+
+def as_block(tiles: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """``tiles`` (h, w, 3) viewed as one (N, h, w, 3) tensor where they are the rows of one
+    tensor, in order (how a decoder's batch comes: :func:`_owned`, the stand-ins' outputs):
+    one view of their storage (their ``_base`` is not kept under inference mode), so they
+    are copied once and the host dispatches one operation, not one per tile. None for
+    anything else."""
+    first = tiles[0] if len(tiles) else None
+    if first is None or not first.is_contiguous():
+        return None
+    storage, step, at = first.untyped_storage(), first.numel(), first.storage_offset()
+    rows = (first.device, first.dtype, first.shape)
+    if storage.nbytes() == len(tiles) * step * first.element_size() and at == 0 and all(
+            t is not None and (t.device, t.dtype, t.shape) == rows and t.is_contiguous() and t.storage_offset() == i * step
+            and t.untyped_storage()._cdata == storage._cdata for i, t in enumerate(tiles)):
+        return torch.as_strided(first, (len(tiles), *first.shape), (step, *first.stride()), 0)
+    return None
+
+
+def place(tiles: Sequence[torch.Tensor | None], out: torch.Tensor) -> list:
+    """A decoder's ``tiles`` (None: no image) written into the rows of ``out``: per tile
+    True where it is in its row, the tile itself where its shape is not the rows' (the
+    caller fits it), None. A batch of one shape is one copy (one operation when the tiles
+    are views of one tensor)."""
+    shape = tuple(out.shape[1:])
+    if len(tiles) and all(t is not None and tuple(t.shape) == shape for t in tiles):
+        block = as_block(tiles)
+        if block is not None:
+            out.copy_(block)
+        else:
+            torch.stack(list(tiles), out=out)
+        return [True] * len(tiles)
+    placed: list = []
+    for k, t in enumerate(tiles):
+        if t is not None and tuple(t.shape) == shape:
+            out[k].copy_(t)
+            placed.append(True)
+        else:
+            placed.append(t)
+    return placed
 
 
 def _nvimgcodec(device: torch.device, *, device_id: int | None = None, backends: list | None = None) -> BatchDecoder:
@@ -152,28 +217,78 @@ def _nvimgcodec(device: torch.device, *, device_id: int | None = None, backends:
         if keep_pool_memory(device_id) != 0:
             log.info("nvImageCodec: the device's memory pool could not be told to keep its memory; it may give "
                      "it back and map it again each batch")
-    decode = _NvImageCodecBatches(nvimgcodec, decoder, params, device)
-    return _checked(BatchDecoder("nvimgcodec", decode), device, f"nvImageCodec {version}",
-                    nvimgcodec_install(nvimgcodec), _no_gpu_backend(nvimgcodec, device))
+    batches = _NvImageCodecBatches(nvimgcodec, decoder, params, device)
+    return _checked(BatchDecoder("nvimgcodec", batches, into=batches.into, release=batches.release), device,
+                    f"nvImageCodec {version}", nvimgcodec_install(nvimgcodec), _no_gpu_backend(nvimgcodec, device))
 
 
 class _NvImageCodecBatches:
-    """nvImageCodec's ``decode`` of a batch on the caller's stream (the images are written,
-    and their buffers reused, in its order), the Images of the last full batch decoded
-    into again (``pool``): no allocation per tile per batch."""
+    """nvImageCodec's ``decode`` of a batch on the caller's stream, into the Images of the
+    last full batch decoded on that stream (``pools``: no allocation per tile per batch).
+
+    What the library does, and why the pools are kept per stream (nvImageCodec 0.8 source,
+    the same messages in the 0.9 binary):
+
+    - it raises for bad arguments only: an image it cannot allocate, parse or decode comes
+      back as None in its place (``python/decoder.cpp``, ``Decoder::decode``: "There will
+      be None on corresponding output position"), so the caller reads None as out of memory
+      first (:mod:`pathtwt.features.device_tiles` retries it in smaller parts);
+    - ``decode(images=...)`` resizes each reused Image's buffer, and
+      ``DeviceBuffer::resize`` (``src/imgproc/device_buffer.cpp``) calls
+      ``cudaStreamSynchronize`` on the stream the buffer was allocated on when the new call's
+      stream differs, without taking the new one: an Image made on the compute stream would
+      make every later decode wait for the forward pass queued there. So an Image is only
+      reused on the stream it was made on, none is kept from torch's default stream (the
+      compute stream; the check of :func:`_checked` decodes there), and :meth:`release`
+      drops them all when a job ends (its side stream goes with it);
+    - a new Image's buffer comes from ``cudaMallocAsync`` on the call's stream and goes back
+      with ``cudaFreeAsync`` there (``device_buffer.cpp``, ``alloc_impl``), into the
+      device's default memory pool, which :func:`~pathtwt.features.cuda_runtime.keep_pool_memory`
+      keeps and :func:`~pathtwt.features.cuda_runtime.trim_pool` gives back after an
+      out-of-memory error.
+    """
 
     def __init__(self, nvimgcodec: Any, decoder: Any, params: Any, device: torch.device) -> None:
         self.lib, self.decoder, self.params, self.device = nvimgcodec, decoder, params, device
-        self.pool: list = []
+        self.pools: dict[int, list] = {}  # stream handle -> the Images decoded into there
+
+    def images(self, streams: Sequence[Any]) -> list:
+        """The batch's tiles as tensors over the Images (None where there is no image),
+        valid until the next call on the same stream."""
+        sources = [self.lib.CodeStream(np.frombuffer(s, np.uint8)) for s in streams]
+        stream, keep = decode_stream(self.device)
+        pool = self.pools.get(stream, []) if keep else []
+        reuse = pool[:len(sources)] if len(pool) >= len(sources) else None
+        images = self.decoder.decode(sources, images=reuse, params=self.params, cuda_stream=stream)
+        if keep and reuse is None and all(image is not None for image in images):
+            self.pools[stream] = list(images)
+        return [None if image is None else _tensor(image, self.device) for image in images]
 
     def __call__(self, streams: Sequence[Any]) -> list:
-        sources = [self.lib.CodeStream(np.frombuffer(s, np.uint8)) for s in streams]
-        reuse = self.pool[:len(sources)] if len(self.pool) >= len(sources) else None
-        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
-        images = self.decoder.decode(sources, images=reuse, params=self.params, cuda_stream=stream)
-        if reuse is None and all(image is not None for image in images):
-            self.pool = list(images)
-        return _owned([None if image is None else _tensor(image, self.device) for image in images])
+        return _owned(self.images(streams))
+
+    def into(self, streams: Sequence[Any], out: torch.Tensor) -> list:
+        return place(self.images(streams), out)  # copied out on the same stream, before the next decode there
+
+    def release(self, trim: bool) -> None:
+        self.pools.clear()  # the Images' buffers go back to the pool, freed on their own streams
+        if trim and self.device.type == "cuda":
+            from pathtwt.features.cuda_runtime import trim_pool
+
+            # a stream-ordered free counts as in use until the host has seen its stream
+            # reach it (cudaMemPoolTrimTo's contract): the device is synchronised first
+            torch.cuda.synchronize(self.device)
+            trim_pool(self.device.index if self.device.index is not None else torch.cuda.current_device())
+
+
+def decode_stream(device: torch.device) -> tuple[int, bool]:
+    """The stream a decode on ``device`` runs on (the caller's current one; 0 on a CPU) and
+    whether Images decoded there may be kept for the next call there: not on torch's
+    default stream, which the forward passes use."""
+    if device.type != "cuda":
+        return 0, True
+    current = torch.cuda.current_stream(device)
+    return int(current.cuda_stream), current != torch.cuda.default_stream(device)
 
 
 def _tensor(image: Any, device: torch.device) -> torch.Tensor:

@@ -7,7 +7,9 @@ pass, and hands the embeddings to the writer thread (:mod:`sink`). Nothing in th
 waits for the device: the embeddings come back into pinned buffers with a CUDA event,
 the finite check runs on the host in the writer thread, and on a GPU the decode of the
 next batch runs on a second stream while this one's forward pass runs. The weights are
-cast to the run's precision once (:meth:`~pathtwt.models.bf16_guard.AutoPrecision.job_context`).
+cast to the run's precision once (:meth:`~pathtwt.models.bf16_guard.AutoPrecision.job_context`);
+the tiles are cut, shrunk and normalised in IEEE fp32 inside it
+(:class:`~pathtwt.models.precision.exact_fp32`).
 Running out of GPU memory anywhere on the device path (decode, stack, cut, shrink,
 normalisation, forward pass) splits that batch and the rest of the job's in halves, said
 once (:mod:`step_down`), and the job goes on.
@@ -38,6 +40,7 @@ from pathtwt.features.sink import FeaturesSink, SlideState
 from pathtwt.features.step_down import StepDown
 from pathtwt.models.bf16_guard import AutoPrecision
 from pathtwt.models.embedding import embed_tiles
+from pathtwt.models.precision import exact_fp32
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +148,7 @@ class EmbedJob:
         self.batches = 0  # the batches the job received (none: no closing line)
         self.fell_back = 0  # slides of the GPU path decoded on the CPU in whole or in part
         self.sink: FeaturesSink | None = None
+        self.device_tiles: DeviceTiles | None = None
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         from tqdm import tqdm
@@ -214,6 +218,8 @@ class EmbedJob:
                 self.sink.abandon(list(self.states.values()))
             except Exception:  # noqa: BLE001 - the error that stopped the job is the one raised
                 pass
+        if self.device_tiles is not None:
+            self.device_tiles.close()  # the decoder's buffers kept for this job's streams
         self.unpin()
         if self.ring is not None:
             self.ring.close()
@@ -299,7 +305,8 @@ class EmbedJob:
                 tiles = made.batch.tiles(lo, hi)
             else:
                 tiles = made.tiles if (lo, hi) == (0, n) else made.tiles[lo:hi]
-            x = b.transform.normalise_batch(tiles, b.device)
+            with exact_fp32(b.device):  # the pixels' arithmetic, not the model's: outside autocast
+                x = b.transform.normalise_batch(tiles, b.device)
             return embed_tiles(b.model, x, b.spec.num_prefix_tokens, self.options.embedding)
 
         parts = self.steps.run(n, part, "in a forward pass" if made.tiles is not None else

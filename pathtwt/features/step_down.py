@@ -3,8 +3,9 @@
 Every step of the device path can run out of memory: the GPU decoder's batch and the stack
 of native tiles, the cut and the shrink, the normalisation and the forward pass. Each runs
 through :meth:`StepDown.run` over parts of its batch (the whole batch until the first
-failure). An out-of-memory error gives the caching allocator's free blocks back, halves
-the part and runs that step of the batch again; the smaller part is kept for the rest of
+failure). An out-of-memory error gives the caching allocator's free blocks back, and what
+the GPU decoder keeps (:meth:`StepDown.free`), halves the part and runs that step of the
+batch again; the smaller part is kept for the rest of
 the job, and the job says so once per step down, with the batch size that would have
 fitted. A part of one that does not fit is raised (the command's one-line handler).
 """
@@ -27,6 +28,9 @@ class StepDown:
         self.size: int | None = None
         self.where = ""  # the step that ran out of memory last
         self._said: int | None = None
+        # what else holds device memory a smaller part could use: the GPU decoder's buffers
+        # and the memory pool they come from (DeviceTiles adds its decoder's)
+        self.releases: list[Callable[[], None]] = []
 
     def part(self, n: int) -> int:
         """Tiles (or streams) per part of a batch of ``n``."""
@@ -67,13 +71,20 @@ class StepDown:
             return None
 
     def halve(self, size: int, where: str) -> None:
-        import torch
-
         if self.size == self._said:  # the first step down since the last line: where it began
             self.where = where
         self.size = max(1, size // 2)
+        self.free()
+
+    def free(self) -> None:
+        """Give back the device memory nothing holds: what :attr:`releases` give and the
+        caching allocator's free blocks (those the failed step freed)."""
+        import torch
+
+        for release in self.releases:
+            release()
         if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # the blocks the failed step freed, for the smaller part
+            torch.cuda.empty_cache()
 
     def say(self) -> None:
         """One line for a step down not said yet."""

@@ -197,3 +197,54 @@ def choose_fp32_matmul(device: object) -> str:
     _set_fp32_matmul("tf32")
     log.info("fp32 matrix multiplies on %s use TF32", device)
     return "tf32"
+
+
+class exact_fp32:
+    """Within the block, float32 arithmetic on ``device`` is IEEE fp32 whatever precision the
+    run's forward passes compute in: autocast off for ``device``'s type and, on a CUDA GPU
+    where fp32 matmuls use TF32, TF32 off for the matmuls dispatched inside; both restored
+    after. For pixels, which are data, not model arithmetic: extraction's cut, resize and
+    normalisation on the device run inside it, though the loop around them runs under the
+    job's bf16 autocast.
+
+    Why both switches: torch's autocast lists ``matmul`` among its lower-precision ops on
+    CUDA and on CPU (``aten/src/ATen/autocast_mode.cpp``: ``KERNEL_CUDA(matmul,
+    lower_precision_fp)``, ``KERNEL_CPU(matmul, lower_precision_fp)``), so a resize's two
+    matrix products would run in bf16 (a 267 -> 224 shrink then moves 16 % of pixels by up to
+    2 grey levels); and TF32 products move a few per cent of pixels by one. The TF32 switch is
+    process-wide but read when a product is dispatched (``getCurrentCUDABlasHandle`` in
+    ``aten/src/ATen/cuda/CublasHandlePool.cpp`` sets the handle's math mode from
+    ``allowTF32CuBLAS()`` at each call), so the forward passes dispatched outside the block
+    keep it. A class, not a generator: it is entered for every
+    batch, and costs the host a few microseconds."""
+
+    __slots__ = ("kind", "_autocast", "_tf32")
+
+    def __init__(self, device: object) -> None:
+        import torch
+
+        self.kind = torch.device(device).type
+        self._autocast = None
+        self._tf32 = False
+
+    def __enter__(self) -> "exact_fp32":
+        import torch
+
+        if self.kind in ("cuda", "cpu") and torch.is_autocast_enabled(self.kind):
+            self._autocast = torch.autocast(device_type=self.kind, enabled=False)
+            self._autocast.__enter__()
+        # set through the legacy setter only, as _set_fp32_matmul says why
+        self._tf32 = self.kind == "cuda" and _tf32_switches()["matmul"] == "tf32"
+        if self._tf32:
+            torch.backends.cuda.matmul.allow_tf32 = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        if self._tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            self._tf32 = False
+        if self._autocast is not None:
+            autocast, self._autocast = self._autocast, None
+            autocast.__exit__(*exc)
