@@ -202,6 +202,7 @@ class _Stacking:
     out-of-memory error so that nothing done is done again or counted twice."""
 
     streams: list
+    lengths: np.ndarray  # the streams' bytes (0: an empty tile)
     shape: tuple[int, int]
     rows: int
     stack: torch.Tensor | None = None
@@ -289,7 +290,8 @@ class DeviceTiles:
         self._colours(msg, rec)
         slot = self.ring.slot(msg.slot)
         streams = [slot[o:o + n] for o, n in zip(msg.offsets.tolist(), msg.lengths.tolist())]
-        batch = _Stacking(streams, (plan.grid.tile_height, plan.grid.tile_width), len(streams) + len(kept_natives) + 1)
+        batch = _Stacking(streams, np.asarray(msg.lengths), (plan.grid.tile_height, plan.grid.tile_width),
+                          len(streams) + len(kept_natives) + 1)
 
         def build() -> torch.Tensor | None:  # every device step of the batch, resumed after a step down
             self._stack(msg, rec, kept, batch)
@@ -341,9 +343,9 @@ class DeviceTiles:
         empty tiles) white. A stream the decoder gives no image for, even alone, is decoded
         on the host (refused); one it gave none for among several and then did in smaller
         calls ran out of memory: the job's parts are halved, said as that."""
-        present = [k for k in range(lo, hi) if len(batch.streams[k])]
-        for k in range(lo, hi):
-            if not len(batch.streams[k]):
+        present = (np.flatnonzero(batch.lengths[lo:hi]) + lo).tolist()
+        if len(present) < hi - lo:
+            for k in sorted(set(range(lo, hi)) - set(present)):
                 batch.stack[k].fill_(255)
         if not present:
             return
@@ -354,6 +356,21 @@ class DeviceTiles:
         if recovered:
             self.steps.halve(len(present), f"decoding a batch of JPEG streams (the GPU decoder gave no image for "
                                            f"{recovered} of {len(present)} until given fewer at a time)")
+        if got.count(True) == len(got):  # the usual batch: every tile in its row
+            batch.device_rows.extend(present)
+        else:
+            self._odd_rows(msg, rec, batch, present, got)
+        if self.check and not rec.checked and batch.device_rows:
+            first = batch.device_rows[0]  # the slide's check: a tile the decoder made
+            rec.checked = True
+            self._check(msg, rec, batch.stack[first], batch.streams[first], batch.shape)
+            if rec.to_cpu:  # this batch's tiles too, those decoded so far included
+                batch.host.extend(batch.device_rows)
+                batch.device_rows = []
+
+    def _odd_rows(self, msg: BatchMessage, rec: SlideDecode, batch: _Stacking, present: list[int], got: list) -> None:
+        """A part's rows the decoder did not fill: tiles decoded at another shape, fitted;
+        streams it gave no image for even alone, refused (decoded on the host, said once)."""
         refused = [k for k, g in zip(present, got) if g is None]
         for k, g in zip(present, got):
             if g is not None and g is not True:
@@ -366,13 +383,6 @@ class DeviceTiles:
             log.warning("%s: the GPU decoder (%s) refused a JPEG stream: it gave no image for it even when given it "
                         "alone (not for lack of memory); it and any other it refuses are decoded on the host",
                         self.slide_name(msg.slide), self.decoder.name)
-        first = next((k for k, g in zip(present, got) if g is not None), None)  # the slide's check: a tile the decoder made
-        if self.check and not rec.checked and first is not None:
-            rec.checked = True
-            self._check(msg, rec, batch.stack[first], batch.streams[first], batch.shape)
-            if rec.to_cpu:  # this batch's tiles too, those decoded so far included
-                batch.host.extend(batch.device_rows)
-                batch.device_rows = []
 
     def _decode_rows(self, batch: _Stacking, present: list[int]) -> tuple[list, int]:
         """The streams of rows ``present`` decoded into those rows: per row True, its tile

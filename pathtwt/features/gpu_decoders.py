@@ -173,12 +173,12 @@ def place(tiles: Sequence[torch.Tensor | None], out: torch.Tensor) -> list:
     caller fits it), None. A batch of one shape is one copy (one operation when the tiles
     are views of one tensor)."""
     shape = tuple(out.shape[1:])
+    block = as_block(tiles) if len(tiles) and tiles[0] is not None and tuple(tiles[0].shape) == shape else None
+    if block is not None:  # as_block checked every tile: present, of the first's shape
+        out.copy_(block)
+        return [True] * len(tiles)
     if len(tiles) and all(t is not None and tuple(t.shape) == shape for t in tiles):
-        block = as_block(tiles)
-        if block is not None:
-            out.copy_(block)
-        else:
-            torch.stack(list(tiles), out=out)
+        torch.stack(list(tiles), out=out)
         return [True] * len(tiles)
     placed: list = []
     for k, t in enumerate(tiles):
