@@ -3,8 +3,10 @@
 ``make_decoder(name, device)`` makes a :class:`BatchDecoder` (``shared_decoder``: the one
 made once per process and device, which the jobs use): called with a list of
 complete JPEG streams (buffers into the ring), it gives per stream a uint8 (h, w, 3)
-tensor on the device that the caller owns, or None for a stream it refuses (the caller
-decodes that one on the host, with one log line). Its attributes are what the device side
+tensor on the device that the caller owns, or None where it gives no image (the caller
+reads that as out of memory first, then as a refused stream: :mod:`device_tiles`);
+``into(streams, out)`` decodes into the rows of the caller's tensor instead, and
+``release()`` drops what it keeps between calls. Its attributes are what the device side
 needs: ``name``, ``is_host``, ``reference`` (libjpeg on the host decoding a stream the way
 this decoder does), ``tolerance`` (grey levels) and ``decodes_rgb`` (whether it decodes
 RGB JPEGs with an Adobe transform-0 marker, Aperio's tiles, as RGB).
@@ -21,10 +23,14 @@ line saying what to install; ``--decode auto`` then takes the next decoder.
   JPEG engines of the A100, H100 and H200 (CUDA kernels elsewhere), told to upsample
   chroma fancily (``:fancy_upsampling=1``, as libjpeg does). Only its GPU backends are
   allowed: without them it would decode on the CPU in a thread pool as large as the
-  machine, beside the readers. Its output buffers are reused from batch to batch.
+  machine, beside the readers. Its output Images are reused from batch to batch on the
+  stream they were made on, never from the compute stream (:class:`_NvImageCodecBatches`
+  says why, from the library's source).
 - ``torchvision``: ``torchvision.io.decode_jpeg(device="cuda")`` (nvJPEG, plain
   upsampling; a list of streams needs torchvision 0.19); deprecated since torchvision
-  0.29, kept for a CUDA machine without nvImageCodec.
+  0.29, kept for a CUDA machine without nvImageCodec. It holds the host every batch: its
+  ``decode_images`` (``torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp``) starts and
+  ends with ``cudaStreamSynchronize`` on its own stream.
 - ``host``: libjpeg-turbo (imagecodecs) in the embedding process, the tiles then copied
   to the device. The stand-in that drives the whole device path on a CPU (the tests, the
   feed-rate benchmark).
