@@ -251,7 +251,11 @@ def two_gloo_ranks(script: Path, *, timeout: float = 120) -> list[tuple[int, str
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     procs = [subprocess.Popen([sys.executable, str(script)], env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outputs = [p.communicate(timeout=timeout) for p in procs]
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:  # ranks that hang are not left behind
+            p.kill()
     return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
 
 

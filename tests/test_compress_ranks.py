@@ -113,39 +113,8 @@ def test_rank_0_decides_for_all_and_a_mismatch_is_one_line_on_every_rank(tmp_pat
     assert "rank 1: the merge plan differs from rank 0's" in errors[1] and "differs" not in errors[0]
 
 
-class _Store:
-    """The group's store as the failure notices use it (a dict behind TCPStore's calls)."""
-
-    def __init__(self):
-        self.data = {}
-
-    def compare_set(self, key, expected, desired):
-        if key not in self.data:
-            self.data[key] = desired.encode()
-        return self.data[key]
-
-    def check(self, keys):
-        return all(k in self.data for k in keys)
-
-    def get(self, key):
-        return self.data[key]
-
-    def set(self, key, value):
-        self.data[key] = value
-
-
-@pytest.fixture
-def rank_1_of_2(monkeypatch):
-    from pathtwt.compress import rank_failures
-
-    store, aborted = _Store(), []
-    monkeypatch.setattr(ranks, "world_size", lambda: 2)
-    monkeypatch.setattr(ranks, "rank", lambda: 1)
-    monkeypatch.setattr(ranks, "abort", lambda: aborted.append(True) or True)
-    monkeypatch.setattr(rank_failures, "_store", lambda: store)
-    monkeypatch.setattr(rank_failures, "_reported", False)
-    monkeypatch.setattr(rank_failures, "ACK_WAIT_S", 0.1)
-    return store, aborted
+# the store in a dict and rank 1 of 2 with it (the fixture), as the watcher's tests use them
+from test_rank_watch import DictStore as _Store, rank_1_of_2  # noqa: E402,F401
 
 
 def test_a_failing_rank_posts_its_line_and_aborts_the_group(rank_1_of_2):

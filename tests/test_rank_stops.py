@@ -65,6 +65,16 @@ def _sweep(marker: str) -> list[int]:
     return found
 
 
+def _ended(job, tmp_path: Path):
+    """The job, once it has ended within the bound (its processes killed otherwise)."""
+    try:
+        job.wait(timeout=120)
+    finally:
+        _sweep(str(tmp_path))
+    assert job.seconds < BOUND_S, (job.lines(0), job.lines(1))
+    return job
+
+
 def _no_traceback(*texts: list[str]) -> bool:
     return not any("Traceback" in line for lines in texts for line in lines)
 
@@ -160,22 +170,12 @@ def test_sigterm_in_the_cache_build_and_in_the_last_checkpoint_ends_every_rank(t
 
     out = tmp_path / "out"
     # one rank signalled while the cache is built, the other inside it, deaf as a CUDA wait
-    job = start(tiles, out, tmp_path, fault="cachestop:1,cachehold:0", extra=("--augment", "off"))
-    try:
-        job.wait(timeout=120)
-    finally:
-        _sweep(str(tmp_path))
-    assert job.seconds < BOUND_S, (job.lines(0), job.lines(1))
+    job = _ended(start(tiles, out, tmp_path, fault="cachestop:1,cachehold:0", extra=("--augment", "off")), tmp_path)
     assert job.lines(1)[-1] == "pathtwt compress: interrupted", job.lines(1)
     assert job.lines(0)[-1] == "pathtwt compress: rank 0 of 2: stopped because rank 1 was interrupted", job.lines(0)
     assert _no_traceback(job.lines(0), job.lines(1)) and not (out / "checkpoint.pt").exists()
     # rank 0 signalled while it writes the checkpoint after the last step, rank 1 held after it
-    job = start(tiles, out, tmp_path, fault=f"finalstop:0:{STEPS},finalhold:1:{STEPS}", extra=LAST_CHECKPOINT)
-    try:
-        job.wait(timeout=120)
-    finally:
-        _sweep(str(tmp_path))
-    assert job.seconds < BOUND_S, (job.lines(0), job.lines(1))
+    job = _ended(start(tiles, out, tmp_path, fault=f"finalstop:0:{STEPS},finalhold:1:{STEPS}", extra=LAST_CHECKPOINT), tmp_path)
     assert job.lines(0)[-1] == "pathtwt compress: interrupted", job.lines(0)
     assert job.lines(1)[-1] == "pathtwt compress: rank 1 of 2: stopped because rank 0 was interrupted", job.lines(1)
     assert _no_traceback(job.lines(0), job.lines(1))

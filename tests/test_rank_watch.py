@@ -61,7 +61,7 @@ def ended(monkeypatch):
     lines = []
     monkeypatch.setattr(rank_failures, "GRACE_S", 0.3)
     monkeypatch.setattr(rank_failures, "POLL_S", 0.05)
-    monkeypatch.setattr(rank_failures, "ACK_WAIT_S", 0.3)
+    monkeypatch.setattr(rank_failures, "ACK_WAIT_S", 0.3, raising=False)
     monkeypatch.setattr(rank_failures, "_reported", False)
     monkeypatch.setattr(rank_failures.os, "write", lambda fd, data: lines.append(data.decode()))
     monkeypatch.setattr(rank_failures.os, "_exit", lambda code: out.append((code, lines[-1] if lines else "")))
@@ -151,7 +151,7 @@ def rank_1_of_2(monkeypatch):
     monkeypatch.setattr(ranks, "abort", lambda: aborted.append(True) or True)
     monkeypatch.setattr(rank_failures, "_store", lambda: store)
     monkeypatch.setattr(rank_failures, "_reported", False)
-    monkeypatch.setattr(rank_failures, "ACK_WAIT_S", 0.2)
+    monkeypatch.setattr(rank_failures, "ACK_WAIT_S", 0.2, raising=False)
     return store, aborted
 
 
@@ -172,6 +172,9 @@ def test_a_ranks_own_collective_error_is_its_line_for_all(rank_1_of_2):
 
 def test_another_ranks_notice_first_is_the_cause_also_of_a_signal(rank_1_of_2):
     store, _ = rank_1_of_2
+    assert leave_after_error(KeyboardInterrupt(), None) is None  # alone, a stop stays one, posted
+    assert read(store) == Notice(1, "interrupted", "interrupted")
+    store.data.clear()
     post(store, Notice(0, "failed", "/x/checkpoint.pt: cannot write it: no space left on the device"))
     said = "rank 1 of 2: stopped because rank 0 failed: /x/checkpoint.pt: cannot write it: no space left on the device"
     # its own collective error, then the stop signal torchrun sends the ranks still running
@@ -179,9 +182,3 @@ def test_another_ranks_notice_first_is_the_cause_also_of_a_signal(rank_1_of_2):
                                  None)) == said
     assert str(leave_after_error(KeyboardInterrupt(), None)) == said
     assert read(store).rank == 0
-
-
-def test_a_stop_posts_an_interrupt_and_stays_one(rank_1_of_2):
-    store, _ = rank_1_of_2
-    assert leave_after_error(KeyboardInterrupt(), None) is None
-    assert read(store) == Notice(1, "interrupted", "interrupted")
