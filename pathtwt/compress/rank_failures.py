@@ -17,7 +17,8 @@ waiting in a collective. So the failing rank (:func:`leave_after_error`):
 The other ranks learn it either way: gloo's connections close, so their collective fails
 at once and they read the notice (``stopped because rank R failed: ...``); an NCCL
 collective notices nothing, so each rank runs a watcher thread (:class:`PeerWatch`) that
-reads the store twice a second. The first notice of another rank it reads is kept: after
+reads the store twice a second (it runs while the main thread waits for the device: the
+loop's one wait, ``tolist``, releases the GIL for its copy, torch/csrc/utils/tensor_list.cpp). The first notice of another rank it reads is kept: after
 :data:`GRACE_S` seconds (time for a rank whose collective broke to end on its own, with its
 own line) a timer ends the rank with the notice's line (``os._exit``: its main thread is
 inside a device wait), whatever the store answers meanwhile, or if it never answers again.
@@ -204,11 +205,12 @@ class PeerWatch(threading.Thread):
                     "(--rank-timeout): a hung GPU or a step stuck in I/O; see its log")
             self.keep(post(self.store, Notice(stalled, "stalled", line, by=self.me)), grace=0.0)
 
-    def keep(self, notice: Notice, grace: float = GRACE_S) -> None:
-        """Keep ``notice`` and end this rank ``grace`` seconds later unless it ends itself."""
+    def keep(self, notice: Notice, grace: float | None = None) -> None:
+        """Keep ``notice`` and end this rank ``grace`` seconds later (default :data:`GRACE_S`)
+        unless it ends itself."""
         self.kept = notice
         _acknowledge(self.store, self.me)
-        timer = threading.Timer(grace, self._end)
+        timer = threading.Timer(GRACE_S if grace is None else grace, self._end)
         timer.daemon = True
         timer.start()
 
