@@ -3,6 +3,18 @@ weights (LayerScale redrawn so every layer does something) distilled into a 6-bl
 student, as ``pathtwt compress`` runs it with augmentation off (the shipped configs: the
 teacher targets come from the target cache).
 
+Measures: a short distillation's steady-state steps and tiles per second, its host waits
+per step, its peak memory, the GPU's idle share and where the target cache sat; on CUDA
+also a two-rank NCCL run under torchrun (ended, every process of it, at its timeout).
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/distill_check.py --device cpu --budget-s 2 --backbone vit-s14-tiny --depth 3 --precision fp32 --json out.json`
+(on a GPU: `--device cuda --budget-s 120 --json distill_check.json`).
+JSON keys: device, device_name, backbone, depth, batch_size, precision, fp32_matmul, augment,
+tiles_in_memory (the run's settings); steps (timed steps), steps_per_s, tiles_per_s (the
+rate); host_waits_per_step, host_waits (counts and where); peak_memory (bytes);
+gpu_wait_share, gpu_wait_note (the GPU's idle share); targets (the cache's bytes on the
+device and the host); probe_s, budget_s (the sizing probe); nccl_two_process (ran, gpus,
+exit, note or the two-rank rate).
+
     python benchmarks/distill_check.py --device cuda --budget-s 120 --json distill_check.json
     python benchmarks/distill_check.py --device cpu --budget-s 3 --backbone vit-s14-tiny --depth 3 --batch-size 4
 
@@ -24,7 +36,9 @@ What it prints, and writes to ``--json``:
 * ``targets``: where the target cache sat (bytes on the device, in host memory).
 * ``nccl_two_process``: a 4-step run of two ranks under torchrun with NCCL on one GPU (two
   GPUs when two are visible), or the reason it could not run: NCCL refuses two ranks of a
-  communicator on one GPU ("Duplicate GPU detected"), which the run then reports.
+  communicator on one GPU ("Duplicate GPU detected"), which the run then reports. A rank
+  that fails aborts its group; a run past ``--nccl-timeout-s`` is sent SIGTERM, then
+  killed, torchrun and its ranks alike.
 """
 
 from __future__ import annotations
@@ -158,20 +172,90 @@ def nccl_two_process(args, budget_s: float) -> dict[str, Any]:
                "--json", str(out)]
         env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ",".join(
             os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",")[:gpus])}
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=budget_s)
-        except subprocess.TimeoutExpired:
-            return {"ran": False, "gpus": gpus, "note": f"did not end within {budget_s:.0f} s"}
-        if done.returncode == 0 and out.exists():
+        code, text = run_ranks(cmd, env, budget_s)
+        if code is None:
+            return {"ran": False, "gpus": gpus, "note": f"did not end within {budget_s:.0f} s; its processes were ended"}
+        if code == 0 and out.exists():
             return {"ran": True, "gpus": gpus, **json.loads(out.read_text())}
-        text = done.stdout + done.stderr
-        lines = [l.strip() for l in text.splitlines() if "Duplicate GPU" in l or "Error" in l or "error" in l]
-        return {"ran": False, "gpus": gpus, "exit": done.returncode,
-                "note": (lines[0] if lines else text.strip().splitlines()[-1] if text.strip() else "no output")[:300]}
+        return {"ran": False, "gpus": gpus, "exit": code, "note": cause_line(text)}
+
+
+def cause_line(text: str) -> str:
+    """The line of a failed run that says why: NCCL's "Duplicate GPU detected" when it is
+    there (two ranks on one GPU), else the first line that says error, else the last."""
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    found = next((l for l in lines if "Duplicate GPU" in l), None) or \
+        next((l for l in lines if "Error" in l or "error" in l), None)
+    return (found or (lines[-1] if lines else "no output"))[:300]
+
+
+# after SIGTERM, how long the run's processes have to end before they are killed
+TERM_GRACE_S = 10.0
+
+
+def run_ranks(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int | None, str]:
+    """Run a torchrun command; (its exit status, its output), the status None when it did
+    not end within ``timeout_s``. torchrun starts in a process group of its own and its
+    ranks in sessions of their own (torch/distributed/elastic/multiprocessing/
+    subprocess_handler/subprocess_handler.py: ``start_new_session``), so on a timeout the
+    group and every descendant are sent SIGTERM, then killed: none is left holding a GPU."""
+    import signal
+
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        try:
+            code: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+            family = _descendants(proc.pid)
+            _signal_all(proc.pid, family, signal.SIGTERM)
+            end = time.monotonic() + TERM_GRACE_S
+            while time.monotonic() < end and any(_alive(pid) for pid in family + [proc.pid]):
+                proc.poll()
+                time.sleep(0.1)
+            family = sorted(set(family) | set(_descendants(proc.pid)))
+            _signal_all(proc.pid, family, signal.SIGKILL)
+            proc.wait()
+        log.seek(0)
+        return code, log.read()
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (from /proc: its ranks left its process group)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _signal_all(group: int, pids: list[int], sig: int) -> None:
+    for send, target in [(os.killpg, group)] + [(os.kill, pid) for pid in pids]:
+        try:
+            send(target, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def rank_main(args) -> int:
-    """One rank of the two-process run: 4 steps, rank 0 writes its rate."""
+    """One rank of the two-process run: 4 steps, rank 0 writes its rate. After an error
+    the rank aborts its group (NCCL's destroy would wait for the other rank's collectives)."""
     from host_waits import StepMarks, Traffic
 
     from pathtwt.compress import ranks
@@ -184,10 +268,14 @@ def rank_main(args) -> int:
             distill_run(teacher, student, objective, tiles, device, args, MIN_STEPS)
         if ranks.is_writer():
             rate = steady_rate(steps.marks)
-            Path(args.json).write_text(json.dumps({"world": ranks.world_size(), "steps_per_s": rate,
-                                                   "tiles_per_s": None if rate is None else rate * args.batch_size}))
-    finally:
-        ranks.shutdown()
+            from pathtwt.io.atomic import write_json_atomic
+
+            write_json_atomic(Path(args.json), {"world": ranks.world_size(), "steps_per_s": rate,
+                                                "tiles_per_s": None if rate is None else rate * args.batch_size})
+    except BaseException:
+        ranks.abort()
+        raise
+    ranks.shutdown()
     return 0
 
 

@@ -16,7 +16,17 @@ break; nothing in the package knows about it.
 - ``mark:R:PATH`` - rank R writes PATH when it starts step 2 and then spends a second in it
   (a test signals the job then);
 - ``stopexport:R`` - rank R is sent SIGTERM during its export, between the weights file
-  and the ``model.json`` that completes the folder.
+  and the ``model.json`` that completes the folder;
+- ``collective:R`` - rank R's collective of step 2 raises NCCL's error (a ``DistBackendError``
+  naming its GPU's out of memory);
+- ``hold:R:PATH`` - rank R writes PATH at step 2, then waits there, deaf to signals, as a
+  CUDA wait is (a rank that stops reporting, or that another's failure leaves waiting);
+- ``cachestop:R`` - rank R is sent SIGTERM while it builds the teacher-target cache;
+- ``cachehold:R`` - rank R waits, deaf to signals, while it builds the cache;
+- ``finalstop:R:STEP`` - rank R is sent SIGTERM while it writes the checkpoint of STEP;
+- ``finalhold:R:STEP`` - rank R waits, deaf to signals, after the checkpoint of STEP.
+
+A rank ``*`` is every rank this launch starts (a node of its own, in a two-node test).
 
 ``SLOW_TILES=S``: every tile read takes S seconds.
 """
@@ -39,7 +49,7 @@ def _faults() -> dict[str, str]:
     out = {}
     for spec in filter(None, os.environ.get("RANK_FAULT", "").split(",")):
         kind, rank, *arg = spec.split(":", 2)
-        if rank == me:
+        if rank in (me, "*"):
             out[kind] = arg[0] if arg else ""
     return out
 
@@ -102,6 +112,76 @@ def _stop_during_export() -> None:
     hub_format.write_hub_format = write
 
 
+HOLD_S = 300.0  # far past every bound of the tests: only another rank's notice ends it
+
+
+def _hold(mark: str = "") -> None:
+    """Wait as a CUDA wait does: no signal handler runs until it returns."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    if mark:
+        Path(mark).write_text("held")
+    time.sleep(HOLD_S)
+
+
+def _collective_error() -> None:
+    import torch.distributed as dist
+
+    from pathtwt.compress import ranks
+
+    original = ranks.all_mean
+    calls = []
+
+    def all_mean(values):
+        calls.append(1)
+        if len(calls) > 1 and os.environ.get("FAULT_STEP_SEEN"):
+            raise dist.DistBackendError(
+                "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, unhandled cuda error (run with "
+                "NCCL_DEBUG=INFO for details), NCCL version 2.27.5\nncclUnhandledCudaError: Call to CUDA function failed.\n"
+                "Last error:\nCuda failure 2 'out of memory'")
+        return original(values)
+
+    ranks.all_mean = all_mean
+    _at_step(lambda: os.environ.__setitem__("FAULT_STEP_SEEN", "1"))
+
+
+def _in_cache_build(action) -> None:
+    from pathtwt.compress.targets import TargetCache
+
+    original = TargetCache._computed.__func__
+
+    def computed(cls, *args, **kwargs):
+        action()
+        return original(cls, *args, **kwargs)
+
+    TargetCache._computed = classmethod(computed)
+
+
+def _stop_in_final_checkpoint(step: int) -> None:
+    from pathtwt.compress import distill
+
+    original = distill.save_checkpoint
+
+    def save(path, **kwargs):
+        if kwargs["step"] == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(path, **kwargs)
+
+    distill.save_checkpoint = save
+
+
+def _hold_after_final_checkpoint(step: int) -> None:
+    from pathtwt.compress import distill
+
+    original = distill._Optimisation.checkpoint
+
+    def checkpoint(self, student, at, run, options):
+        original(self, student, at, run, options)
+        if at == step:
+            _hold()
+
+    distill._Optimisation.checkpoint = checkpoint
+
+
 def _slow_tiles(seconds: float) -> None:
     from pathtwt.compress.training_tiles import ArrayTiles
 
@@ -131,6 +211,18 @@ def main() -> int:
         _at_step(lambda: _mark(faults["mark"]))
     if "stopexport" in faults:
         _stop_during_export()
+    if "collective" in faults:
+        _collective_error()
+    if "hold" in faults:
+        _at_step(lambda: _hold(faults["hold"]))
+    if "cachestop" in faults:
+        _in_cache_build(lambda: os.kill(os.getpid(), signal.SIGTERM))
+    if "cachehold" in faults:
+        _in_cache_build(_hold)
+    if "finalstop" in faults:
+        _stop_in_final_checkpoint(int(faults["finalstop"]))
+    if "finalhold" in faults:
+        _hold_after_final_checkpoint(int(faults["finalhold"]))
     if "argv" in faults:
         flag, value = faults["argv"].split("=", 1)
         argv += [f"--{flag}", value]
@@ -159,7 +251,11 @@ def two_gloo_ranks(script: Path, *, timeout: float = 120) -> list[tuple[int, str
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     procs = [subprocess.Popen([sys.executable, str(script)], env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outputs = [p.communicate(timeout=timeout) for p in procs]
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:  # ranks that hang are not left behind
+            p.kill()
     return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
 
 
@@ -173,3 +269,15 @@ def write_tiles(folder: Path, n: int) -> Path:
     for i in range(n):
         Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(folder / f"t{i}.png")
     return folder
+
+
+STEPS = 6  # the optimiser steps of a test run
+
+
+def compress_argv(tiles: Path, out: Path, *extra: str) -> list[str]:
+    """``rank_faults.py compress ...``: a short CPU run of ``STEPS`` steps on ``tiles``."""
+    repo = Path(__file__).resolve().parents[1]
+    return [str(repo / "tests" / "rank_faults.py"), "compress", "--backbone", "vit-s14-tiny", "--random-init",
+            "--calibration", str(tiles), "--n-tiles", "12", "--depth", "2", "--steps", str(STEPS), "--batch-size", "4",
+            "--audition-steps", "0", "--device", "cpu", "--precision", "fp32", "--no-progress", "--checkpoint-every", "1",
+            "--out", str(out), *extra]

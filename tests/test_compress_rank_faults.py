@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from rank_faults import write_tiles
+from rank_faults import STEPS, compress_argv, write_tiles
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-STEPS = 6
 # a whole job (start to end) takes a few seconds here, and a minute on a crowded machine
 BOUND_S = 60.0
 # from the failing rank's line to the job's end: seconds (the watcher's grace is 3 s), where
@@ -76,10 +75,7 @@ def start(tiles: Path, out: Path, tmp: Path, *, fault: str = "", extra: tuple[st
     logs = tmp / f"logs-{out.name}-{time.monotonic_ns()}"
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}", "OMP_NUM_THREADS": "1", "RANK_FAULT": fault}
     cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node=2", "--log-dir", str(logs), "--redirects", "3",
-           str(REPO / "tests" / "rank_faults.py"), "compress", "--backbone", "vit-s14-tiny", "--random-init",
-           "--calibration", str(tiles), "--n-tiles", "12", "--depth", "2", "--steps", str(STEPS), "--batch-size", "4",
-           "--audition-steps", "0", "--device", "cpu", "--precision", "fp32", "--no-progress", "--checkpoint-every", "1",
-           "--out", str(out), *extra]
+           *compress_argv(tiles, out, *extra)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     return Job(proc, logs, out, time.monotonic())
 

@@ -52,8 +52,26 @@ def test_an_srun_rank_takes_its_own_gpu_and_claims_none(monkeypatch, srun_rank_1
     assert process_device("cuda", 2.5) == "cuda:1"
     assert current == [1]
     assert "claimed" not in capsys.readouterr().err
-    # the group waits --rank-timeout for a collective, not torch's 30 minutes
-    assert len(srun_rank_1) == 1 and srun_rank_1[0]["timeout"] == timedelta(minutes=2.5)
+    # the group waits a little past --rank-timeout (the watchers name a stalled rank at
+    # --rank-timeout, before NCCL's watchdog would), not torch's 30 minutes
+    assert len(srun_rank_1) == 1 and srun_rank_1[0]["timeout"] == timedelta(minutes=2.5 + 1.25)
+    assert ranks.group_timeout(0.1) == timedelta(minutes=1.1)
+
+
+def _device_backends(backend: str) -> dict[str, str]:
+    """The device type -> backend map torch makes of a backend string (as init_process_group does)."""
+    from torch.distributed.distributed_c10d import Backend, BackendConfig
+
+    return BackendConfig(Backend(backend)).get_device_backend_map()
+
+
+@pytest.mark.parametrize("requested, backends", [("cuda", {"cuda": "nccl"}), ("cpu", {"cpu": "gloo", "cuda": "gloo"})])
+def test_gpu_ranks_join_plain_nccl_and_cpu_ranks_gloo(monkeypatch, srun_rank_1, requested, backends):
+    """GPU ranks connect NCCL alone (no gloo half, which connects at init over the host
+    name's address); CPU ranks use gloo."""
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    process_device(requested, 1.0)
+    assert _device_backends(srun_rank_1[0]["backend"]) == backends
 
 
 DECISIONS = textwrap.dedent("""
@@ -95,35 +113,8 @@ def test_rank_0_decides_for_all_and_a_mismatch_is_one_line_on_every_rank(tmp_pat
     assert "rank 1: the merge plan differs from rank 0's" in errors[1] and "differs" not in errors[0]
 
 
-class _Store:
-    """The group's store as the failure notices use it (a dict behind TCPStore's calls)."""
-
-    def __init__(self):
-        self.data = {}
-
-    def compare_set(self, key, expected, desired):
-        if key not in self.data:
-            self.data[key] = desired.encode()
-        return self.data[key]
-
-    def check(self, keys):
-        return all(k in self.data for k in keys)
-
-    def get(self, key):
-        return self.data[key]
-
-
-@pytest.fixture
-def rank_1_of_2(monkeypatch):
-    from pathtwt.compress import rank_failures
-
-    store, aborted = _Store(), []
-    monkeypatch.setattr(ranks, "world_size", lambda: 2)
-    monkeypatch.setattr(ranks, "rank", lambda: 1)
-    monkeypatch.setattr(ranks, "abort", lambda: aborted.append(True))
-    monkeypatch.setattr(rank_failures, "_store", lambda: store)
-    monkeypatch.setattr(rank_failures, "_reported", False)
-    return store, aborted
+# the store in a dict and rank 1 of 2 with it (the fixture), as the watcher's tests use them
+from test_rank_watch import DictStore as _Store, rank_1_of_2  # noqa: E402,F401
 
 
 def test_a_failing_rank_posts_its_line_and_aborts_the_group(rank_1_of_2):
@@ -143,17 +134,20 @@ def test_a_failing_rank_posts_its_line_and_aborts_the_group(rank_1_of_2):
 
 
 def test_a_rank_whose_collective_broke_names_the_rank_that_failed(rank_1_of_2):
-    from pathtwt.compress.rank_failures import Notice, leave_after_error, post
+    from pathtwt.compress.rank_failures import Notice, leave_after_error, post, read
 
     store, aborted = rank_1_of_2
     broken = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer [10.0.0.2]:4242. "
                           "This is typically caused by a remote worker crashing.")
     out = leave_after_error(broken, None)  # no notice: the other rank was killed
     assert str(out).startswith("rank 1 of 2: lost contact with the other ranks (Connection closed by peer [10.0.0.2]:4242); ")
+    assert read(store).rank == 1  # said for any rank still waiting
+    store.data.clear()
     post(store, Notice(0, "failed", "/x/checkpoint.pt: cannot write it: no space left on the device"))
     assert str(leave_after_error(broken, None)) == ("rank 1 of 2: stopped because rank 0 failed: /x/checkpoint.pt: cannot "
                                                     "write it: no space left on the device")
     assert len(aborted) == 2
+    store.data.clear()
     assert leave_after_error(KeyboardInterrupt(), None) is None  # a stop stays a stop
 
 
@@ -173,7 +167,9 @@ def test_the_watcher_ends_a_rank_stuck_while_another_failed(rank_1_of_2, monkeyp
     assert not ended
     store.data.clear()
     rank_failures.post(store, rank_failures.Notice(0, "failed", "training tile 8: OSError: [Errno 5] Input/output error"))
-    watch.join(timeout=5)
+    end = time.monotonic() + 5
+    while not ended and time.monotonic() < end:
+        time.sleep(0.02)
     watch.done.set()
     assert ended == [1] and lines == [(2, "pathtwt compress: error: rank 1 of 2: stopped because rank 0 failed: training "
                                           "tile 8: OSError: [Errno 5] Input/output error\n")]

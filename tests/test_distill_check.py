@@ -45,3 +45,43 @@ def test_the_idle_share_reads_the_steps_from_the_profile():
     tiles = check.random_tiles(6, teacher.spec.input_size)
     share, note = check.gpu_wait_share(lambda: check.distill_run(teacher, student, objective, tiles, "cpu", args, 4))
     assert share == "n/a" and note.startswith("the profiler saw 4 step ends and 0 kernels")
+
+
+HANGS = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # deaf, as a rank inside a CUDA wait is
+time.sleep(600)
+"""
+
+
+def test_a_two_rank_run_past_its_timeout_leaves_no_process(tmp_path):
+    """torchrun starts its ranks in sessions of their own: ending torchrun alone would leave
+    them holding the GPU. The run is ended, every process of it, within the timeout and the
+    grace after SIGTERM."""
+    import os
+    import time
+
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    started = time.monotonic()
+    code, _ = check.run_ranks([str(torchrun), "--standalone", "--nproc-per-node=2", str(script)], env, timeout_s=8)
+    assert code is None and time.monotonic() - started < 8 + check.TERM_GRACE_S + 10
+    left = [p for p in Path("/proc").glob("[0-9]*/cmdline") if str(script).encode() in _read(p)]
+    assert left == []
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def test_two_ranks_on_one_gpu_are_reported_by_the_duplicate_gpu_line():
+    text = ("[rank1]: Traceback (most recent call last):\n[rank1]: torch.distributed.DistBackendError: NCCL error in: "
+            "ProcessGroupNCCL.cpp:3356, invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.27.5\n"
+            "[rank1]: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n[rank1]: Last error:\n"
+            "[rank1]: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000\n")
+    assert check.cause_line(text) == "[rank1]: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000"

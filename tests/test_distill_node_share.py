@@ -90,3 +90,49 @@ def test_two_ranks_of_a_node_share_one_target_cache(tmp_path):
     assert np.allclose(rank[0]["loss"], single["loss"], rtol=1e-2)
     a, b = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_path_that_resolves_to_another_file_is_not_mapped_and_said_once(tmp_path, monkeypatch, caplog):
+    """Ranks in PID namespaces of their own see another process under the leader's pid: its
+    ``/proc/<pid>/fd/<n>`` is some other file. Here that process is a helper holding a file
+    of its own at the memfd's descriptor number: nothing is written to the file, and every
+    rank keeps its own copy, said once."""
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    from pathtwt.compress import node_shared, ranks
+
+    other = tmp_path / "someone-elses.log"
+    other.write_bytes(b"their data\n")
+    helpers = []
+
+    def memfd_create(name):
+        fd = os.memfd_create(name)
+        ready = tmp_path / "ready"
+        helpers.append(subprocess.Popen([sys.executable, "-c", (
+            "import os, sys, time; f = os.open(sys.argv[1], os.O_RDWR); os.dup2(f, int(sys.argv[2])); "
+            "open(sys.argv[3], 'w').close(); time.sleep(60)"), str(other), str(fd), str(ready)]))
+        end = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < end:
+            time.sleep(0.02)
+        return fd
+
+    fake_os = SimpleNamespace(**{k: getattr(os, k) for k in dir(os) if not k.startswith("__")})
+    fake_os.memfd_create = memfd_create
+    fake_os.getpid = lambda: helpers[0].pid  # the leader's pid, as another namespace sees it
+    monkeypatch.setattr(node_shared, "os", fake_os)
+    monkeypatch.setattr(ranks, "world_size", lambda: 2)
+    monkeypatch.setattr(ranks, "rank", lambda: 0)
+    monkeypatch.setattr(ranks, "gather_json", lambda value, default=None: [json.loads(json.dumps(value))] * 2)
+    try:
+        with caplog.at_level(logging.WARNING, logger=node_shared.log.name):
+            shared = node_shared.node_tensors([(64, 16)])
+    finally:
+        for helper in helpers:
+            helper.kill()
+            helper.wait()
+    assert other.read_bytes() == b"their data\n"
+    assert shared.sharers == 1 and shared.tensors[0].shape == (64, 16)
+    said = [r.getMessage() for r in caplog.records if "one copy per rank" in r.getMessage()]
+    assert len(said) == 1 and "not the node's shared memory" in said[0], said

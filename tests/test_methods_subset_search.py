@@ -84,3 +84,56 @@ def test_subset_boundaries_and_depth_check():
     assert subset_boundaries((0, 3, 7), 12) == [3, 7, 12]  # layers 1, 4, 8 stand for 1-3, 4-7, 8-12
     with pytest.raises(ConfigError):
         local_search(12, 12, landscape, budget=5)
+
+
+NEAR_TIES = '''
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[2])
+from tiny_teacher import tiny_calibration, tiny_teacher
+from pathtwt.compress import ranks
+from pathtwt.compress.methods import common, subset
+from pathtwt.compress.pipeline import CompressOptions
+import pathtwt.compress.distill as loop
+
+ranks.init_from_env("cpu", 0.2)
+me, distilled, paired = ranks.rank(), [], []
+
+def short_run(student, teacher, tiles, *, objective, **kwargs):
+    # a candidate's short distillation is data-parallel: one collective every rank must share
+    distilled.append(list(objective.boundaries))
+    mine = torch.tensor([float(sum(b * 31 ** i for i, b in enumerate(objective.boundaries)))], dtype=torch.float64)
+    paired.append(float(ranks.all_mean(mine)) == float(mine))
+
+def near_tie(student, teacher, calib, options):
+    # every candidate scores the same, to the last bits that differ per GPU on rank 1
+    return 0.5 + (1e-12 * ((len(distilled) * 7919) % 13 - 6) if me == 1 else 0.0)
+
+loop.distill, common.select_r2 = short_run, near_tie
+options = CompressOptions.from_flat(out=sys.argv[1], depth=3, steps=2, batch_size=4, progress=False,
+                                    extra={"search_budget": 13, "search_steps": 1})
+teacher, calib = tiny_teacher(2), tiny_calibration()
+record = subset.run_search(teacher, calib, options, subset.search_settings(teacher, calib, options, 2))
+ranks.shutdown()
+print(json.dumps({"distilled": distilled, "paired": paired, "record": record}))
+'''
+
+
+def test_near_tied_scores_on_two_ranks_make_one_decision(tmp_path):
+    """Two gloo ranks search together; rank 1's scores differ from rank 0's in the last bits.
+    Every rank distils the same candidates, in the same order, each with the other (the
+    short runs' collectives pair up), and they keep the same choice."""
+    import json
+    from pathlib import Path
+
+    from rank_faults import two_gloo_ranks
+
+    script = tmp_path / "near_ties.py"
+    script.write_text(NEAR_TIES.replace("sys.argv[1]", repr(str(tmp_path))).replace(
+        "sys.argv[2]", repr(str(Path(__file__).parent))))
+    runs = two_gloo_ranks(script, timeout=90)
+    assert [code for code, _, _ in runs] == [0, 0], runs[0][2][-1500:] + runs[1][2][-1500:]
+    ours, theirs = (json.loads(out.strip().splitlines()[-1]) for _, out, _ in runs)
+    assert ours["distilled"] == theirs["distilled"] and len(ours["distilled"]) > 1
+    assert all(ours["paired"]) and all(theirs["paired"])
+    assert ours["record"] == theirs["record"]

@@ -139,7 +139,7 @@ def process_device(requested: str, timeout_minutes: float) -> str:
 
     launched_world_size()
     device = init_from_env(use_device(requested), timeout_minutes)
-    watch_peers(error_prefix("compress"))
+    watch_peers(error_prefix("compress"), timeout_minutes=timeout_minutes, stop_prefix="pathtwt compress: ")
     return device
 
 
@@ -150,12 +150,13 @@ def run(args: argparse.Namespace) -> int:
     from pathtwt.cli import error_line
     from pathtwt.compress.rank_failures import leave_after_error, stop_watching
     from pathtwt.compress.ranks import shutdown
-    from pathtwt.compress.stopping import stop_signals_handled
+    from pathtwt.compress.stopping import ending, stop_signals_handled
 
     with stop_signals_handled():
         try:
             code = _run(args)
         except BaseException as exc:
+            ending()
             own = None if isinstance(exc, KeyboardInterrupt) else error_line(args.command, exc)
             replacement = leave_after_error(exc, own)
             if replacement is None:

@@ -205,6 +205,7 @@ def _cuda_rng_states() -> list[torch.Tensor] | None:
 
     device = ranks.collective_device()
     gathered = [torch.empty_like(own, device=device) for _ in range(ranks.world_size())]
+    ranks.entering_collective()
     dist.all_gather(gathered, own.to(device))
     return [g.cpu() for g in gathered]
 
@@ -360,9 +361,13 @@ def distill(
                     # ranks still running as soon as one has exited
                     ranks.barrier()
                     raise KeyboardInterrupt(f"stopped by signal {stop.signum or 'on another rank'} after step {step}")
+            # the last checkpoint under the deferred stop too, so that it is written whole on
+            # every rank; a stop that came meanwhile ends this rank now, and its notice the others
+            train.checkpoint(student, step, run, options)
+            if stop.pending():
+                raise KeyboardInterrupt(f"stopped by signal {stop.signum} after step {step}")
         finally:
             bar.close()
-    train.checkpoint(student, step, run, options)
     student.eval()
     return DistillResult(steps_done=step, total_steps=run.total, completed=step >= run.total, resumed_from=train.start,
                          history=train.history, precision=run.precision, bf16_check=run.bf16_check,
@@ -549,6 +554,8 @@ def _accumulated_loss(model: nn.Module, stream: Any, items: Any, cache: "TargetC
         sync = run.world == 1 or micro == run.accumulate - 1
         with (contextlib.nullcontext() if sync else model.no_sync()), _autocast(run.device, run.precision):
             loss, terms = model(x, targets, step)
+            if sync and run.world > 1:
+                ranks.entering_collective()  # the backward's gradient all-reduce
             (loss / run.accumulate).backward()
         loss_sum = loss_sum + _float64(loss, run.device) / run.accumulate
         for k, v in terms.items():

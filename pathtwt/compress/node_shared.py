@@ -10,11 +10,15 @@ no name: the memory is returned when the last rank unmaps it, however the job en
 nothing is left in ``/dev/shm``.
 
 Ranks find their node peers, and then the node's file, by gathering every rank's host
-name and boot id, and then its pid and file descriptor
+name, boot id and PID namespace (``/proc/self/ns/pid``: ranks in containers of their own,
+as apptainer ``--pid`` or ``--containall`` makes them, see other processes under the same
+numbers), and then the leader's pid, file descriptor and the file's inode
 (:func:`pathtwt.compress.ranks.gather_json`), not from launcher variables, so torchrun
-and srun alike work. Where a rank cannot open its node's file (ranks in separate process
-namespaces, ``/proc`` mounted ``hidepid``) every rank keeps its own copy, said in one log
-line. A single process keeps a plain host tensor.
+and srun alike work. Before it maps ``/proc/<pid>/fd/<n>``, a rank checks that the path
+resolves to the project's memfd, by its name and its inode: mapping another process's file
+with ``shared=True`` would extend it and write into it (torch's MapAllocator). Where a rank
+cannot open its node's file, or it is not that file, every rank keeps its own copy, said
+once in the log. A single process keeps a plain host tensor.
 """
 
 from __future__ import annotations
@@ -50,13 +54,37 @@ class NodeTensors:
         ranks.barrier()
 
 
+MEMFD_NAME = "pathtwt-teacher-targets"
+
+
 def _node_id() -> str:
+    """The ranks that share memory share all of this: the host, its boot and the PID
+    namespace in which ``/proc/<pid>`` means the same process."""
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
             boot = fh.read().strip()
     except OSError:
         boot = ""
-    return f"{socket.gethostname()}/{boot}"
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()}/{boot}/{namespace}"
+
+
+def _offer(fd: int | None) -> tuple[int, int | None, int | None]:
+    """What the node's leader tells its peers: its pid, the memfd's descriptor and inode."""
+    return os.getpid(), fd, None if fd is None else os.fstat(fd).st_ino
+
+
+def _map(pid: int, fd: int, inode: int, total: int, dtype: torch.dtype) -> torch.Tensor:
+    """Map the leader's memfd, after checking that its path resolves to that very file
+    (the memfd's name, the inode the leader gave): OSError otherwise, nothing touched."""
+    path = f"/proc/{pid}/fd/{fd}"
+    target = os.readlink(path)
+    if not target.startswith(f"/memfd:{MEMFD_NAME}") or os.stat(path).st_ino != inode:
+        raise OSError(f"{path} resolves to {target!r}, not the node's shared memory")
+    return torch.from_file(path, shared=True, size=total, dtype=dtype)
 
 
 def node_tensors(shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.float32) -> NodeTensors:
@@ -75,14 +103,13 @@ def node_tensors(shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.flo
     total = max(1, sum(counts))
     fd = None
     if me == leader and len(peers) > 1:
-        fd = os.memfd_create("pathtwt-teacher-targets")
+        fd = os.memfd_create(MEMFD_NAME)
         os.ftruncate(fd, total * torch.empty((), dtype=dtype).element_size())
-    offers = ranks.gather_json((os.getpid(), fd))
+    offers = ranks.gather_json(_offer(fd))
     flat, reason = None, ""
     if len(peers) > 1:
-        pid, leader_fd = offers[leader]
         try:
-            flat = torch.from_file(f"/proc/{pid}/fd/{leader_fd}", shared=True, size=total, dtype=dtype)
+            flat = _map(*offers[leader], total, dtype)
         except (OSError, RuntimeError) as exc:
             reason = f"rank {me} cannot map rank {leader}'s shared memory ({first_line(exc)})"
     mapped = ranks.gather_json(reason)

@@ -11,15 +11,19 @@ can fall differently on two GPUs); what must simply be the same everywhere (the 
 the step a run resumes from) is compared by :func:`agree`, whose mismatch is one line on
 every rank instead of a hang.
 
-The group waits at most ``timeout`` (``--rank-timeout``) for a collective; a rank that fails
-leaves it with :func:`abort`, never :func:`shutdown` (:mod:`pathtwt.compress.rank_failures`).
+A rank that fails leaves the group with :func:`abort`, never :func:`shutdown`
+(:mod:`pathtwt.compress.rank_failures`). Each rank counts the collectives it has entered
+(:func:`progress`): the ranks' watchers compare the counts, and a rank that stays behind
+the others for ``--rank-timeout`` is named as the one that stopped answering. The group's
+own timeout (:func:`group_timeout`, NCCL's watchdog) is set later than that, so the job
+ends with the project's line before NCCL's watchdog would abort the process in its words.
 
-A GPU run's group has a backend per device type, ``cpu:gloo,cuda:nccl`` (NCCL is RCCL on
-ROCm builds): NCCL alone handles CUDA tensors only, and a CPU tensor reaching a plain
-``nccl`` group fails every rank with "No backend type associated with device type cpu".
-The small reductions of the loop (:func:`all_mean`) run on the rank's own device
-(:func:`collective_device`), on NCCL for a GPU run, so the gloo half only serves
-collectives that are CPU by nature. A CPU run uses gloo alone.
+A GPU run's group is plain ``nccl`` (RCCL on ROCm builds): every collective of the run
+(the loop's reductions, :func:`gather_json`, DDP) runs on the rank's own device
+(:func:`collective_device`), so no gloo half is connected; a gloo group would connect at
+init over the host name's address, which fails between nodes whose name resolves to
+127.0.1.1 (pytorch/gloo#223). A run of CPU ranks uses gloo alone. torch parses the
+string with ``distributed_c10d.BackendConfig``: ``nccl`` maps CUDA alone, ``gloo`` the CPU.
 """
 
 from __future__ import annotations
@@ -56,9 +60,11 @@ def launched_world_size() -> int:
     return _env_int("WORLD_SIZE", default=1)
 
 
-# the process group's backends: one per device type on a GPU, gloo alone on CPU
-GPU_BACKEND = "cpu:gloo,cuda:nccl"
+# the process group's backend: NCCL alone for GPU ranks, gloo for CPU ranks (module doc)
+GPU_BACKEND = "nccl"
 CPU_BACKEND = "gloo"
+# how long an abort may take before the rank leaves without it (see abort)
+ABORT_WAIT_S = 10.0
 # where the loop's reductions run: this rank's device once the group is joined
 _device = "cpu"
 
@@ -81,8 +87,8 @@ def check_rendezvous() -> None:
 def init_from_env(device: str, timeout_minutes: float = COMPRESS_DEFAULTS.rank_timeout) -> str:
     """Join the process group when launched with several ranks; returns this rank's
     device (``cuda:LOCAL_RANK`` on CUDA). A single-process run is left untouched.
-    ``timeout_minutes`` bounds every collective's wait: torch's default for the
-    ``cpu:gloo,cuda:nccl`` group is 30 minutes, spent waiting for a rank that is gone."""
+    ``timeout_minutes`` (``--rank-timeout``) is when the watchers end the job; the group's
+    own timeout comes later (:func:`group_timeout`), instead of torch's 30 minutes."""
     import torch.distributed as dist
 
     global _device
@@ -100,10 +106,43 @@ def init_from_env(device: str, timeout_minutes: float = COMPRESS_DEFAULTS.rank_t
         from pathtwt.errors import ConfigError
 
         raise ConfigError(f"--rank-timeout {timeout_minutes}: give the minutes a rank waits for the others, above 0")
-    dist.init_process_group(backend=GPU_BACKEND if on_cuda else CPU_BACKEND,
-                            timeout=timedelta(minutes=float(timeout_minutes)))
+    dist.init_process_group(backend=backend_for(device), timeout=group_timeout(timeout_minutes))
     _device = device
     return device
+
+
+def backend_for(device: str) -> str:
+    """The process group's backend for ranks on ``device`` (module doc)."""
+    return GPU_BACKEND if str(device).startswith("cuda") else CPU_BACKEND
+
+
+def group_timeout(rank_timeout_minutes: float) -> timedelta:
+    """The group's own timeout for ``--rank-timeout`` minutes: later than the watchers'
+    deadline by half of it, and a minute at least, so a rank that stopped answering is
+    named by the watchers (:mod:`pathtwt.compress.rank_failures`) before NCCL's watchdog
+    ends the processes. With torch's defaults (``TORCH_NCCL_ASYNC_ERROR_HANDLING`` 3,
+    SkipCleanUp, ``TORCH_NCCL_BLOCKING_WAIT`` off; torchrun exports 1, TearDown)
+    ProcessGroupNCCL's watchdog thread throws on a timeout and the process dies of
+    SIGABRT: no exception reaches Python (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp,
+    ``ErrorHandlingMode`` and ``TORCH_NCCL_BLOCKING_WAIT``; ProcessGroupNCCL.cpp,
+    ``Watchdog::run``). Blocking wait would raise in Python, but makes every collective a
+    host wait; the watchers' deadline gives the line without it."""
+    minutes = float(rank_timeout_minutes)
+    return timedelta(minutes=minutes + max(1.0, minutes / 2))
+
+
+_entered = 0  # collectives this rank has entered (progress)
+
+
+def entering_collective() -> None:
+    """Count a collective this rank is about to enter (one integer add: no store call)."""
+    global _entered
+    _entered += 1
+
+
+def progress() -> int:
+    """How many collectives this rank has entered: what its watcher reports."""
+    return _entered
 
 
 def collective_device() -> torch.device:
@@ -142,6 +181,7 @@ def all_mean(values: torch.Tensor) -> torch.Tensor:
 
     # on the rank's device: a GPU group's NCCL backend takes CUDA tensors only
     out = values.to(collective_device(), copy=True)
+    entering_collective()
     dist.all_reduce(out)
     return (out / world_size()).to(values.device)
 
@@ -165,6 +205,7 @@ def gather_json(value: Any, default: Callable[[Any], Any] | None = str) -> list[
     device, n = collective_device(), world_size()
     data = json.dumps(value, default=default).encode()
     sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(n)]
+    entering_collective()
     dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64, device=device))
     longest = max(int(s.item()) for s in sizes)
     mine = torch.zeros(longest, dtype=torch.uint8, device=device)
@@ -206,19 +247,34 @@ def shutdown() -> None:
     _device = "cpu"
 
 
-def abort() -> None:
-    """Leave the group after an error: abort it, which never waits. Destroying it instead
-    would, under NCCL, wait in ncclCommFinalize for a collective the other ranks never
-    complete (they wait in theirs until the timeout), so no rank would exit and the
-    launcher could not clean up. Gloo aborts too (closing its connections, which the other
-    ranks see at once)."""
+def abort() -> bool:
+    """Leave the group after an error: abort it, waiting at most :data:`ABORT_WAIT_S`;
+    False when the abort did not end in that time (the caller then exits without it).
+
+    What an abort does depends on the backend. NCCL's (``ProcessGroupNCCL::abort``,
+    ncclCommAbort on each communicator) cancels this rank's pending collectives instead of
+    waiting for them, as destroying the group would (ncclCommFinalize waits for a
+    collective the other ranks never complete). It can itself wait, for the watchdog up to
+    the group's timeout and for the node's other ranks inside NCCL (NVIDIA/nccl#863,
+    #1777), hence the bound. Gloo's abort does nothing (``Backend::abort`` is a no-op for
+    it, torch/csrc/distributed/c10d/Backend.hpp): the other ranks learn of this one when
+    its connections close, as this process exits."""
+    import threading
+
     import torch.distributed as dist
 
     global _device
     _device = "cpu"
     if not (dist.is_available() and dist.is_initialized()):
-        return
-    try:
-        dist.distributed_c10d._abort_process_group()
-    except Exception as exc:  # noqa: BLE001 - leaving anyway; the error being raised is the one to show
-        log.warning("aborting the process group failed (%s); leaving without it", exc)
+        return True
+
+    def run() -> None:
+        try:
+            dist.distributed_c10d._abort_process_group()
+        except Exception as exc:  # noqa: BLE001 - leaving anyway; the error being raised is the one to show
+            log.warning("aborting the process group failed (%s); leaving without it", exc)
+
+    thread = threading.Thread(target=run, name="pathtwt-abort", daemon=True)
+    thread.start()
+    thread.join(ABORT_WAIT_S)
+    return not thread.is_alive()

@@ -100,6 +100,14 @@ def stop_at_step_end() -> Iterator[StopRequest]:
             request.defer = outer
 
 
+def ending() -> None:
+    """The command is ending (an error is being reported): a stop signal from now on changes
+    nothing, so it cannot replace the line being said (torchrun signals the ranks still
+    running as soon as one has failed)."""
+    if _active is not None:
+        _active.stopping = True
+
+
 def raise_if_stopped() -> None:
     """Act on a stop that came when nothing could act on it (after the loop's last step)."""
     if _active is not None and _active.pending():

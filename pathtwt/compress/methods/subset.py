@@ -209,9 +209,14 @@ def subset_objective(teacher: Backbone, subset: Subset, options: CompressOptions
 def distillation_scorer(teacher: Backbone, calib: CalibrationSet, options: CompressOptions, *, steps: int) -> Scorer:
     """Embedding R^2 on the select tiles after a short distillation of the candidate subset
     (no augmentation, on the first ``steps * batch_size`` fit tiles only: the teacher's
-    targets are then computed once per candidate for just the tiles the short run sees)."""
+    targets are then computed once per candidate for just the tiles the short run sees).
+    Several ranks score together and take rank 0's score (:func:`pathtwt.compress.ranks.decide`):
+    the search compares scores, and a near tie that fell differently on two GPUs would send
+    the ranks to different candidates, one distilling where another found its score cached,
+    their collectives no longer matching."""
     from pathtwt.compress.distill import distill
     from pathtwt.compress.methods.common import select_r2, side_run_options
+    from pathtwt.compress.ranks import decide
 
     tiles = calib.fit[: max(1, steps * options.distill.batch_size)]
 
@@ -221,7 +226,7 @@ def distillation_scorer(teacher: Backbone, calib: CalibrationSet, options: Compr
             distill(student, teacher.model, tiles, transform=teacher.transform,
                     objective=subset_objective(teacher, subset, options, steps),
                     options=side_run_options(options, steps=steps, augment=False), description=f"subset {subset}")
-        return select_r2(student, teacher, calib, options)
+        return decide(f"the score of layers {list(subset)}", select_r2(student, teacher, calib, options))
 
     return score
 
