@@ -75,6 +75,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+from pathtwt.bench.throughput import NOT_RECORDED, decode_record  # noqa: E402 - what the features files record
 SHARED = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared"))
 # the copy carried with the repository (benchmarks/gpu_smoke --prepare), else ../shared's
 SMOKE_DATA = Path(os.environ.get("PATHTWT_SMOKE_DATA", REPO / ".smoke_data"))
@@ -503,34 +504,6 @@ def measure_extract(run: Run) -> None:
     _free(run)
 
 
-NOT_RECORDED = "not recorded"
-
-
-def decode_record(paths: list[Path]) -> dict[str, Any]:
-    """What the features files ``paths`` record of where their native tiles were decoded
-    (per-slide attrs ``natives_decoded_device``, ``natives_decoded_host``, ``decode_fallback``)
-    and of the precision that ran, summed over the files; "not recorded" where absent."""
-    import h5py
-
-    device = host = 0
-    recorded = bool(paths)
-    fallbacks, precisions = [], []
-    for path in paths:
-        with h5py.File(path, "r") as h5:
-            attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in h5.attrs.items()}
-        if "natives_decoded_device" in attrs and "natives_decoded_host" in attrs:
-            device += int(attrs["natives_decoded_device"])
-            host += int(attrs["natives_decoded_host"])
-        else:
-            recorded = False
-        if str(attrs.get("decode_fallback", "")):
-            fallbacks.append(f"{path.stem}: {attrs['decode_fallback']}")
-        precisions.append(str(attrs.get("precision", NOT_RECORDED)))
-    return {"natives_device": device if recorded else NOT_RECORDED, "natives_host": host if recorded else NOT_RECORDED,
-            "fallback": "; ".join(fallbacks) if recorded or fallbacks else NOT_RECORDED,
-            "precision": ", ".join(sorted(set(precisions))) or NOT_RECORDED}
-
-
 def record_row(row: Row, rate: float, record: dict[str, Any], model_only: float) -> None:
     """Fill an extraction row from its steady rate and its features files' record: the
     precision that ran, the natives decoded where, and for a device-path row that fell
@@ -553,90 +526,39 @@ def record_row(row: Row, rate: float, record: dict[str, Any], model_only: float)
 
 def measure_decoders(run: Run, slide: Path) -> None:
     """Native tiles/s of each decoder alone over every native tile of the mosaic's level 0
-    (complete JPEG streams, batches of 256): first the GPU decoders installed here
-    (nvImageCodec on the hardware engines, torchvision's nvJPEG on CUDA kernels; one that
-    cannot decode on this GPU is a row saying why) or, on a CPU, the host decoder the
-    device path falls back to; then libjpeg-turbo on one core (tifffile)."""
-    import tifffile
+    (:func:`pathtwt.bench.throughput.decoder_rates`): the GPU decoders installed here, or on
+    a CPU the host decoder the device path falls back to; then libjpeg-turbo on one core."""
+    from pathtwt.bench.throughput import decoder_rates
 
-    from pathtwt.features.gpu_decoders import GpuDecoderUnavailable, decoder_names, make_decoder
-    from pathtwt.wsi.jpeg_streams import tile_streams
-    from pathtwt.wsi.native_tiles import decode_native_tiles
-
-    with tifffile.TiffFile(slide) as tif:
-        page = tif.pages[0]
-        indices = list(range(len(page.dataoffsets)))
-        streams = tile_streams(page, indices)
-        for name in decoder_names(on_gpu=run.gpu):
-            row = Row(kind="decode", model=name, precision="uint8", batch=256)
-            if run.skipped(row):
-                continue
-            try:
-                decoder = make_decoder(name, run.s.device)
-                refused = []
-                with run.memory(row):
-                    def all_streams():
-                        refused.clear()
-                        for i in range(0, len(streams), 256):
-                            refused.extend(t is None for t in decoder(streams[i:i + 256]))
-                    row.tiles_per_s = len(streams) / run.timed(all_streams, min_time_s=0.0)
-                row.extra.update(refused=sum(refused), upsampling=decoder.reference.__name__,
-                                 decodes_rgb=decoder.decodes_rgb)
-                row.note = f"{len(streams)} native tiles of 256 px, {sum(refused)} refused; {decoder!r}"
-            except GpuDecoderUnavailable as exc:
-                row.note = f"unavailable: {exc}"
-            except Exception as exc:  # noqa: BLE001
-                row.note = _error(exc)
-            run.add(row)
-        row = Row(kind="decode", model="libjpeg-turbo, one core", precision="uint8", batch=256)
-        began = time.perf_counter()
-        decode_native_tiles(page, indices)
-        row.tiles_per_s = len(indices) / (time.perf_counter() - began)
-        row.note = f"{len(indices)} native tiles of 256 px"
+    if run.skipped(Row(kind="decode", model="decoders", precision="uint8", batch=256)):
+        return
+    with run.memory(Row(kind="decode", model="-", precision="uint8", batch=256)):
+        found = decoder_rates(slide, run.s.device, on_gpu=run.gpu)
+    for found_row in found:
+        row = Row(kind="decode", model=found_row["name"], precision="uint8", batch=256,
+                  tiles_per_s=found_row["tiles_per_s"], note=found_row["note"], extra=found_row["facts"])
         run.add(row)
 
 
 def _model_only_rate(run: Run, backbone, batch: int) -> float:
-    """tiles/s of normalising uint8 tiles already on the device and embedding them, in
-    extraction's precision (bf16 autocast with the weights cast once)."""
-    from pathtwt.models.bf16_guard import AutoPrecision
-    from pathtwt.models.embedding import embed_tiles
+    """tiles/s of the model alone in extraction's precision (bf16 autocast, weights cast once)."""
+    from pathtwt.bench.throughput import model_only_rate
 
-    size = backbone.spec.input_size
-    x = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8, device=run.s.device)
-    prefix = backbone.spec.num_prefix_tokens
-    with torch.inference_mode(), AutoPrecision(bf16=True).job_context(run.s.device, backbone.model):
-        return batch / run.timed(lambda: embed_tiles(backbone.model, backbone.transform.normalise_batch(x, run.s.device),
-                                                     prefix))
+    return model_only_rate(backbone, batch, run.s.min_time_s, bf16_autocast=True)
 
 
 def _steady_rate(backbone, slide: Path, coords: Path, tmp: Path, s: Settings, workers: int,
                  decode: str) -> tuple[float, dict[str, Any]]:
-    """Steady-state tiles/s of extraction: a job of three copies of the slide less a job
-    of one (the readers' start, the first batches and the last writes cancel), after a
-    warm-up job; and what the three-copy job's features files record (:func:`decode_record`)."""
-    from pathtwt.bench.timing import steady_state
-    from pathtwt.features.extract import extract_many
-    from pathtwt.features.jobs import ExtractJob
-    from pathtwt.io.h5 import count_coords
+    """Steady-state tiles/s of extraction, a job of three copies less a job of one after a
+    warm-up (:func:`pathtwt.bench.throughput.extraction_rate`), and its record."""
+    from pathtwt.bench.throughput import extraction_rate
 
-    n = count_coords(coords)
-    options = dict(batch_size=s.extract_batch, workers=workers, progress=False, bf16_autocast=True)
+    options = dict(batch_size=s.extract_batch, workers=workers, bf16_autocast=True)
     if decode in ("cpu", "gpu"):
         options["decode"] = decode
     else:  # a decoder by name: the device path on any device (host: its stand-in on a CPU)
         options["gpu_decoder"] = decode
-
-    def job(count: int) -> dict[str, Any]:
-        jobs = [ExtractJob(slide, coords, tmp / f"f{decode}{workers}-{count}-{i}.h5") for i in range(count)]
-        extract_many(jobs, backbone, **options)
-        record = decode_record([job.out for job in jobs])
-        for one in jobs:
-            one.out.unlink(missing_ok=True)
-        return record
-
-    steady = steady_state(job, 1, 3)
-    return steady.rate(n), steady.large_result
+    return extraction_rate(backbone, slide, coords, tmp, **options)
 
 
 def distill_cases(s: Settings):
