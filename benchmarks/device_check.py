@@ -1,9 +1,18 @@
-"""One-command GPU measurement: forward, extraction and distillation throughput of H0-mini
-and its TWT students, with peak memory and the fraction of the GPU's dense bf16 peak.
+"""One-command GPU sweep: forward, extraction and distillation throughput of H0-mini and its
+TWT students, with peak memory and the fraction of the GPU's dense bf16 peak.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/device_check.py             # GPU: <= 8 min
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/device_check.py --cpu       # tiny models, < 3 min
-    ... --json device_check.json                                            # the rows as JSON too
+Measures: every precision and batch size of the forward pass (eager and compiled), the data
+path (each decoder alone, extraction end to end at 20x and 40x with GPU and CPU decode) and
+distillation steps/s, on the measurement primitives of :mod:`pathtwt.bench` (``pathtwt
+bench`` is the short, per-machine table; this is the full sweep of one GPU).
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/device_check.py --dry-run --cpu` (the
+plan, no device), `... --cpu --json device_check.json` (tiny models, < 3 min), and on a GPU
+`PYTHONPATH=$PWD .venv/bin/python benchmarks/device_check.py --json device_check.json` (<= 8 min).
+JSON keys: ``machine`` (device, peak label and TFLOP/s, torch, timm, CUDA/ROCm, driver,
+/dev/shm, cores, slide), ``settings`` (what was asked), ``seconds``, ``mosaics`` and
+``mosaics_seconds`` (copies written, tiles), ``rows`` (kind, model, precision, batch,
+compiled, workers, tiles_per_s, steps_per_s, tflops, frac_gpu_peak, frac_mm_peak,
+peak_mem_gib, note, extra).
 
 Needs nothing beyond the repository: the real slide CMU-1-Small-Region.svs comes from
 .smoke_data/ (``benchmarks/gpu_smoke --prepare``) or ../shared; without either, or

@@ -93,12 +93,16 @@ def decode_record(paths: list[Path]) -> dict[str, Any]:
 
 
 def extraction_rate(backbone, slide: Path, coords: Path, folder: Path, *, small: int = 1, large: int = 3,
-                    warmup: bool = True, **options: Any) -> tuple[float, dict[str, Any]]:
+                    warmup: bool = True, repeats: int = 1, quiet: bool = False, **options: Any) -> tuple[float, dict[str, Any]]:
     """Steady-state tiles/s of pathtwt's extraction (``extract_many`` with ``options``: the
     batch size, readers, decode as a job gets them): a job of ``large`` copies of the slide
-    less a job of ``small`` (the readers' start, the first batches and the last writes
+    less a job of ``small`` (each the least of ``repeats``) (the readers' start, the first batches and the last writes
     cancel; :func:`pathtwt.bench.timing.steady_state`), and what the large job's features
-    files record (:func:`decode_record`)."""
+    files record (:func:`decode_record`). ``quiet``: each job's closing line on stderr
+    (what bounded it) is dropped, for a caller that says that itself."""
+    import contextlib
+    import io
+
     from pathtwt.bench.timing import steady_state
     from pathtwt.features.extract import extract_many
     from pathtwt.features.jobs import ExtractJob
@@ -110,13 +114,14 @@ def extraction_rate(backbone, slide: Path, coords: Path, folder: Path, *, small:
     def job(count: int) -> dict[str, Any]:
         jobs = [ExtractJob(slide, coords, folder / f".bench-{slide.stem}-{count}-{i}.h5") for i in range(count)]
         try:
-            extract_many(jobs, backbone, **options)
+            with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+                extract_many(jobs, backbone, **options)
             return decode_record([j.out for j in jobs])
         finally:
             for j in jobs:
                 j.out.unlink(missing_ok=True)
 
-    steady = steady_state(job, small, large, warmup=warmup, sync=synchronizer(backbone.device))
+    steady = steady_state(job, small, large, warmup=warmup, repeats=repeats, sync=synchronizer(backbone.device))
     return steady.rate(n), steady.large_result
 
 

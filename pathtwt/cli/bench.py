@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_precision_argument(parser)
     parser.add_argument("--batch-sizes", type=_ints, default=None, metavar="N,N",
                         help="model-only batch sizes, ascending; larger ones stop at the first that does not fit "
-                        "(default: 8 on CPU; 64,128,256,512 on GPU)")
+                        "(default: 4 on CPU; 64,128,256,512 on GPU)")
     parser.add_argument("--mosaics", type=_mosaics, default=None, metavar="20x=CxR,40x=CxR",
                         help="copies of the slide side by side in each mosaic (default: 20x=1x1,40x=1x1 on CPU; "
                         "20x=5x4,40x=7x6 on GPU)")
@@ -108,7 +108,6 @@ def settings(args: argparse.Namespace, device: str):
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import logging
     import time
 
     from pathtwt.bench.doctor import Context, as_json, run_checks
@@ -139,8 +138,6 @@ def run(args: argparse.Namespace) -> int:
         if written.get("note"):
             print(f"    {written['note']}", flush=True)
 
-    # each extraction's own log line (what bounded it) would bury the rows: the rows say it
-    logging.getLogger("pathtwt.features").setLevel(logging.WARNING)
     try:
         run_bench(s, add, lambda **facts: results.update(**facts), log)
     finally:
