@@ -84,6 +84,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+from pathtwt.bench.table import cell as _cell  # noqa: E402 - one way a table cell reads
 from pathtwt.bench.throughput import NOT_RECORDED, decode_record  # noqa: E402 - what the features files record
 SHARED = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared"))
 # the copy carried with the repository (benchmarks/gpu_smoke --prepare), else ../shared's
@@ -658,16 +659,6 @@ def _error(exc: BaseException) -> str:
 COLUMNS = [("kind", 8), ("model", 19), ("precision", 13), ("batch", 5), ("compiled", 8), ("workers", 7),
            ("tiles_per_s", 11), ("steps_per_s", 11), ("tflops", 8), ("frac_gpu_peak", 13), ("frac_mm_peak", 12),
            ("peak_mem_gib", 12), ("note", 0)]
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
-    return str(value)
 
 
 def format_row(row: Row) -> str:

@@ -58,22 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="copies of the slide side by side in each mosaic (default: 20x=1x1,40x=1x1 on CPU; "
                         "20x=5x4,40x=7x6 on GPU)")
     parser.add_argument("--slide", default=None, metavar="SLIDE",
-                        help="the slide the mosaics repeat (default: ../shared's CMU-1-Small-Region.svs where present, "
-                        "else a generated H&E-like image)")
+                        help="the slide the mosaics repeat, e.g. an SVS of your own scanner (default: a generated "
+                        "H&E-like image)")
     add_workers_argument(parser, "reading processes of the end-to-end rows")
     add_decode_argument(parser)
     parser.add_argument("--out", default="bench", metavar="PREFIX",
                         help="writes PREFIX.md, PREFIX.json and PREFIX.png, after every row (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="also print the JSON at the end")
-
-
-def default_slide() -> Path | None:
-    """../shared's CMU-1-Small-Region.svs (PATHTWT_SHARED overrides ../shared), if present."""
-    import os
-
-    shared = Path(os.environ.get("PATHTWT_SHARED", Path.cwd().parent / "shared"))
-    slide = shared / "data" / "slides" / "CMU-1-Small-Region.svs"
-    return slide if slide.is_file() else None
 
 
 def settings(args: argparse.Namespace, device: str):
@@ -103,7 +94,7 @@ def settings(args: argparse.Namespace, device: str):
         precision=args.precision, batches=args.batch_sizes or d["batches"], e2e_batch=d["e2e_batch"],
         e2e_tiles=d["e2e_tiles"], mosaics=args.mosaics or d["mosaics"], mosaic_budget_s=d["mosaic_budget_s"], workers=args.workers,
         decode=args.decode, min_time_s=d["min_time_s"], timing=d["timing"], steady=d["steady"],
-        slide=Path(args.slide) if args.slide else default_slide())
+        slide=Path(args.slide) if args.slide else None)
 
 
 def run(args: argparse.Namespace) -> int:
