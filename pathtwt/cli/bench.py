@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model-only batch sizes, ascending; larger ones stop at the first that does not fit "
                         "(default: 4 on CPU; 64,128,256,512 on GPU)")
     parser.add_argument("--mosaics", type=_mosaics, default=None, metavar="20x=CxR,40x=CxR",
-                        help="copies of the slide side by side in each mosaic (default: 20x=1x1,40x=1x1 on CPU; "
+                        help="copies of the slide side by side in each mosaic (default: 20x=1x1,40x=2x1 on CPU; "
                         "20x=5x4,40x=7x6 on GPU)")
     parser.add_argument("--slide", default=None, metavar="SLIDE",
                         help="the slide the mosaics repeat, e.g. an SVS of your own scanner (default: a generated "
