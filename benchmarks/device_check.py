@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import platform
 import resource
@@ -76,6 +75,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+from pathtwt.bench.throughput import NOT_RECORDED, decode_record  # noqa: E402 - what the features files record
 SHARED = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared"))
 # the copy carried with the repository (benchmarks/gpu_smoke --prepare), else ../shared's
 SMOKE_DATA = Path(os.environ.get("PATHTWT_SMOKE_DATA", REPO / ".smoke_data"))
@@ -268,25 +268,10 @@ class Run:
         return row
 
     def timed(self, fn: Callable[[], Any], min_time_s: float | None = None) -> float:
-        """Seconds per call: two warm-up calls, then as many calls as fill ``min_time_s``
-        (at least 3), best of two such rounds."""
-        min_time_s = self.s.min_time_s if min_time_s is None else min_time_s
-        for _ in range(2):
-            fn()
-        self.sync()
-        t0 = time.perf_counter()
-        fn()
-        self.sync()
-        one = max(time.perf_counter() - t0, 1e-6)
-        n = max(3, math.ceil(min_time_s / one))
-        best = float("inf")
-        for _ in range(2):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            self.sync()
-            best = min(best, (time.perf_counter() - t0) / n)
-        return best
+        """Seconds per call (:func:`pathtwt.bench.timing.seconds_per_call`, the device synchronised)."""
+        from pathtwt.bench.timing import seconds_per_call
+
+        return seconds_per_call(fn, self.s.min_time_s if min_time_s is None else min_time_s, sync=self.sync)
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -446,74 +431,15 @@ def _copy_to(model, device: str, dtype: torch.dtype):
 # written as pyramidal JPEG TIFFs on the machine that measures, so only the slide travels
 MOSAICS_GPU = {"20x": (5, 4), "40x": (7, 6)}
 MOSAICS_CPU = {"20x": (2, 1), "40x": (2, 2)}
-MOSAIC_MPP = {"20x": 0.5, "40x": 0.25}  # 40x: the same pixels read at twice the resolution, 448 -> 224 px
-# 40x: level 0 alone, so its tiles are read there (448 -> 224 px), as in an Aperio 40x scan whose
-# next level is 4x down. A halving pyramid would be read at its second level instead (224 px
-# a tile, the 20x cost), and at an odd size that level's downsample is a shade over 2
-# (2967 -> 1484 rows): tiles whose corners fall between its pixels go as finished tiles,
-# and the GPU rows would measure the CPU path
-MOSAIC_LEVELS = {"20x": None, "40x": 1}
-
-
-def write_mosaic(path: Path, image: np.ndarray, copies: tuple[int, int], mpp: float, levels: int | None = None) -> Path:
-    """A JPEG TIFF of ``copies`` (columns, rows) of ``image`` side by side at ``mpp``, with
-    ``levels`` levels (None: the full halving pyramid)."""
-    from pathtwt.demo.tiff_writer import write_pyramidal_tiff
-
-    h, w = image.shape[:2]
-
-    def region(x: int, y: int, rw: int, rh: int) -> np.ndarray:
-        return image[(y + np.arange(rh)) % h][:, (x + np.arange(rw)) % w]
-
-    write_pyramidal_tiff(path, w * copies[0], h * copies[1], region, mpp=mpp, levels=levels, tile=256,
-                         quality=90)
-    return path
-
-
-def mosaic_coords(slide: Path, out: Path) -> Path:
-    """Every 224 px tile of ``slide`` at 0.5 um/px (distinct positions, no tissue filter)."""
-    from pathtwt.io.h5 import write_coords
-    from pathtwt.wsi.slides import open_slide
-    from pathtwt.wsi.tiling import tile_slide
-
-    with open_slide(slide) as opened:
-        tiling = tile_slide(opened, target_mpp=0.5, tile_size=224, min_tissue=0.0)
-    write_coords(out, tiling.coords, tiling.tissue_fraction, {**tiling.attrs, "slide_path": str(slide)})
-    return out
-
-
-def plan_mosaics(wanted: dict[str, tuple[int, int]], seconds_per_copy: float,
-                 budget_s: float) -> dict[str, tuple[int, int]]:
-    """The copies (columns, rows) of each mosaic written within ``budget_s``: the largest
-    mosaic loses a column or a row (its longer side) until the estimate fits, down to 1 x 1."""
-    copies = dict(wanted)
-
-    def cost() -> float:
-        return sum(c * r for c, r in copies.values()) * seconds_per_copy
-
-    while cost() > budget_s and any(c * r > 1 for c, r in copies.values()):
-        name = max(copies, key=lambda k: copies[k][0] * copies[k][1])
-        c, r = copies[name]
-        copies[name] = (c - 1, r) if c >= r else (c, r - 1)
-    return copies
 
 
 def build_mosaics(run: Run, image: np.ndarray, folder: Path) -> tuple[dict[str, Path], dict[str, Path]]:
-    """The mosaics and their coordinates, within the mosaic budget: one copy is written
-    first to time it, then each mosaic with the copies :func:`plan_mosaics` allows."""
-    s = run.s
-    began = time.perf_counter()
-    write_mosaic(folder / "timing.tiff", image, (1, 1), 0.5)
-    per_copy = time.perf_counter() - began
-    copies = plan_mosaics(s.mosaics, per_copy, max(s.mosaic_budget_s - per_copy, 0.0))
-    mosaics = {k: write_mosaic(folder / f"mosaic{k}.tiff", image, c, MOSAIC_MPP[k], MOSAIC_LEVELS[k]) for k, c in copies.items()}
-    coords = {k: mosaic_coords(m, folder / f"coords{k}.h5") for k, m in mosaics.items()}
-    seconds = time.perf_counter() - began
-    run.info["mosaics"] = {k: {"copies": list(c), "wanted": list(s.mosaics[k]), "tiles": _tiles(coords[k])}
-                           for k, c in copies.items()}
-    run.info["mosaics_seconds"] = round(seconds, 1)
-    print(f"device check: mosaics {', '.join(f'{k} {c[0]}x{c[1]} ({_tiles(coords[k])} tiles)' for k, c in copies.items())}"
-          f" written in {seconds:.0f} s (budget {s.mosaic_budget_s:.0f} s, {per_copy:.1f} s a copy)", flush=True)
+    """The mosaics and their coordinates within the mosaic budget (:func:`pathtwt.bench.mosaics.build_mosaics`)."""
+    from pathtwt.bench.mosaics import build_mosaics as build
+
+    mosaics, coords, facts = build(image, folder, run.s.mosaics, run.s.mosaic_budget_s,
+                                   log=lambda line: print(f"device check: {line}", flush=True))
+    run.info.update(facts)
     return mosaics, coords
 
 
@@ -578,34 +504,6 @@ def measure_extract(run: Run) -> None:
     _free(run)
 
 
-NOT_RECORDED = "not recorded"
-
-
-def decode_record(paths: list[Path]) -> dict[str, Any]:
-    """What the features files ``paths`` record of where their native tiles were decoded
-    (per-slide attrs ``natives_decoded_device``, ``natives_decoded_host``, ``decode_fallback``)
-    and of the precision that ran, summed over the files; "not recorded" where absent."""
-    import h5py
-
-    device = host = 0
-    recorded = bool(paths)
-    fallbacks, precisions = [], []
-    for path in paths:
-        with h5py.File(path, "r") as h5:
-            attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in h5.attrs.items()}
-        if "natives_decoded_device" in attrs and "natives_decoded_host" in attrs:
-            device += int(attrs["natives_decoded_device"])
-            host += int(attrs["natives_decoded_host"])
-        else:
-            recorded = False
-        if str(attrs.get("decode_fallback", "")):
-            fallbacks.append(f"{path.stem}: {attrs['decode_fallback']}")
-        precisions.append(str(attrs.get("precision", NOT_RECORDED)))
-    return {"natives_device": device if recorded else NOT_RECORDED, "natives_host": host if recorded else NOT_RECORDED,
-            "fallback": "; ".join(fallbacks) if recorded or fallbacks else NOT_RECORDED,
-            "precision": ", ".join(sorted(set(precisions))) or NOT_RECORDED}
-
-
 def record_row(row: Row, rate: float, record: dict[str, Any], model_only: float) -> None:
     """Fill an extraction row from its steady rate and its features files' record: the
     precision that ran, the natives decoded where, and for a device-path row that fell
@@ -626,97 +524,41 @@ def record_row(row: Row, rate: float, record: dict[str, Any], model_only: float)
     row.note = f"{mosaic}, decode {decode}, {row.extra['of_model_only']:.2f} of model-only; {where}"
 
 
-def _tiles(coords: Path) -> int:
-    from pathtwt.io.h5 import count_coords
-
-    return count_coords(coords)
-
-
 def measure_decoders(run: Run, slide: Path) -> None:
     """Native tiles/s of each decoder alone over every native tile of the mosaic's level 0
-    (complete JPEG streams, batches of 256): first the GPU decoders installed here
-    (nvImageCodec on the hardware engines, torchvision's nvJPEG on CUDA kernels; one that
-    cannot decode on this GPU is a row saying why) or, on a CPU, the host decoder the
-    device path falls back to; then libjpeg-turbo on one core (tifffile)."""
-    import tifffile
+    (:func:`pathtwt.bench.throughput.decoder_rates`): the GPU decoders installed here, or on
+    a CPU the host decoder the device path falls back to; then libjpeg-turbo on one core."""
+    from pathtwt.bench.throughput import decoder_rates
 
-    from pathtwt.features.gpu_decoders import GpuDecoderUnavailable, decoder_names, make_decoder
-    from pathtwt.wsi.jpeg_streams import tile_streams
-    from pathtwt.wsi.native_tiles import decode_native_tiles
-
-    with tifffile.TiffFile(slide) as tif:
-        page = tif.pages[0]
-        indices = list(range(len(page.dataoffsets)))
-        streams = tile_streams(page, indices)
-        for name in decoder_names(on_gpu=run.gpu):
-            row = Row(kind="decode", model=name, precision="uint8", batch=256)
-            if run.skipped(row):
-                continue
-            try:
-                decoder = make_decoder(name, run.s.device)
-                refused = []
-                with run.memory(row):
-                    def all_streams():
-                        refused.clear()
-                        for i in range(0, len(streams), 256):
-                            refused.extend(t is None for t in decoder(streams[i:i + 256]))
-                    row.tiles_per_s = len(streams) / run.timed(all_streams, min_time_s=0.0)
-                row.extra.update(refused=sum(refused), upsampling=decoder.reference.__name__,
-                                 decodes_rgb=decoder.decodes_rgb)
-                row.note = f"{len(streams)} native tiles of 256 px, {sum(refused)} refused; {decoder!r}"
-            except GpuDecoderUnavailable as exc:
-                row.note = f"unavailable: {exc}"
-            except Exception as exc:  # noqa: BLE001
-                row.note = _error(exc)
-            run.add(row)
-        row = Row(kind="decode", model="libjpeg-turbo, one core", precision="uint8", batch=256)
-        began = time.perf_counter()
-        decode_native_tiles(page, indices)
-        row.tiles_per_s = len(indices) / (time.perf_counter() - began)
-        row.note = f"{len(indices)} native tiles of 256 px"
+    if run.skipped(Row(kind="decode", model="decoders", precision="uint8", batch=256)):
+        return
+    with run.memory(Row(kind="decode", model="-", precision="uint8", batch=256)):
+        found = decoder_rates(slide, run.s.device, on_gpu=run.gpu)
+    for found_row in found:
+        row = Row(kind="decode", model=found_row["name"], precision="uint8", batch=256,
+                  tiles_per_s=found_row["tiles_per_s"], note=found_row["note"], extra=found_row["facts"])
         run.add(row)
 
 
 def _model_only_rate(run: Run, backbone, batch: int) -> float:
-    """tiles/s of normalising uint8 tiles already on the device and embedding them, in
-    extraction's precision (bf16 autocast with the weights cast once)."""
-    from pathtwt.models.bf16_guard import AutoPrecision
-    from pathtwt.models.embedding import embed_tiles
+    """tiles/s of the model alone in extraction's precision (bf16 autocast, weights cast once)."""
+    from pathtwt.bench.throughput import model_only_rate
 
-    size = backbone.spec.input_size
-    x = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8, device=run.s.device)
-    prefix = backbone.spec.num_prefix_tokens
-    with torch.inference_mode(), AutoPrecision(bf16=True).job_context(run.s.device, backbone.model):
-        return batch / run.timed(lambda: embed_tiles(backbone.model, backbone.transform.normalise_batch(x, run.s.device),
-                                                     prefix))
+    return model_only_rate(backbone, batch, run.s.min_time_s, bf16_autocast=True)
 
 
 def _steady_rate(backbone, slide: Path, coords: Path, tmp: Path, s: Settings, workers: int,
                  decode: str) -> tuple[float, dict[str, Any]]:
-    """Steady-state tiles/s of extraction: a job of three copies of the slide less a job
-    of one (the readers' start, the first batches and the last writes cancel), after a
-    warm-up job; and what the three-copy job's features files record (:func:`decode_record`)."""
-    from pathtwt.features.extract import extract_many
-    from pathtwt.features.jobs import ExtractJob
-    from pathtwt.io.h5 import count_coords
+    """Steady-state tiles/s of extraction, a job of three copies less a job of one after a
+    warm-up (:func:`pathtwt.bench.throughput.extraction_rate`), and its record."""
+    from pathtwt.bench.throughput import extraction_rate
 
-    n = count_coords(coords)
-    options = dict(batch_size=s.extract_batch, workers=workers, progress=False, bf16_autocast=True)
+    options = dict(batch_size=s.extract_batch, workers=workers, bf16_autocast=True)
     if decode in ("cpu", "gpu"):
         options["decode"] = decode
     else:  # a decoder by name: the device path on any device (host: its stand-in on a CPU)
         options["gpu_decoder"] = decode
-    seconds, record = {}, {}
-    for count in (1, 1, 3):  # the first: warm-up
-        jobs = [ExtractJob(slide, coords, tmp / f"f{decode}{workers}-{count}-{i}.h5") for i in range(count)]
-        began = time.perf_counter()
-        extract_many(jobs, backbone, **options)
-        seconds[count] = time.perf_counter() - began
-        if count == 3:
-            record = decode_record([job.out for job in jobs])
-        for job in jobs:
-            job.out.unlink(missing_ok=True)
-    return 2 * n / max(seconds[3] - seconds[1], 1e-9), record
+    return extraction_rate(backbone, slide, coords, tmp, **options)
 
 
 def distill_cases(s: Settings):
@@ -726,6 +568,7 @@ def distill_cases(s: Settings):
 
 
 def measure_distill(run: Run) -> None:
+    from pathtwt.bench.timing import steady_state
     from pathtwt.compress.distill import DeepSupervision, DistillOptions, distill
     from pathtwt.compress.student import clone_layers, stitch_student
     from pathtwt.models.flops import count_macs
@@ -745,29 +588,28 @@ def measure_distill(run: Run) -> None:
         if run.skipped(row, reserve_s=30.0 if run.gpu else 5.0):
             continue
         try:
-            seconds = []
+            made = {}
+
+            def job(steps: int, augment=augment, workers=workers, row=row):
+                made["student"] = stitch_student(teacher.model, clone_layers(teacher.model, [e - 1 for e in ends]),
+                                                 spec=teacher.spec)
+                opts = DistillOptions(steps=steps, batch_size=s.distill_batch, precision="bf16", device=s.device,
+                                      workers=workers, augment=augment, progress=False, seed=0, loss_norm="none",
+                                      cache_limit_bytes=0)  # the teacher runs every step, as with augmentation
+                done = distill(made["student"], teacher.model, tiles, transform=teacher.transform,
+                               objective=DeepSupervision(ends), options=opts)
+                # what it trained in: bf16 asked for falls back to fp32 where its first step disagrees
+                row.precision = "bf16-autocast" if done.precision == "bf16" else done.precision
+
             with run.memory(row):
-                for steps in s.distill_steps:
-                    student = stitch_student(teacher.model, clone_layers(teacher.model, [e - 1 for e in ends]),
-                                             spec=teacher.spec)
-                    opts = DistillOptions(steps=steps, batch_size=s.distill_batch, precision="bf16", device=s.device,
-                                          workers=workers, augment=augment, progress=False, seed=0, loss_norm="none",
-                                          cache_limit_bytes=0)  # the teacher runs every step, as with augmentation
-                    run.sync()
-                    t0 = time.perf_counter()
-                    done = distill(student, teacher.model, tiles, transform=teacher.transform,
-                                   objective=DeepSupervision(ends), options=opts)
-                    run.sync()
-                    seconds.append(time.perf_counter() - t0)
-                    # what it trained in: bf16 asked for falls back to fp32 where its first step disagrees
-                    row.precision = "bf16-autocast" if done.precision == "bf16" else done.precision
-            # the difference of two runs cancels the fixed cost (optimiser, loader start-up)
-            steps_per_s = (s.distill_steps[1] - s.distill_steps[0]) / max(seconds[1] - seconds[0], 1e-6)
-            row.steps_per_s = steps_per_s
-            row.tiles_per_s = steps_per_s * s.distill_batch
+                # the difference of two runs cancels the fixed cost (optimiser, loader start-up)
+                steady = steady_state(job, *s.distill_steps, warmup=False, sync=run.sync)
+            student = made["student"]
+            row.steps_per_s = steady.rate()
+            row.tiles_per_s = row.steps_per_s * s.distill_batch
             s_flops = 2.0 * count_macs(student)
             run.rate(row, t_flops + 3 * s_flops)
-            row.extra["fixed_s"] = round(seconds[0] - s.distill_steps[0] / steps_per_s, 2)
+            row.extra["fixed_s"] = round(steady.fixed_s, 2)
         except Exception as exc:  # noqa: BLE001
             row.note = f"{label}; {_error(exc)}"
         run.add(row)

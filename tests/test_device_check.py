@@ -201,12 +201,13 @@ def test_the_gpu_plan_measures_the_device_path_first(capsys):
 
 
 def test_the_mosaics_are_shrunk_to_their_budget():
-    dc = _load()
+    from pathtwt.bench.mosaics import plan_mosaics
+
     wanted = {"20x": (5, 4), "40x": (7, 6)}
-    assert dc.plan_mosaics(wanted, 0.1, 100.0) == wanted  # 62 copies in 6.2 s
-    small = dc.plan_mosaics(wanted, 1.0, 30.0)
+    assert plan_mosaics(wanted, 0.1, 100.0) == wanted  # 62 copies in 6.2 s
+    small = plan_mosaics(wanted, 1.0, 30.0)
     assert sum(c * r for c, r in small.values()) <= 30 and all(c >= 1 and r >= 1 for c, r in small.values())
-    assert dc.plan_mosaics(wanted, 100.0, 1.0) == {"20x": (1, 1), "40x": (1, 1)}  # never below one copy
+    assert plan_mosaics(wanted, 100.0, 1.0) == {"20x": (1, 1), "40x": (1, 1)}  # never below one copy
 
 
 def _features(path, **attrs):

@@ -75,9 +75,12 @@ FORBIDDEN = [
     # using a trained head on a slide: heads (mil), files (io) and slides (wsi) only
     ("explain", ("compress", "cli", "analysis", "models")),
 ]
+# bench measures the stage packages and machine facts: nothing below it imports it
+FORBIDDEN += [(package, ("bench",)) for package in ("wsi", "models", "io", "mil", "explain", "features", "compress",
+                                                    "config", "report")]
 
 
-@pytest.mark.parametrize("package,forbidden", FORBIDDEN, ids=[p for p, _ in FORBIDDEN])
+@pytest.mark.parametrize("package,forbidden", FORBIDDEN, ids=[f"{p}-not-{'-'.join(f)}" for p, f in FORBIDDEN])
 def test_lower_layers_do_not_import_upper_ones(package, forbidden):
     bad = sorted(
         f"{module} -> {target}"

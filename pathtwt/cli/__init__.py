@@ -32,6 +32,8 @@ COMMANDS: dict[str, str] = {
     "heatmap": "heatmap",
     "check-config": "check_config",
     "store": "store",
+    "doctor": "doctor",
+    "bench": "bench",
 }
 
 # one-line descriptions shown by `pathtwt --help` without importing every module
@@ -53,6 +55,8 @@ SUMMARIES: dict[str, str] = {
     "heatmap": "attention heatmap, top/bottom tiles and QuPath GeoJSON of a slide under a trained MIL head",
     "check-config": "validate a workflow config and its label tables before any job runs",
     "store": "list, measure and prune the store of tiles, models and features kept by what made them",
+    "doctor": "what this machine can run: one line a check (OK / WARN / FAIL with the fix)",
+    "bench": "tiles/s of each backbone and its students on this machine, model-only and end to end",
 }
 
 

@@ -108,6 +108,13 @@ def progress_bar(args: argparse.Namespace, total: int, desc: str, unit: str = "t
     return tqdm(total=total, desc=desc, unit=unit, disable=not show_progress(args), dynamic_ncols=True, leave=False)
 
 
+def default_store() -> str:
+    """The store a command reads without --store: the config's default ``store:`` (the schema's)."""
+    from pathtwt.config.check import read_schema
+
+    return str(read_schema()["properties"]["store"]["default"])
+
+
 def add_workers_argument(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--workers", type=int, default=None, metavar="N",

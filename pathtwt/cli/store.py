@@ -9,14 +9,9 @@ import os
 import sys
 from pathlib import Path
 
+from pathtwt.cli.options import default_store
+
 HELP = "list, measure and prune the store of tiles, models and features; make one entry (the workflow's jobs)"
-
-
-def default_store() -> str:
-    """The store ls and du read without --store: the config's default ``store:`` (the schema's)."""
-    from pathtwt.config.check import read_schema
-
-    return str(read_schema()["properties"]["store"]["default"])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
