@@ -31,7 +31,6 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA
     os.environ[var] = "1"  # before numpy or numba load: one thread throughout
 
 import argparse  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -46,17 +45,9 @@ BACH = Path(__file__).resolve().parents[2] / "shared" / "data" / "bach" / "image
 
 
 def cpu() -> tuple[str, set[str]]:
-    name, flags = platform.processor() or "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    return name, flags
+    from pathtwt.bench.cpu import cpu_flags, cpu_model
+
+    return cpu_model(), cpu_flags()
 
 
 def tiles(side: int, n: int) -> tuple[np.ndarray, str]:

@@ -35,7 +35,6 @@ import os
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -110,11 +109,9 @@ def bf16_check(backbone: Backbone, tiles: np.ndarray, device: str) -> float:
 
 
 def cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    from pathtwt.bench.cpu import cpu_flags
+
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def main(argv: list[str] | None = None) -> int:

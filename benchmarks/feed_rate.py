@@ -66,20 +66,9 @@ GPU_BATCH = 256
 
 
 def cpu_name() -> dict[str, object]:
-    info = {"model": "", "avx2": False, "avx512f": False, "avx512_bf16": False, "amx": False}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return info
-    for line in text.splitlines():
-        if line.startswith("model name") and not info["model"]:
-            info["model"] = line.split(":", 1)[1].strip()
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            info.update(avx2="avx2" in flags, avx512f="avx512f" in flags, avx512_bf16="avx512_bf16" in flags,
-                        amx="amx_tile" in flags)
-            break
-    return info
+    from pathtwt.bench.cpu import cpu_units
+
+    return cpu_units()
 
 
 def make(folder: Path, n: int = 8) -> tuple[Path, Path]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -95,13 +94,9 @@ def plan(tree: Path, work: Path, data: Path, cache: Path) -> tuple[float, int]:
 
 
 def cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    from pathtwt.bench.cpu import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def main() -> int:

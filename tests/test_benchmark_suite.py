@@ -157,8 +157,9 @@ def test_cpu_precision_smallest(tmp_path):
 
 def test_extract_throughput_smallest():
     _need_shared(SHARED_SLIDES / "CMU-1-Small-Region.svs")
-    data = _printed_json(_run(["benchmarks/extract_throughput.py", "--batch-sizes", "2", "--depths", "12,5",
-                               "--rounds", "1", "--matmul-n", "256", "--extract-tiles", "8", "--workers", "0"]))
+    data = _printed_json(_run(["benchmarks/extract_throughput.py", "--backbone", "vit-s14-tiny", "--batch-sizes", "2",
+                               "--depths", "12,5", "--rounds", "1", "--matmul-n", "256", "--extract-tiles", "8",
+                               "--workers", "0"]))
     assert {"machine", "matmul", "forward", "extract", "bf16", "ratios", "targets_met"} <= data.keys()
     assert set(data["forward"]["depths"]) == {"12", "5"}
     assert data["ratios"]["mac_ratio_12_over_5"] > 2 and data["extract"]["tiles_per_s"] > 0
