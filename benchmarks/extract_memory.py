@@ -9,9 +9,10 @@ Measures: peak and current resident memory after a checkpoint and after the last
 extracted in one process with one loaded backbone.
 Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/extract_memory.py --slides 3 --checkpoint 2` (smallest);
 `PYTHONPATH=$PWD .venv/bin/python benchmarks/extract_memory.py` (100 slides).
-JSON keys: printed on stdout: `rss_mb_after_N` and `peak_rss_mb_after_N` (N the checkpoint and the last
-slide), `slides`, `tiles_total`, `tiles_per_slide_mean`, `seconds`, `peak_growth_mb_10_to_end` (checkpoint to
-end).
+JSON keys: printed on stdout: `backbone`, `weights` (random), `workers`, `torch_threads`,
+`rss_mb_after_backbone` (once the backbone is built), `rss_mb_after_N` and `peak_rss_mb_after_N` (N the
+checkpoint and the last slide), `slides`, `tiles_total`, `tiles_per_slide_mean`, `seconds`,
+`peak_growth_mb_10_to_end` (checkpoint to end).
 """
 
 from __future__ import annotations

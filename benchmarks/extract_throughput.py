@@ -16,7 +16,7 @@ pathtwt.models.flops for what the MACs count).
 Measures: a float32 matmul's GFLOP/s (the practical peak), tiles/s of the H0-mini architecture's forward at
 each depth and batch size as a fraction of it, full extraction from a slide against the forward alone, and
 bf16 speed and cosine where the hardware has bf16.
-Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/extract_throughput.py --batch-sizes 2 --depths 12,5
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/extract_throughput.py --backbone vit-s14-tiny --batch-sizes 2 --depths 12,5
 --rounds 1 --matmul-n 256 --extract-tiles 8 --workers 0` (smallest); `PYTHONPATH=$PWD .venv/bin/python
 benchmarks/extract_throughput.py` (batches 4, 8, 16; depths 12, 6, 5, 4). Needs ../shared for the extraction
 and real-tile rows.
@@ -24,7 +24,7 @@ JSON keys: printed on stdout: `machine`, `backbone`, `matmul` {n, peak_gflops}, 
 (`batch_sweep_tiles_per_s`, `batch_size`, `depths` -> tiles_per_s, macs_per_tile, gflops, fraction_of_peak),
 `extract` (tiles, tiles_per_s, forward_alone_same_rounds, ...), `bf16` (a dict, or why not), `ratios`
 (forward_fraction_of_peak_12, speedup_5_vs_12, mac_ratio_12_over_5, speedup_fraction_of_mac_ratio,
-extract_over_forward), `targets_met`.
+extract_over_forward), `targets_met`, and where bf16 runs `bf16_default_ok (cosine >= 0.999)`.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import ast
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -96,7 +97,38 @@ def _need_shared(*paths: Path) -> None:
             pytest.skip(f"real test data not available: {path} is absent (../shared is not checked out beside the repo)")
 
 
+def smallest_command(script: str) -> list[str]:
+    """The first command of the script's Command: paragraph (its smallest mode), as words;
+    the environment assignments before it are the runner's (:func:`_run` sets them)."""
+    doc = " ".join(docstring(BENCHMARKS / script).split())
+    paragraph = doc.split("Command:", 1)[1].split("JSON keys:", 1)[0]
+    words = shlex.split(re.search(r"`([^`]+)`", paragraph).group(1))
+    while "=" in words[0]:
+        words.pop(0)
+    assert words[0].endswith("python") and words[1] == f"benchmarks/{script}", words
+    return words[1:]
+
+
+def documented_keys(script: str) -> set[str]:
+    """The names the script's JSON keys: paragraph writes in backquotes."""
+    doc = " ".join(docstring(BENCHMARKS / script).split())
+    return set(re.findall(r"`([^`]+)`", doc.split("JSON keys:", 1)[1]))
+
+
+def run_smallest(script: str, tmp_path: Path, timeout: int = 300, ok: tuple[int, ...] = (0,),
+                 **names: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run the contract's smallest command with its placeholders (out.json, and the upper-case
+    names given, e.g. DIR) replaced by paths under ``tmp_path``; the process and out.json's path."""
+    out = tmp_path / "out.json"
+    names = {"out.json": out, **names}
+    pattern = re.compile("|".join(rf"(?<![\w/.]){re.escape(k)}(?![\w/])" for k in names))
+    words = [pattern.sub(lambda m: str(names[m.group(0)]), w) for w in smallest_command(script)]
+    return _run(words, timeout=timeout, ok=ok), out
+
+
 def _run(args: list[str], timeout: int = 300, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
+    """A benchmark in a fresh process from the repository root, with the package on the path
+    and one compute thread (the test process's worker has its share of the cores)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PATHTWT_SHARED": str(SHARED), "OMP_NUM_THREADS": "1"}
     for launcher in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(launcher, None)
@@ -110,65 +142,63 @@ def _printed_json(res: subprocess.CompletedProcess) -> dict:
     return json.loads(text[text.index("{"):])
 
 
+def _documented(script: str, data: dict) -> dict:
+    """``data``, once every key of it is one the contract's JSON keys: paragraph names (a
+    trailing count written N there)."""
+    keys = {re.sub(r"_\d+$", "_N", key) for key in data}
+    assert keys <= documented_keys(script), f"{script} writes keys its contract does not name: {keys - documented_keys(script)}"
+    return data
+
+
 def test_area_shrink_speed_smallest(tmp_path):
-    out = tmp_path / "out.json"
-    _run(["benchmarks/area_shrink_speed.py", "--batch", "4", "--repeat", "1", "--sides", "267", "448",
-          "--json", str(out)])
-    data = json.loads(out.read_text())
-    assert {"cpu", "avx2", "avx512f", "path", "first_call_s", "rows"} <= data.keys()
+    _, out = run_smallest("area_shrink_speed.py", tmp_path)
+    data = _documented("area_shrink_speed.py", json.loads(out.read_text()))
     assert [r["side"] for r in data["rows"]] == [267, 448]
     assert data["rows"][1]["route"] == "OpenCV (whole factor)"  # 448 -> 224 is a whole factor
     assert all(r["cv2_over_area_shrink"] > 0 and r["median_us"]["ours"] > 0 for r in data["rows"])
 
 
 def test_tiling_speed_smallest(tmp_path):
-    res = _run(["benchmarks/tiling_speed.py", "--width", "4096", "--height", "4096", "--repeat", "1",
-                "--cache", str(tmp_path)], ok=(0, 1))
-    data = _printed_json(res)
+    res, _ = run_smallest("tiling_speed.py", tmp_path, ok=(0, 1), DIR=tmp_path / "slides")
+    data = _documented("tiling_speed.py", _printed_json(res))
     assert data["tiles_kept"] > 0 and data["mask_read_s"] > 0 and data["tile_s"] > 0
     # exit 1 says the target was missed (at this size the fixed costs dominate)
     assert res.returncode == int(data["ratio"] > data["target_ratio"])
 
 
 def test_transmil_memory_smallest(tmp_path):
-    out = tmp_path / "out.json"
-    _run(["benchmarks/transmil_memory.py", "--sizes", "200", "400", "--dim", "64", "--threads", "1",
-          "--json", str(out)])
-    rows = json.loads(out.read_text())["rows"]
+    _, out = run_smallest("transmil_memory.py", tmp_path)
+    rows = _documented("transmil_memory.py", json.loads(out.read_text()))["rows"]
     assert [r["tiles"] for r in rows] == [200, 400]
     assert all(r["peak_rss_mb"] > 0 and r["tokens"] > r["tiles"] for r in rows)
 
 
-def test_extract_memory_smallest():
-    data = _printed_json(_run(["benchmarks/extract_memory.py", "--slides", "3", "--checkpoint", "2"]))
+def test_extract_memory_smallest(tmp_path):
+    res, _ = run_smallest("extract_memory.py", tmp_path)
+    data = _documented("extract_memory.py", _printed_json(res))
     assert data["slides"] == 3 and data["tiles_total"] > 0
     assert data["peak_rss_mb_after_3"] >= data["peak_rss_mb_after_2"] > 0
     assert data["peak_growth_mb_10_to_end"] >= 0
 
 
 def test_cpu_precision_smallest(tmp_path):
-    out = tmp_path / "out.json"
-    _run(["benchmarks/cpu_precision.py", "--threads", "1", "--mm-n", "256", "--backbones", "vit-s14-tiny",
-          "--batch", "2", "--train-batch", "2", "--rounds", "1", "--json", str(out)])
-    data = json.loads(out.read_text())
-    assert {"machine", "mm_gflops", "forward", "train", "ratios", "seconds"} <= data.keys()
+    _, out = run_smallest("cpu_precision.py", tmp_path)
+    data = _documented("cpu_precision.py", json.loads(out.read_text()))
     assert data["mm_gflops"]["fp32"] > 0 and set(data["forward"]) == set(data["train"]) == {"vit-s14-tiny"}
 
 
-def test_extract_throughput_smallest():
+def test_extract_throughput_smallest(tmp_path):
     _need_shared(SHARED_SLIDES / "CMU-1-Small-Region.svs")
-    data = _printed_json(_run(["benchmarks/extract_throughput.py", "--backbone", "vit-s14-tiny", "--batch-sizes", "2",
-                               "--depths", "12,5", "--rounds", "1", "--matmul-n", "256", "--extract-tiles", "8",
-                               "--workers", "0"]))
-    assert {"machine", "matmul", "forward", "extract", "bf16", "ratios", "targets_met"} <= data.keys()
+    res, _ = run_smallest("extract_throughput.py", tmp_path)
+    data = _documented("extract_throughput.py", _printed_json(res))
     assert set(data["forward"]["depths"]) == {"12", "5"}
     assert data["ratios"]["mac_ratio_12_over_5"] > 2 and data["extract"]["tiles_per_s"] > 0
 
 
-def test_extract_variants_smallest():
+def test_extract_variants_smallest(tmp_path):
     _need_shared(SHARED_SLIDES / "CMU-1-Small-Region.svs")
-    data = _printed_json(_run(["benchmarks/extract_variants.py", "--backbone", "vit-s14-tiny", "--depths", "12,6",
-                               "--rounds", "1", "--batch-size", "8"]))
+    res, _ = run_smallest("extract_variants.py", tmp_path)
+    data = _documented("extract_variants.py", _printed_json(res))
     assert data["cohort"]["tiles"] > 0
     assert {v["depth"] for v in data["variants"].values()} == {12, 6}
     assert all(v["ratio"] > 0 for v in data["variants"].values())
@@ -176,9 +206,8 @@ def test_extract_variants_smallest():
 
 def test_reader_throughput_smallest(tmp_path):
     _need_shared(SHARED_SLIDES / "CMU-1-Small-Region.svs")
-    out = tmp_path / "out.json"
-    _run(["benchmarks/reader_throughput.py", "--rows", "1", "--jobs", "2", "--cases", "svs", "--json", str(out)])
-    data = json.loads(out.read_text())
+    _, out = run_smallest("reader_throughput.py", tmp_path)
+    data = _documented("reader_throughput.py", json.loads(out.read_text()))
     svs = data["cases"]["svs"]
     assert svs["tiles"] > 0 and svs["limit"] > 0 and svs["new"] > 0
     assert svs["extract_tiles_per_s"]["1"] > 0 and data["model_only_tiles_per_s"] > 0
@@ -186,19 +215,16 @@ def test_reader_throughput_smallest(tmp_path):
 
 def test_decode_tolerance_smallest(tmp_path):
     _need_shared(SHARED_SLIDES / "CMU-1-Small-Region.svs", SHARED_BACH)
-    out = tmp_path / "out.json"
-    _run(["benchmarks/decode_tolerance.py", "--bach", "2", "--json", str(out)])
-    data = json.loads(out.read_text())
+    _, out = run_smallest("decode_tolerance.py", tmp_path)
+    data = _documented("decode_tolerance.py", json.loads(out.read_text()))
     assert "fancy" in data["decoders"] and data["sets"]
     assert all(s["streams"] > 0 for s in data["sets"].values())
 
 
 def test_distill_throughput_smallest(tmp_path):
     _need_shared(SHARED_SLIDES / "CMU-1-Small-Region.svs")
-    out = tmp_path / "out.json"
-    _run(["benchmarks/distill_throughput.py", "--steps", "4", "--batch-size", "4", "--rss-tiles", "64", "--files", "2",
-          "--workers", "1", "--threads", "1", "--json", str(out)])
-    data = json.loads(out.read_text())
+    _, out = run_smallest("distill_throughput.py", tmp_path)
+    data = _documented("distill_throughput.py", json.loads(out.read_text()))
     assert data["in_memory_tiles_per_s"] > 0 and data["streamed_tiles_per_s"] > 0
     assert set(data["peak_rss_mib"]) == {"6", "64"}  # a tenth of --rss-tiles when that is under 1,000
     assert data["fp32"]["held_out_tiles"] == data["bf16"]["held_out_tiles"] > 0
@@ -206,17 +232,16 @@ def test_distill_throughput_smallest(tmp_path):
 
 def test_feed_rate_smallest(tmp_path):
     _need_shared(SHARED_BACH)
-    data = _printed_json(_run(["benchmarks/feed_rate.py", "--make", str(tmp_path / "slides"), "--quick", "--json"]))
+    res, _ = run_smallest("feed_rate.py", tmp_path, DIR=tmp_path / "slides")
+    data = _documented("feed_rate.py", _printed_json(res))
     assert set(data["reader_us_per_tile"]) == set(data["tiles"]) == {"20x", "40x"}
     assert data["host_us_per_tile"] > 0 and data["torch_ops_per_batch"] > 0 and data["decode_amplification"] >= 1
     assert 0 < data["tiles"]["40x"] < data["tiles"]["20x"]  # 2 x 2 images: 40x reads 448 px a tile
 
 
 def test_plan_time_smallest(tmp_path):
-    out = tmp_path / "out.json"
-    _run(["benchmarks/plan_time.py", "--base", "HEAD", "--scale", "0.003", "--rounds", "1", "--json", str(out)],
-         timeout=600)
-    data = json.loads(out.read_text())
+    _, out = run_smallest("plan_time.py", tmp_path, timeout=600)
+    data = _documented("plan_time.py", json.loads(out.read_text()))
     assert data["slides"] > 0 and data["jobs"]["store"] > 0 and data["jobs"]["base"] > 0
     assert len(data["times"]["base"]) == len(data["times"]["store"]) == 1 and data["ratio_warm"] > 0
 
@@ -225,20 +250,15 @@ def test_compress_phases_smallest(tmp_path):
     from rank_faults import write_tiles
 
     tiles = write_tiles(tmp_path / "tiles", 8)
-    out = tmp_path / "out.json"
-    job = (f"--method twt --backbone vit-s14-tiny --random-init --calibration {tiles} --depth 2 --steps 2 "
-           f"--batch-size 4 --audition-steps 0 --device cpu --precision fp32 --no-progress --out {tmp_path / 'student'}")
-    _run(["benchmarks/compress_phases.py", "--job", job, "--json", str(out)])
-    data = json.loads(out.read_text())
+    _, out = run_smallest("compress_phases.py", tmp_path, TILES=tiles, OUT=tmp_path / "student")
+    data = _documented("compress_phases.py", json.loads(out.read_text()))
     (only,) = data["jobs"]
     assert only["wall_s"] > 0 and only["phases"] and data["discover"] is None and data["startup_s"] > 0
     assert (tmp_path / "student" / "model.safetensors").exists()
 
 
 def test_compare_demo_tables_smallest(tmp_path):
-    results = BENCHMARKS / "results"
-    res = _run(["benchmarks/compare_demo_tables.py", str(results / "demo_bf16_a72522b" / "tables.md"),
-                str(results / "demo_bf16_21d7917" / "tables.md")])
+    res, _ = run_smallest("compare_demo_tables.py", tmp_path)
     assert res.stdout.startswith("|") and "teacher" in res.stdout
     # --choices reads a results folder; the stored runs keep meanpool's choices as JSON
     folder = tmp_path / "results" / "mil" / "vit" / "twt-6" / "grading" / "meanpool" / "seed0"
@@ -254,7 +274,6 @@ def test_workflow_times_smallest(tmp_path):
 
     log = tmp_path / "run.snakemake.log"
     log.write_text(LOG)
-    out = tmp_path / "out.json"
-    _run(["benchmarks/workflow_times.py", str(log), "--json", str(out)])
-    assert json.loads(out.read_text()) == {"log": str(log), "wall_s": 99.0,
-                                           "rules": {"tile": [5.0, 8.0], "demo_slides": [90.0]}}
+    _, out = run_smallest("workflow_times.py", tmp_path, LOG=log)
+    assert _documented("workflow_times.py", json.loads(out.read_text())) == {
+        "log": str(log), "wall_s": 99.0, "rules": {"tile": [5.0, 8.0], "demo_slides": [90.0]}}
