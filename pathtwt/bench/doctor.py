@@ -63,7 +63,7 @@ def _version(dist: str) -> str | None:
 def check_python(ctx: Context) -> list[Check]:
     v = sys.version_info
     text = f"Python {v.major}.{v.minor}.{v.micro} ({sys.executable})"
-    if (v.major, v.minor) < MIN_PYTHON:
+    if (v.major, v.minor) < MIN_PYTHON:  # noqa: UP036 - the check itself
         return [Check("python", FAIL, text, f"pathtwt needs Python >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]}")]
     return [Check("python", OK, text, facts={"version": f"{v.major}.{v.minor}.{v.micro}"})]
 
