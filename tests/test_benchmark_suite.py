@@ -61,7 +61,7 @@ def test_every_maintained_script_states_its_contract():
 def test_every_maintained_script_is_run_by_a_test():
     tests = {p: p.read_text(encoding="utf-8") for p in (REPO / "tests").glob("test_*.py")}
     unrun = [s.name for s in maintained_scripts() if not any(s.name in text for text in tests.values())]
-    assert not unrun, f"maintained benchmarks no test names (add its smallest mode to SMALLEST below): {unrun}"
+    assert not unrun, f"maintained benchmarks no test names (a test runs its smallest mode: tests/test_benchmark_suite.py): {unrun}"
 
 
 def test_the_records_are_apart_each_with_its_commit():
@@ -101,8 +101,10 @@ def smallest_command(script: str) -> list[str]:
     """The first command of the script's Command: paragraph (its smallest mode), as words;
     the environment assignments before it are the runner's (:func:`_run` sets them)."""
     doc = " ".join(docstring(BENCHMARKS / script).split())
-    paragraph = doc.split("Command:", 1)[1].split("JSON keys:", 1)[0]
-    words = shlex.split(re.search(r"`([^`]+)`", paragraph).group(1))
+    assert "Command:" in doc, f"benchmarks/{script} states no Command: paragraph (docs/development.md)"
+    command = re.search(r"`([^`]+)`", doc.split("Command:", 1)[1].split("JSON keys:", 1)[0])
+    assert command, f"benchmarks/{script}: its Command: paragraph has no `command` in backquotes"
+    words = shlex.split(command.group(1))
     while "=" in words[0]:
         words.pop(0)
     assert words[0].endswith("python") and words[1] == f"benchmarks/{script}", words
@@ -112,6 +114,7 @@ def smallest_command(script: str) -> list[str]:
 def documented_keys(script: str) -> set[str]:
     """The names the script's JSON keys: paragraph writes in backquotes."""
     doc = " ".join(docstring(BENCHMARKS / script).split())
+    assert "JSON keys:" in doc, f"benchmarks/{script} states no JSON keys: paragraph (docs/development.md)"
     return set(re.findall(r"`([^`]+)`", doc.split("JSON keys:", 1)[1]))
 
 
