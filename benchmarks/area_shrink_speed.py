@@ -11,6 +11,16 @@ with numpy ufuncs (:func:`numpy_passes`), to show why the module compiles them w
 on the content). Also prints the CPU, whether its flags include avx2 and avx512f, the shrink's
 path (numba or OpenCV) and numba's first-call compile time in this process (0 when its
 cache in __pycache__ was already there).
+
+Measures: the CPU shrink of a batch of tiles to 224 px on one thread: microseconds a tile of
+cv2.resize(INTER_AREA) tile by tile, of pathtwt.wsi.area_shrink.shrink (same pixels, checked first) and of the
+same passes in numpy ufuncs, and the ratio of the medians.
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/area_shrink_speed.py --batch 4 --repeat 1 --sides 267
+448 --json out.json` (smallest); `PYTHONPATH=$PWD .venv/bin/python benchmarks/area_shrink_speed.py` (32-tile
+batches, 9 repeats, five sides).
+JSON keys: `cpu`, `avx2`, `avx512f`, `path` (numba or OpenCV), `first_call_s` (numba compile or cache load);
+`rows`: one a side, with `side`, `size`, `tiles`, `source` (BACH or random pixels), `route`, `median_us` and
+`best_us` per method (`cv2`, `ours`, `numpy`), `cv2_over_area_shrink`.
 """
 
 from __future__ import annotations
@@ -21,7 +31,6 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA
     os.environ[var] = "1"  # before numpy or numba load: one thread throughout
 
 import argparse  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -29,23 +38,16 @@ from pathlib import Path  # noqa: E402
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
+from pathtwt.io.atomic import write_json_atomic  # noqa: E402
 from pathtwt.wsi import area_shrink  # noqa: E402
 
 BACH = Path(__file__).resolve().parents[2] / "shared" / "data" / "bach" / "images"
 
 
 def cpu() -> tuple[str, set[str]]:
-    name, flags = platform.processor() or "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    return name, flags
+    from pathtwt.bench.cpu import cpu_flags, cpu_model
+
+    return cpu_model(), cpu_flags()
 
 
 def tiles(side: int, n: int) -> tuple[np.ndarray, str]:
@@ -99,6 +101,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--sides", type=int, nargs="+", default=[267, 448, 256, 300, 500])
+    parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
 
     cv2.setNumThreads(1)
@@ -110,7 +113,8 @@ def main() -> None:
 
     start = time.perf_counter()
     area_shrink.shrink(np.zeros((1, args.size + 43, args.size + 43, 3), np.uint8), args.size)
-    print(f"first call (numba compile or cache load): {time.perf_counter() - start:.2f} s\n")
+    first_call = time.perf_counter() - start
+    print(f"first call (numba compile or cache load): {first_call:.2f} s\n")
 
     def opencv(batch: np.ndarray) -> list[np.ndarray]:
         return [cv2.resize(t, (args.size, args.size), interpolation=cv2.INTER_AREA) for t in batch]
@@ -124,6 +128,7 @@ def main() -> None:
     print(f"| {'side -> size':>13} | tiles | path | cv2 us/tile median (best) | area_shrink us/tile median (best) "
           "| cv2 / area_shrink | numpy ufuncs us/tile | cv2 / numpy |")
     print("|---:|---|---|---:|---:|---:|---:|---:|")
+    rows = []
     for side in args.sides:
         batch, source = tiles(side, args.batch)
         whole = area_shrink.whole_factor(side, args.size)
@@ -144,6 +149,13 @@ def main() -> None:
         print(f"| {side:>6} -> {args.size:<4} | {args.batch} {source} | {route} | {med['cv2']:.0f} ({best['cv2']:.0f}) | "
               f"{med['ours']:.0f} ({best['ours']:.0f}) | {med['cv2'] / med['ours']:.2f} | "
               + (f"{med['numpy']:.0f} | {med['cv2'] / med['numpy']:.2f} |" if "numpy" in med else "- | - |"))
+        rows.append({"side": side, "size": args.size, "tiles": args.batch, "source": source, "route": route,
+                     "median_us": {k: round(v, 1) for k, v in med.items()},
+                     "best_us": {k: round(v, 1) for k, v in best.items()},
+                     "cv2_over_area_shrink": round(med["cv2"] / med["ours"], 3)})
+    if args.json:
+        write_json_atomic(args.json, {"cpu": name, "avx2": "avx2" in flags, "avx512f": "avx512f" in flags,
+                                      "path": path, "first_call_s": round(first_call, 3), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -10,6 +10,15 @@ and the largest change of a cell's first number, as a Markdown table.
 Rows are matched on (backbone, variant, head) and the columns by name; a cell's first
 number is its mean (the text before ±, or the value). Columns that describe a row rather
 than measure it (precision, tiles/s, parameters, MACs, slide and tile counts) are left out.
+
+Measures: no time: how many result cells of two `pathtwt report --markdown` outputs of one config are the
+same, per table and kind of row, and the largest change of a cell's first number; with --choices, the C each
+meanpool head chose in a results folder.
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/compare_demo_tables.py
+benchmarks/results/demo_bf16_a72522b/tables.md benchmarks/results/demo_bf16_21d7917/tables.md` (smallest);
+`... A B --by-metric`; `... --choices RESULTS --json out.json`.
+JSON keys: with --choices only: `variant/task/seedN` -> the C meanpool's head chose (the comparisons print
+Markdown).
 """
 
 from __future__ import annotations
@@ -194,7 +203,9 @@ def main() -> None:
             parser.error(f"{args.choices}: no mil/*/*/*/meanpool/seed*/metrics.json under it; name a results folder")
         text = json.dumps(choices, indent=1, sort_keys=True) + "\n"
         if args.json:
-            args.json.write_text(text, encoding="utf-8")
+            from pathtwt.io.atomic import write_text_atomic
+
+            write_text_atomic(args.json, text)
         print(text, end="")
         return
     if args.a is None or args.b is None:

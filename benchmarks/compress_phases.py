@@ -23,6 +23,18 @@ the host wait for the device (``benchmarks/host_waits.py``), counted after the j
 5-step replay of that distillation (its objective, options and tiles; a copy of its
 student and teacher), so the timed jobs run as they would: on a GPU with torch's sync
 debug mode, on the CPU on the stand-in device ``cpu:0``. The target is 1 (the logged loss).
+
+Measures: where the time of one or more `pathtwt compress` jobs, run one after the other in this process, goes
+phase by phase (exclusive of the phases inside each), with the process start-up and the host waits per
+distillation step of each job's last distillation.
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/compress_phases.py --job "--method twt --backbone
+vit-s14-tiny --random-init --calibration TILES --depth 2 --steps 2 --batch-size 4 --audition-steps 0 --device
+cpu --precision fp32 --no-progress --out OUT" --json out.json` (smallest: a tiny random model on a few tiles);
+a demo job's arguments, as the workflow's log shows them, for the figures of
+`benchmarks/results/compress_phases.md`.
+JSON keys: `jobs`: one per --job, each `job` (its arguments), `wall_s`, `phases` (phase -> seconds), `calls`
+(phase -> calls), `host_waits` (per step, the counts and where; null without a distillation); `discover` (the
+same for --discover, or null); `startup_s` (a fresh interpreter's imports).
 """
 
 from __future__ import annotations

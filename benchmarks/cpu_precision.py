@@ -24,6 +24,16 @@ Each figure is GFLOP/s = 2 x MACs x tiles/s, and its fraction of the fp32 and of
 ``mm`` peak. The targets: bf16 extraction >= 0.8 of the bf16 peak,
 fp32 extraction >= 0.9 of the fp32 peak, a train step >= 0.6 of the fp32 peak in fp32 and
 >= 1.5x that in bf16.
+
+Measures: bf16 against fp32 on this CPU: torch.mm peaks, then tiles/s of backbone forwards and of a
+distillation train step in each precision variant, each as GFLOP/s and as fractions of the fp32 and bf16
+peaks.
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/cpu_precision.py --threads 1 --mm-n 256 --backbones
+vit-s14-tiny --batch 2 --train-batch 2 --rounds 1 --json out.json` (smallest); `PYTHONPATH=$PWD
+.venv/bin/python benchmarks/cpu_precision.py --threads 2 --json out.json` (ViT-S and H0-mini).
+JSON keys: `machine` (cores, threads, torch, mkldnn, cpu_capability, load_average), `mm_gflops` {fp32, bf16},
+`mm_bf16_over_fp32`, `forward` and `train` (backbone -> batch and, per variant, tiles/s, GFLOP/s and fractions
+of the peaks), `ratios` (backbone -> the fractions the targets are stated in), `seconds`.
 """
 
 from __future__ import annotations
@@ -44,19 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-
-def interleaved_best(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Best seconds per call over ``rounds`` rounds that each run every call once, after one
-    warm-up call each."""
-    for fn in calls.values():
-        fn()
-    best = {k: float("inf") for k in calls}
-    for _ in range(rounds):
-        for k, fn in calls.items():
-            t0 = time.perf_counter()
-            fn()
-            best[k] = min(best[k], time.perf_counter() - t0)
-    return best
+from pathtwt.bench.timing import interleaved_best  # noqa: E402
 
 
 def cast_matmul_weights(model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:

@@ -24,6 +24,15 @@ tests compare against, allowing 6 grey levels) are compared with the references 
 
 Printed: the largest absolute difference (grey levels, any channel) of each pair per
 stream set, and the share of pixel values that differ by more than 2.
+
+Measures: how far two correct decodes of the same JPEG stream differ (the GPU decoders' pixel-check
+tolerance): the largest absolute difference and the share of values off by more than 2 of each decoder pair,
+per stream set (the real SVS's tiles, BACH images, a 4:2:0 mosaic).
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/decode_tolerance.py --bach 2 --json out.json`
+(smallest); `PYTHONPATH=$PWD .venv/bin/python benchmarks/decode_tolerance.py --json out.json` (200 BACH
+images). Needs ../shared.
+JSON keys: `decoders` (the decodes compared), `sets`: stream set -> `streams` and, per pair, `max` (grey
+levels) and `share_over_2`.
 """
 
 from __future__ import annotations

@@ -14,6 +14,16 @@ weights unless --weights. Printed numbers:
   3. tiles/s and the final R^2 of the student's tile embedding (concat CLS, mean patch)
      against the teacher's on held-out tiles, centred on the teacher's mean, with fp32 and
      with bf16 autocast.
+
+Measures: distillation tiles/s streamed from slides against the same tiles in memory, peak RSS as the streamed
+tile count grows, and tiles/s and the final embedding R^2 with fp32 and with bf16 autocast.
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/distill_throughput.py --steps 4 --batch-size 4
+--rss-tiles 64 --files 2 --workers 1 --threads 1 --json out.json` (smallest); `PYTHONPATH=$PWD
+.venv/bin/python benchmarks/distill_throughput.py --threads 1 --json out.json`. Needs ../shared.
+JSON keys: `tiles`, `files`, `backbone`, `depth`, `batch_size`, `steps`, `workers`, `threads`,
+`in_memory_tiles_per_s`, `streamed_tiles_per_s`, `streamed_share_of_in_memory` (target >= 0.9), `peak_rss_mib`
+(streamed tiles -> MiB, target flat within 10 %), `r2_before`, `fp32` and `bf16` (`tiles_per_s`, `r2`,
+`held_out_tiles`).
 """
 
 from __future__ import annotations
@@ -137,6 +147,7 @@ def main() -> int:
     ap.add_argument("--rss-tiles", type=int, default=10_000)
     ap.add_argument("--threads", type=int, default=None,
                     help="compute threads (1 on a loaded machine: oversubscribed threads slow torch down ~50x)")
+    ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -168,6 +179,11 @@ def main() -> int:
         run(teacher, args.depth, in_memory, steps=5, batch=args.batch_size)  # warm-up
         _, mem_rate = run(teacher, args.depth, in_memory, steps=args.steps, batch=args.batch_size)
         _, stream_rate = run(teacher, args.depth, streamed, steps=args.steps, batch=args.batch_size, workers=workers)
+        result: dict = {"tiles": len(streamed), "files": len(files), "backbone": args.backbone, "depth": args.depth,
+                        "batch_size": args.batch_size, "steps": args.steps, "workers": workers,
+                        "threads": torch.get_num_threads(), "in_memory_tiles_per_s": round(mem_rate, 2),
+                        "streamed_tiles_per_s": round(stream_rate, 2),
+                        "streamed_share_of_in_memory": round(stream_rate / mem_rate, 4)}
         print(f"1. throughput: in memory {mem_rate:.1f} tiles/s, streamed {stream_rate:.1f} tiles/s "
               f"= {100 * stream_rate / mem_rate:.1f} % of in-memory (target >= 90 %)")
 
@@ -175,16 +191,25 @@ def main() -> int:
         steps = -(-args.rss_tiles // args.batch_size)
         run(teacher, args.depth, streamed, steps=steps, batch=args.batch_size, workers=workers, objective=rec)
         at = lambda n: next(p for t, p in rec.peaks if t >= n)  # noqa: E731
-        small, large = at(1_000), at(args.rss_tiles)
-        print(f"2. peak RSS (main + workers): {small:.0f} MiB after 1,000 streamed tiles, {large:.0f} MiB after "
+        first = min(1_000, args.rss_tiles // 10)  # 1,000 unless a short run asks for fewer tiles in all
+        small, large = at(first), at(args.rss_tiles)
+        result["peak_rss_mib"] = {str(first): round(small, 1), str(args.rss_tiles): round(large, 1)}
+        print(f"2. peak RSS (main + workers): {small:.0f} MiB after {first:,} streamed tiles, {large:.0f} MiB after "
               f"{args.rss_tiles:,} ({100 * (large - small) / small:+.1f} %, target within 10 %)")
 
         held, fit = in_memory[::5], np.delete(in_memory, np.s_[::5], axis=0)
-        print(f"3. before distillation: embedding R^2 {r2(make_student(teacher, args.depth)[0], teacher, held):.4f}")
+        result["r2_before"] = round(r2(make_student(teacher, args.depth)[0], teacher, held), 4)
+        print(f"3. before distillation: embedding R^2 {result['r2_before']:.4f}")
         for precision in ("fp32", "bf16"):
             student, rate = run(teacher, args.depth, fit, steps=args.steps, batch=args.batch_size, precision=precision)
-            print(f"3. {precision}: {rate:.1f} tiles/s, final embedding R^2 {r2(student, teacher, held):.4f} "
+            fit_r2 = r2(student, teacher, held)
+            result[precision] = {"tiles_per_s": round(rate, 2), "r2": round(fit_r2, 4), "held_out_tiles": len(held)}
+            print(f"3. {precision}: {rate:.1f} tiles/s, final embedding R^2 {fit_r2:.4f} "
                   f"on {len(held)} held-out tiles")
+    if args.json:
+        from pathtwt.io.atomic import write_json_atomic
+
+        write_json_atomic(args.json, result)
     return 0
 
 

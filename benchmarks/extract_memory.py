@@ -4,6 +4,15 @@ pathtwt.features.extract.extract_slide. Small generated slides (JPEG-tiled TIFF,
 tiles each) are tiled in the same process first. Prints one JSON object.
 
     python benchmarks/extract_memory.py [--slides 100] [--backbone vit-s14-tiny] [--workers 0]
+
+Measures: peak and current resident memory after a checkpoint and after the last of many small slides
+extracted in one process with one loaded backbone.
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/extract_memory.py --slides 3 --checkpoint 2` (smallest);
+`PYTHONPATH=$PWD .venv/bin/python benchmarks/extract_memory.py` (100 slides).
+JSON keys: printed on stdout: `backbone`, `weights` (random), `workers`, `torch_threads`,
+`rss_mb_after_backbone` (once the backbone is built), `rss_mb_after_N` and `peak_rss_mb_after_N` (N the
+checkpoint and the last slide), `slides`, `tiles_total`, `tiles_per_slide_mean`, `seconds`,
+`peak_growth_mb_10_to_end` (checkpoint to end).
 """
 
 from __future__ import annotations

@@ -12,6 +12,19 @@ and the cosine between bf16 and fp32 tile embeddings on real slide tiles when th
 Timings are the best of repeated runs (the least-disturbed one on a shared machine); the
 ratios compare numbers measured in this same run. FLOPs = 2 x MACs (see
 pathtwt.models.flops for what the MACs count).
+
+Measures: a float32 matmul's GFLOP/s (the practical peak), tiles/s of the H0-mini architecture's forward at
+each depth and batch size as a fraction of it, full extraction from a slide against the forward alone, and
+bf16 speed and cosine where the hardware has bf16.
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/extract_throughput.py --backbone vit-s14-tiny --batch-sizes 2 --depths 12,5
+--rounds 1 --matmul-n 256 --extract-tiles 8 --workers 0` (smallest); `PYTHONPATH=$PWD .venv/bin/python
+benchmarks/extract_throughput.py` (batches 4, 8, 16; depths 12, 6, 5, 4). Needs ../shared for the extraction
+and real-tile rows.
+JSON keys: printed on stdout: `machine`, `backbone`, `matmul` {n, peak_gflops}, `forward`
+(`batch_sweep_tiles_per_s`, `batch_size`, `depths` -> tiles_per_s, macs_per_tile, gflops, fraction_of_peak),
+`extract` (tiles, tiles_per_s, forward_alone_same_rounds, ...), `bf16` (a dict, or why not), `ratios`
+(forward_fraction_of_peak_12, speedup_5_vs_12, mac_ratio_12_over_5, speedup_fraction_of_mac_ratio,
+extract_over_forward), `targets_met`, and where bf16 runs `bf16_default_ok (cosine >= 0.999)`.
 """
 
 from __future__ import annotations
@@ -22,13 +35,14 @@ import os
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from pathtwt.bench import timing
+from pathtwt.bench.throughput import synchronizer
 from pathtwt.io import h5 as h5io
 from pathtwt.models.registry import Backbone, build_timm_model, create_backbone, get_spec
 from pathtwt.models.flops import count_macs
@@ -42,25 +56,9 @@ SLIDE = SHARED / "data" / "slides" / "CMU-1-Small-Region.svs"
 VIT_S = SHARED / "weights" / "vit_s14_imgfocus.safetensors"
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def interleaved_best(calls: dict[Any, Callable[[], Any]], device: str, rounds: int) -> dict[Any, float]:
-    """Best wall time of each call over ``rounds`` rounds that run every call once, after
-    one warm-up each. Interleaving makes the ratios fair when the machine's load drifts."""
-    for fn in calls.values():
-        fn()
-    _sync(device)
-    best = {key: float("inf") for key in calls}
-    for _ in range(rounds):
-        for key, fn in calls.items():
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            best[key] = min(best[key], time.perf_counter() - t0)
-    return best
+    """Best wall time of each call, interleaved round by round (pathtwt.bench.timing)."""
+    return timing.interleaved_best(calls, rounds, sync=synchronizer(device))
 
 
 def matmul_call(device: str, n: int) -> Callable[[], Any]:
@@ -70,7 +68,8 @@ def matmul_call(device: str, n: int) -> Callable[[], Any]:
 
 
 def forward_call(model: torch.nn.Module, batch: int, prefix: int, device: str, dtype: torch.dtype) -> Callable[[], Any]:
-    x = torch.randn(batch, 3, 224, 224, device=device, dtype=dtype).contiguous()
+    side = model.patch_embed.img_size[0]  # timm's ViT: the input size it was built for (224 but the tiny one)
+    x = torch.randn(batch, 3, side, side, device=device, dtype=dtype).contiguous()
 
     def call():
         with torch.inference_mode():
@@ -110,11 +109,9 @@ def bf16_check(backbone: Backbone, tiles: np.ndarray, device: str) -> float:
 
 
 def cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    from pathtwt.bench.cpu import cpu_flags
+
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--matmul-n", type=int, default=None)
     parser.add_argument("--extract-tiles", type=int, default=None)
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--backbone", default="h0-mini",
+                        help="the architecture measured (default %(default)s; vit-s14-tiny: a check that it runs)")
     args = parser.parse_args(argv)
 
     device = args.device
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in (args.batch_sizes or ("64,128,256" if cuda else "4,8,16")).split(",")]
     n = args.matmul_n or (8192 if cuda else 2048)
     torch.manual_seed(0)
-    spec = get_spec("h0-mini")
+    spec = get_spec(args.backbone)
     result: dict[str, Any] = {
         "machine": {
             "cpu": platform.processor() or platform.machine(),
@@ -143,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": torch.cuda.get_device_name() if cuda else "cpu",
             "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         },
-        "backbone": "h0-mini architecture, random weights, fp32",
+        "backbone": f"{args.backbone} architecture, random weights, fp32",
     }
     depths = [int(d) for d in args.depths.split(",")]
     prefix = spec.num_prefix_tokens

@@ -14,6 +14,15 @@ extract / model-only (1.0: reading costs nothing beside the model).
 With ``--against REF`` every round runs REF's ``pathtwt/features/extract.py``, this
 checkout's and the model alone back to back, so a load that drifts during the run (a
 shared machine) weighs on all three alike.
+
+Measures: a cohort of small slides extracted by one extract_many call per backbone variant (the teacher's
+depth, then a student's) against the same tiles forwarded in memory: whether extraction is model-bound.
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/extract_variants.py --backbone vit-s14-tiny --depths
+12,6 --rounds 1 --batch-size 8` (smallest); `PYTHONPATH=$PWD .venv/bin/python benchmarks/extract_variants.py`
+(ViT-S architecture); `... --against main --depths 6`. Needs ../shared.
+JSON keys: printed on stdout: `machine`, `cohort` {slides, tiles}, `batch_size`, `workers`, `variants`
+(`first`, `second`: depth, extract_s, model_only_s, ratio = extract / model-only, first_round_*, and with
+--against the other code's); `skipped` alone when the slide is absent.
 """
 
 from __future__ import annotations

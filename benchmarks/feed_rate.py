@@ -33,6 +33,17 @@ The keys (the issue's targets in brackets):
   tiles, measured in this run.
 
 The CPU (model name, and whether it has AVX2 / AVX512 / AMX) is in the object too.
+
+Measures: whether extraction's data path can feed a GPU at a compressed model's rate: the host's costs per
+tile on any machine (reader CPU time, the embedding process's time on the meta device, tensor operations per
+batch, decode amplification, the CPU reader against the decode limit).
+Command: `OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/feed_rate.py --make DIR --quick
+--json` (smallest: 2 x 2 BACH mosaics); `OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python
+benchmarks/feed_rate.py --make DIR --json` (the 8 x 8 mosaics the targets are stated on). Needs ../shared for
+--make.
+JSON keys: printed on stdout: `cpu`, `gpu_batch`, `reader_us_per_tile` {20x, 40x}, `cpu_reader_share_of_limit`
+{20x, 40x}, `cpu_reader_tiles_per_s`, `native_decode_limit_tiles_per_s`, `host_us_per_tile`,
+`torch_ops_per_batch`, `decode_amplification`, `native_tiles_decoded_needed`, `tiles` {20x, 40x}.
 """
 
 from __future__ import annotations
@@ -55,33 +66,23 @@ GPU_BATCH = 256
 
 
 def cpu_name() -> dict[str, object]:
-    info = {"model": "", "avx2": False, "avx512f": False, "avx512_bf16": False, "amx": False}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return info
-    for line in text.splitlines():
-        if line.startswith("model name") and not info["model"]:
-            info["model"] = line.split(":", 1)[1].strip()
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            info.update(avx2="avx2" in flags, avx512f="avx512f" in flags, avx512_bf16="avx512_bf16" in flags,
-                        amx="amx_tile" in flags)
-            break
-    return info
+    from pathtwt.bench.cpu import cpu_units
+
+    return cpu_units()
 
 
-def make(folder: Path) -> tuple[Path, Path]:
+def make(folder: Path, n: int = 8) -> tuple[Path, Path]:
+    """The two n x n BACH mosaics (8: the slides this project measures with)."""
     from reader_throughput import write_40x, write_bach
 
     folder.mkdir(parents=True, exist_ok=True)
-    return write_bach(folder / "bach20x.tiff"), write_40x(folder / "bach40x.tiff", n=8)
+    return write_bach(folder / "bach20x.tiff", n), write_40x(folder / "bach40x.tiff", n=n)
 
 
 def coords_of(slide: Path, folder: Path) -> Path:
-    from reader_throughput import coords_file
+    from pathtwt.bench.mosaics import mosaic_coords
 
-    return coords_file(slide, folder / f"{slide.stem}.h5")
+    return mosaic_coords(slide, folder / f"{slide.stem}.h5")
 
 
 def _read(slide: Path, coords: Path):
@@ -264,6 +265,8 @@ def main() -> int:
     parser.add_argument("slides", nargs="*", metavar="SLIDE", help="SLIDE20 SLIDE40")
     parser.add_argument("--make", metavar="DIR", help="write the two BACH mosaics into DIR and measure them")
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
+    parser.add_argument("--quick", action="store_true",
+                        help="with --make: 2 x 2 mosaics instead of 8 x 8 (a check that it runs, in seconds)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import cv2
@@ -272,7 +275,7 @@ def main() -> int:
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
     if args.make:
-        slide20, slide40 = make(Path(args.make))
+        slide20, slide40 = make(Path(args.make), 2 if args.quick else 8)
     elif len(args.slides) == 2:
         slide20, slide40 = map(Path, args.slides)
     else:

@@ -9,13 +9,21 @@ REV defaults to the commit this branch forked from main (``git merge-base HEAD m
 checkout's first plan hashes every slide (its fingerprint cache starts empty: "cold"); the
 later ones find them kept ("warm"), as every plan after a study's first does. The ratio is
 warm over the base's (the target: at most 1.2).
+
+Measures: the dry run of config/paper.yaml at the real cohorts' sizes, this checkout's plan with its store
+(cold and warm) against another commit's workflow, in alternating rounds.
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/plan_time.py --base HEAD --scale 0.003 --rounds 1 --json
+out.json` (smallest); `PYTHONPATH=$PWD .venv/bin/python benchmarks/plan_time.py --json out.json` (the real
+sizes, against the merge base with main).
+JSON keys: `slides`, `base` (the commit compared with), `cpu`, `times` {base, store} (seconds of each round),
+`cold` (the first plan's seconds), `jobs` {base, store} (jobs planned), `ratio_warm` (warm over the base's
+median; target <= 1.2).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -86,13 +94,9 @@ def plan(tree: Path, work: Path, data: Path, cache: Path) -> tuple[float, int]:
 
 
 def cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    from pathtwt.bench.cpu import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def main() -> int:
@@ -127,10 +131,10 @@ def main() -> int:
     print(f"| the store, first plan (cold: every slide hashed) | {jobs['store']} | {cold:.1f} | 1 |")
     print(f"warm / before: {store_s / base_s:.2f}x (target <= 1.2); cold / before: {cold / base_s:.2f}x")
     if args.json:
-        import json
+        from pathtwt.io.atomic import write_json_atomic
 
-        args.json.write_text(json.dumps({"slides": n, "base": base, "cpu": cpu(), "times": times, "cold": cold,
-                                         "jobs": jobs, "ratio_warm": store_s / base_s}, indent=2) + "\n")
+        write_json_atomic(args.json, {"slides": n, "base": base, "cpu": cpu(), "times": times, "cold": cold,
+                                      "jobs": jobs, "ratio_warm": store_s / base_s})
     return 0
 
 

@@ -26,6 +26,17 @@ process, in turn, the best of ``--repeat``: the ratio says whether this code ext
 the CPU path as fast as that one, in the same run. ``--backbone vit-s14-imgfocus`` runs the same with the real ViT-S architecture
 (random weights: the rate does not depend on them), where the question is whether the
 reader keeps extraction at the model's own rate.
+
+Measures: tile-reading tiles/s per reading core of each reader (batched, per tile, plain OpenSlide) as shares
+of the native decode limit measured in the same run, and extraction's steady-state tiles/s with the near-free
+model at 1 and 2 readers.
+Command: `OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/reader_throughput.py --rows 1 --jobs 2
+--cases svs --json out.json` (smallest); `OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python
+benchmarks/reader_throughput.py --json out.json` (the SVS, the BACH mosaic and the 40x slide). Needs
+../shared.
+JSON keys: `model`, `model_only_tiles_per_s`, `rows`, `cases`: case -> `tiles`, `native_tiles`, tiles/s of
+`new`, `today`, `openslide`, `limit`, `share_of_limit` per reader, `extract_tiles_per_s` {1, 2 readers} (null
+with --no-extract), and `against` {this, other} with --against.
 """
 
 from __future__ import annotations
@@ -51,20 +62,19 @@ BATCH = 32
 
 
 def mosaic(n: int) -> np.ndarray:
+    """The first n x n shared BACH images (1536 px each) side by side."""
     import cv2
 
-    files = sorted(BACH.glob("*.jpeg"))[: n * n]
-    rows = [np.concatenate([cv2.imread(str(f))[..., ::-1] for f in files[r * n:(r + 1) * n]], axis=1) for r in range(n)]
-    return np.ascontiguousarray(np.concatenate(rows, axis=0))
+    from pathtwt.bench.mosaics import image_grid
+
+    return image_grid([cv2.imread(str(f))[..., ::-1] for f in sorted(BACH.glob("*.jpeg"))[: n * n]], n)
 
 
-def write_bach(path: Path) -> Path:
-    from pathtwt.demo.tiff_writer import write_pyramidal_tiff
+def write_bach(path: Path, n: int = 8) -> Path:
+    """An n x n BACH mosaic at 0.42 um/px, a JPEG TIFF with a halving pyramid."""
+    from pathtwt.bench.mosaics import write_mosaic
 
-    image = mosaic(8)
-    write_pyramidal_tiff(path, image.shape[1], image.shape[0], lambda x, y, w, h: image[y:y + h, x:x + w],
-                         mpp=0.42, tile=256, quality=90)
-    return path
+    return write_mosaic(path, mosaic(n), (1, 1), 0.42)
 
 
 def write_40x(path: Path, n: int = 4) -> Path:
@@ -82,14 +92,10 @@ def write_40x(path: Path, n: int = 4) -> Path:
 
 
 def coords_file(slide_path: Path, out: Path) -> Path:
-    from pathtwt.io.h5 import write_coords
-    from pathtwt.wsi.slides import open_slide
-    from pathtwt.wsi.tiling import tile_slide
+    """Every 224 px tile at 0.5 um/px, no tissue filter."""
+    from pathtwt.bench.mosaics import mosaic_coords
 
-    with open_slide(slide_path) as slide:
-        tiling = tile_slide(slide, target_mpp=0.5, tile_size=224, min_tissue=0.0)
-    write_coords(out, tiling.coords, tiling.tissue_fraction, {**tiling.attrs, "slide_path": str(slide_path)})
-    return out
+    return mosaic_coords(slide_path, out)
 
 
 def first_rows(xy: np.ndarray, rows: int) -> np.ndarray:
@@ -198,14 +204,15 @@ def extraction(slide_path: Path, coords: Path, folder: Path, jobs: int, workers:
 
     loop.IN_PROCESS_BATCHES = 0  # the SVS's 61 tiles would be read in the main process
     backbone = near_free_backbone()
+    from pathtwt.bench.timing import steady_state
+
     n = len(read_coords(coords)[0])
-    seconds = []
-    for count in (1, jobs):
+
+    def job(count: int) -> None:
         todo = [ExtractJob(slide_path, coords, folder / f"f{workers}_{count}_{i}.h5") for i in range(count)]
-        began = time.perf_counter()
         extract_many(todo, backbone, batch_size=BATCH, workers=workers, progress=False, decode="cpu")
-        seconds.append(time.perf_counter() - began)
-    return (jobs - 1) * n / max(seconds[1] - seconds[0], 1e-9)
+
+    return steady_state(job, 1, jobs, warmup=False).rate(n)
 
 
 def extraction_by(code: Path, slide_path: Path, coords: Path, folder: Path, jobs: int, workers: int) -> float:
@@ -231,6 +238,10 @@ def against(code: Path, path: Path, coords: Path, folder: Path, jobs: int, repea
     return ours, theirs
 
 
+def _finite(value: float) -> float | None:
+    return None if value != value else round(float(value), 3)  # NaN (not measured) is JSON's null
+
+
 def main() -> int:
     global MODEL
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -242,6 +253,7 @@ def main() -> int:
     parser.add_argument("--backbone", default=MODEL, help="the extraction's model (default the near-free one)")
     parser.add_argument("--against", metavar="DIR", help="also extract with the code of this checkout, in turn")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each code with --against (the best is kept)")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     MODEL = args.backbone
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -258,6 +270,7 @@ def main() -> int:
         print("| case | tiles | native tiles | limit tiles/s | new | today | openslide.read_region | extract 1 reader | "
               "extract 2 readers | 2 / 1 | 1 reader / model-only |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
+        result: dict = {"model": MODEL, "model_only_tiles_per_s": _finite(alone), "rows": args.rows, "cases": {}}
         for case in args.cases.split(","):
             began = time.perf_counter()
             path = slides[case]()
@@ -274,11 +287,18 @@ def main() -> int:
                   f"{share['new']:.2f} ({r['new']:.0f}/s) | {share['today']:.2f} ({r['today']:.0f}/s) | "
                   f"{share['openslide']:.2f} | {e1 / limit:.2f} ({e1:.0f}/s) | {e2 / limit:.2f} ({e2:.0f}/s) | "
                   f"{e2 / e1:.2f} | {e1 / alone:.2f} |", flush=True)
+            result["cases"][case] = {**{k: _finite(v) for k, v in r.items()}, "share_of_limit": {k: _finite(v) for k, v in share.items()},
+                                     "extract_tiles_per_s": {"1": _finite(e1), "2": _finite(e2)}}
             if args.against:
                 ours, theirs = against(Path(args.against).resolve(), path, coords, tmp, args.jobs, args.repeat)
                 print(f"# {case}: extraction, 1 reader, fresh processes, best of {args.repeat}: this code "
                       f"{ours:.0f} tiles/s, {args.against}'s {theirs:.0f} tiles/s: {ours / theirs:.3f} of it",
                       flush=True)
+                result["cases"][case]["against"] = {"this": ours, "other": theirs}
+    if args.json:
+        from pathtwt.io.atomic import write_json_atomic
+
+        write_json_atomic(args.json, result)
     return 0
 
 

@@ -6,6 +6,12 @@ Without a path, the newest log under ``.snakemake/log``. For each rule: the numb
 the sum of their durations (from the ``[date] ... rule X: jobid N`` line to ``Finished
 jobid: N``), the longest job, and the share of the summed job time; jobs that run side by
 side overlap, so the sums add up to more than the wall time on a machine with spare cores.
+
+Measures: no time of its own: the per-rule job time of a Snakemake run (jobs, summed and longest durations,
+share) and the run's wall time, read from its log.
+Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/workflow_times.py LOG --json out.json` (smallest, any
+log); without LOG the newest under .snakemake/log.
+JSON keys: `log`, `wall_s`, `rules`: rule -> the seconds of each of its jobs.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def _slide_checks_cached_apart(tmp_path_factory):
 # resumed runs). pytest-xdist hands out whole files in collection order, so these go
 # first and the light files fill in around them: the two workers then finish together
 # instead of one running the last long file alone.
-LONGEST_FIRST = ("test_profiles.py", "test_slurm.py", "test_bach_budget_curve.py", "test_probe.py",
+LONGEST_FIRST = ("test_profiles.py", "test_slurm.py", "test_benchmark_suite.py", "test_probe.py",
                  "test_distill_scale.py", "test_fault_injection.py", "test_device_check.py", "test_slide_names.py")
 
 

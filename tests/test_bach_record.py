@@ -1,5 +1,5 @@
-"""The record of the single-split BACH study (`benchmarks/results/bach/README.md`) holds
-the tables the study wrote: `benchmarks/results/bach/tables.md` is the run's own
+"""The record of the single-split BACH study (`benchmarks/studies/results/bach/README.md`) holds
+the tables the study wrote: `benchmarks/studies/results/bach/tables.md` is the run's own
 `results/report/tables.md` (of `snakemake --cores all --configfile config/bach.yaml`), and
 every table row of it stands in the record as it is."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RUN = REPO / "benchmarks" / "results" / "bach"
+RUN = REPO / "benchmarks" / "studies" / "results" / "bach"
 
 
 def _table_rows(text: str) -> list[str]:

@@ -106,3 +106,23 @@ def stopwatch() -> Iterator[Stopwatch]:
     """``with stopwatch() as w: ...``; ``w.seconds`` afterwards."""
     with Stopwatch() as watch:
         yield watch
+
+
+def interleaved_best(calls: dict[Any, Callable[[], Any]], rounds: int, *,
+                     sync: Callable[[], None] | None = None) -> dict[Any, float]:
+    """The best wall seconds of each call over ``rounds`` rounds that run every call once in
+    turn, after one warm-up call each: a load that drifts during the run (a shared machine)
+    weighs on every call alike, so their ratios stay fair. ``sync`` as in
+    :func:`seconds_per_call`."""
+    sync = sync or (lambda: None)
+    for fn in calls.values():
+        fn()
+    sync()
+    best = {key: float("inf") for key in calls}
+    for _ in range(rounds):
+        for key, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            best[key] = min(best[key], time.perf_counter() - t0)
+    return best

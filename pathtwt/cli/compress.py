@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss-norm", choices=("none", "variance"), default=D.loss_norm,
                         help="distillation loss terms: none = plain MSE (the paper's), variance = each term over its "
                         "teacher target's variance on the first training tiles, so late layers with large norms do not "
-                        "drown the early ones (default %(default)s, chosen on BACH validation images: benchmarks/results/bach_recipe.md)")
+                        "drown the early ones (default %(default)s, chosen on BACH validation images: benchmarks/studies/results/bach_recipe.md)")
     parser.add_argument("--init", choices=("audition", "random"), default=D.init,
                         help="surrogate initialisation (random: ablation)")
     parser.add_argument("--holdout", type=float, default=D.holdout, help="fraction of drawn calibration tiles kept out of fitting, half select "

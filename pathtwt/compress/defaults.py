@@ -11,7 +11,7 @@ Three values were once written differently in different places; the one kept, an
   given (the workflow said 2000 steps): a budget in epochs scales with the cohort, a fixed
   step count does not, and the same config now distils the same through either route.
 - ``loss_norm`` "variance" (DistillOptions said "none"): what the CLI and the workflow
-  always passed, chosen on BACH validation images (benchmarks/results/bach_recipe.md).
+  always passed, chosen on BACH validation images (benchmarks/studies/results/bach_recipe.md).
 """
 
 from __future__ import annotations

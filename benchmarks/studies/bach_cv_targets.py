@@ -2,7 +2,7 @@
 a finished run's results folder: balanced accuracy on the pooled out-of-fold predictions
 with the paired bootstrap intervals the targets are stated in, per head.
 
-    PYTHONPATH=$PWD python benchmarks/bach_cv_targets.py --results /tmp/bach_cv/results --json out.json
+    PYTHONPATH=$PWD python benchmarks/studies/bach_cv_targets.py --results /tmp/bach_cv/results --json out.json
 
 Targets (out of fold, on the BACH images):
 - the teacher resolved above random-init (paired Δ interval excludes 0) with at least one head;
@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 METRIC = "balanced_accuracy"

@@ -4,7 +4,7 @@ study and not adopted by it: the study's rule (C by the protocol's metric on the
 validation fold, fit on the training folds) beside three other common rules, each scored
 out of fold with the paired bootstrap interval of the report.
 
-    PYTHONPATH=$PWD python benchmarks/bach_meanpool_selection.py --results /path/to/results
+    PYTHONPATH=$PWD python benchmarks/studies/bach_meanpool_selection.py --results /path/to/results
 
 Rules (nothing is chosen on a test fold by any of them):
 - ``val-qwk``: the study's rule (the grading protocol's metric on the validation fold);
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 RULES = ("val-qwk", "val-bacc", "val-logloss", "val-logloss-refit", "inner-logloss")

@@ -2,7 +2,7 @@
 ViT-S students as functions of the distillation budget (steps) and of the number of
 training tiles, for twt-6 and truncation-6, with teacher / constant / random-init rows.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/bach_budget_curve.py --out benchmarks/results/bach_curve \\
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/studies/bach_budget_curve.py --out benchmarks/studies/results/bach_curve \\
         [--speed] [--runs twt:variance:600:150 twt:none:600:150 truncation:variance:600:150 ...] [--checkpoints 25,50,100,150]
 
 Images: ``../shared/data/bach`` (200 JPEGs, 1536 px at 0.42 um/px, 4 classes). One fixed,
@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 SHARED = Path(os.environ.get("PATHTWT_SHARED", REPO.parent / "shared"))
 BACH = SHARED / "data" / "bach"

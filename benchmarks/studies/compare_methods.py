@@ -29,8 +29,8 @@ NOSE, attention removed from all 12, is ``pathtwt compress --method nose`` witho
 options); params and MACs say what each costs.
 tiles/s: batch 8 forward on this machine after a warm-up (load-dependent).
 
-    python benchmarks/compare_methods.py                      # every method at depths 6 and 4
-    python benchmarks/compare_methods.py --methods twt truncation --depths 6
+    python benchmarks/studies/compare_methods.py                      # every method at depths 6 and 4
+    python benchmarks/studies/compare_methods.py --methods twt truncation --depths 6
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 METHODS = ["twt", "truncation", "linear", "wdpruning", "subset", "raptor", "nose"]  # cheapest first
 SHARED = REPO.parent / "shared"
 REAL_SLIDES = ["CMU-1-Small-Region.svs", "small.svs"]  # the other files in data/slides are test fixtures

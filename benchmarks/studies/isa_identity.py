@@ -10,7 +10,7 @@ largest absolute difference:
 - ``all-avx2``: that, plus ``ONEDNN_MAX_CPU_ISA=AVX2`` and ``MKL_ENABLE_INSTRUCTIONS=AVX2``
   (the matrix multiplies too), the nearest this machine comes to an AVX2-only CPU.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/isa_identity.py [--slide ../shared/data/slides/CMU-1-Small-Region.svs]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/studies/isa_identity.py [--slide ../shared/data/slides/CMU-1-Small-Region.svs]
 
 Prints one JSON object. On an AVX2-only CPU the three settings are the same machine.
 """
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 SETTINGS = {
     "default": {},
