@@ -1,5 +1,18 @@
-"""The wheels the GPU smoke run carries: what pathtwt and the demo workflow need that the
-GPU machine's image lacks, for its Python 3.12 on manylinux x86_64.
+"""The wheels the GPU smoke run carries: what pathtwt needs that the GPU machine's image
+lacks, for its Python 3.12 on manylinux x86_64.
+
+Measures: nothing timed: whether the lock's wheels plus the GPU image's packages satisfy
+every requirement of pathtwt and its ``gpu`` extra, offline, and which carried wheel
+nothing needs.
+
+Command: `python benchmarks/smoke_wheels.py --check` (offline; tests/test_smoke_wheels.py
+checks the same through its functions), then `python benchmarks/smoke_wheels.py --relock`
+(needs PyPI).
+
+JSON keys: it writes no result file; its one file is the lock,
+``benchmarks/gpu_smoke_wheels.json``: `python`, `platforms`, `bytes` (the carried total)
+and `wheels`, each with `name`, `version`, `file`, `sha256`, `requires`, `size`, `built`
+and `kept` (a shrunk wheel's members).
 
 The image cannot reach a registry, so everything it lacks travels in the carried folder
 (``.smoke_data/wheels``) and is installed there with ``pip --no-index --no-deps --target``.

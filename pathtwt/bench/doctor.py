@@ -266,20 +266,13 @@ def check_workflow(ctx: Context) -> list[Check]:
     return [Check("workflow", OK, detail, facts=facts)]
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (/proc/cpuinfo); empty where it cannot be read."""
-    from pathtwt.models.precision import _cpu_flags
-
-    return _cpu_flags()
-
-
 def check_cpu(ctx: Context) -> list[Check]:
     """The CPU's matrix units and what --precision auto resolves to on it."""
+    from pathtwt.bench.cpu import cpu_flags, cpu_units
     from pathtwt.models.precision import resolve_precision
 
     flags = cpu_flags()
-    units = {"avx2": "avx2" in flags, "avx512f": "avx512f" in flags, "avx512_bf16": "avx512_bf16" in flags,
-             "amx": "amx_tile" in flags}
+    units = {key: value for key, value in cpu_units().items() if key != "model"}
     auto = resolve_precision("auto", "cpu")
     mode = "bf16 autocast" if auto.autocast else auto.weights
     from pathtwt.devices import available_cores
