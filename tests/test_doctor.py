@@ -183,7 +183,6 @@ def test_a_fail_exits_1_from_the_command(capsys, monkeypatch, tmp_path):
     assert "FAIL  gpu            broken -> fix it" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(shutil.which("sbatch") is not None or os.environ.get("SLURM_JOB_ID"), reason="a SLURM host")
 def test_this_machine_warns_only_for_what_it_lacks(tmp_path):
     rows = doctor.run_checks(doctor.Context(store=str(tmp_path), workers=1))
     assert not [r for r in rows if r.status == doctor.FAIL]

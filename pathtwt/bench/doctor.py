@@ -111,7 +111,7 @@ def check_driver(ctx: Context) -> list[Check]:
 def check_gpus(ctx: Context) -> list[Check]:
     """Each GPU: name, free memory, native bf16, and peer access to the others."""
     from pathtwt.devices import visible_gpus
-    from pathtwt.models.precision import native_bf16
+    from pathtwt.models.precision import resolve_precision
 
     import torch
 
@@ -126,7 +126,7 @@ def check_gpus(ctx: Context) -> list[Check]:
     for i in range(count):
         name = torch.cuda.get_device_name(i)
         free, total = torch.cuda.mem_get_info(i)
-        bf16 = native_bf16(f"cuda:{i}")
+        bf16 = resolve_precision("auto", f"cuda:{i}").autocast  # auto runs bf16 where the GPU has bf16 units
         peers = [j for j in range(count) if j != i and torch.cuda.can_device_access_peer(i, j)]
         no_peer = [j for j in range(count) if j != i and j not in peers]
         facts = {"index": i, "name": name, "free_gib": round(free / GiB, 1), "total_gib": round(total / GiB, 1),
@@ -180,6 +180,7 @@ def check_slide_readers(ctx: Context) -> list[Check]:
     from pathtwt.wsi.formats import FORMATS
 
     found: dict[str, str | None] = {}
+    unloaded: set[str] = set()  # readers (pathtwt.wsi.readers names) whose library does not load
     rows = []
     try:
         import openslide
@@ -187,14 +188,16 @@ def check_slide_readers(ctx: Context) -> list[Check]:
         found["openslide"] = f"OpenSlide {openslide.__library_version__}"
     except (ImportError, OSError) as exc:
         found["openslide"] = None
+        unloaded.add("openslide")
         rows.append(Check("slides", FAIL, f"OpenSlide cannot load: {' '.join(str(exc).split())[:120]}",
                           "pip install openslide-bin openslide-python (or your system's libopenslide)"))
     version = _version("tiffslide")
     found["tiffslide"] = f"tiffslide {version}" if version else None
     if not version:
+        unloaded.add("tiffslide")
         rows.append(Check("slides", WARN, "tiffslide is not installed: no fallback reader for TIFF slides",
                           "pip install tiffslide"))
-    readable = [f.name for f in FORMATS if f.reader != "openslide" or found["openslide"]]
+    readable = [f.name for f in FORMATS if f.reader not in unloaded]
     unreadable = [f.name for f in FORMATS if f.name not in readable]
     detail = f"{', '.join(v for v in found.values() if v) or 'no slide reader'}; reads {', '.join(readable)}"
     if unreadable:

@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pathtwt.compress.registry import METHODS
 from pathtwt.errors import ConfigError
 
-# methods whose K-layer variant is a plain K-layer ViT
-DEPTH_METHODS = ("twt", "truncation", "wdpruning", "subset", "linear")
-# variants that run the teacher's layers' cost at every depth
+# methods whose K-layer variant is a plain K-layer ViT, and those that cost the teacher's
+# layers at every depth (the registry's `cost`)
+DEPTH_METHODS = tuple(name for name, m in METHODS.items() if m.cost == "depth")
+SHARED_LAYER_METHODS = tuple(name for name, m in METHODS.items() if m.cost == "teacher")
+# the reference variants, which run the teacher's architecture
 TEACHER_COST = ("uncompressed", "random-init")
-SHARED_LAYER_METHODS = ("raptor",)
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,19 @@ class CompressionMethod:
     target: str  # "module:function", imported only when the method is chosen
     goal: str = "depth"  # one of GOALS: what pathtwt compress and the config's variants.NAME take
     closed_form: bool = False  # fitted in closed form, never distilled: no training budget to announce
+    # what a K-deep variant costs a tile (pathtwt bench): "depth", the plain timm ViT of K layers it
+    # exports; "teacher", the teacher's layer count (raptor runs each shared layer as often as the
+    # block it replaces had layers); "other", neither (nose keeps every layer, less attention)
+    cost: str = "depth"
 
 
 METHODS: dict[str, CompressionMethod] = {
     "twt": CompressionMethod("pathtwt.compress.methods.twt:compress", goal="depth or eps"),
     "truncation": CompressionMethod("pathtwt.compress.methods.truncation:compress"),
-    "raptor": CompressionMethod("pathtwt.compress.methods.raptor:compress"),
+    "raptor": CompressionMethod("pathtwt.compress.methods.raptor:compress", cost="teacher"),
     "wdpruning": CompressionMethod("pathtwt.compress.methods.wdpruning:compress"),
     # every layer kept, attention removed (or kept in --option keep_attention=K layers)
-    "nose": CompressionMethod("pathtwt.compress.methods.nose:compress", goal="none"),
+    "nose": CompressionMethod("pathtwt.compress.methods.nose:compress", goal="none", cost="other"),
     "linear": CompressionMethod("pathtwt.compress.methods.linear:compress", closed_form=True),
     "subset": CompressionMethod("pathtwt.compress.methods.subset:compress"),
 }
