@@ -4,8 +4,6 @@ lacks (GPUs, a driver, GPU decoders, sbatch, AMX), and one real run here."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import types
 
 import pytest
