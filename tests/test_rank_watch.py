@@ -182,3 +182,86 @@ def test_another_ranks_notice_first_is_the_cause_also_of_a_signal(rank_1_of_2):
                                  None)) == said
     assert str(leave_after_error(KeyboardInterrupt(), None)) == said
     assert read(store).rank == 0
+
+
+# ---- a rank that ended well exits through the interpreter: its watcher must be out of the store first ----
+
+# The watcher in a real TCPStore call (C++, the GIL released, as every TCPStore call in torch's
+# bindings) when the run ends; the interpreter's finalisation then outlasts the call (a slow __del__
+# in __main__, whose globals are cleared after CPython marks itself finalising). A daemon thread
+# that retakes the GIL then is ended with pthread_exit, and the forced unwind through pybind11's
+# noexcept gil_scoped_release destructor calls std::terminate: SIGABRT after a run that ended well.
+IN_FLIGHT_AT_EXIT = """
+import threading, time
+from datetime import timedelta
+import torch.distributed as dist
+from pathtwt.compress import rank_failures
+
+server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
+
+
+class InFlight:
+    def __init__(self, store):
+        self.store, self.entered = store, threading.Event()
+
+    def check(self, keys):
+        self.entered.set()
+        try:
+            self.store.wait(["never"], timedelta(milliseconds=300))
+        except Exception:
+            pass
+        return False
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+store = InFlight(server)
+rank_failures.POLL_S = 0.01
+rank_failures._watch = rank_failures.PeerWatch(store, 1, 2, "pathtwt compress: error: ")
+rank_failures._watch.start()
+assert store.entered.wait(10)
+print("stopped", rank_failures.stop_watching(), flush=True)
+
+
+class SlowFinalise:
+    def __del__(self):
+        time.sleep(1.0)
+
+
+slow = SlowFinalise()
+"""
+
+
+def test_a_rank_that_ended_well_exits_cleanly_with_its_watcher_in_a_store_call(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "rank_exit.py"
+    script.write_text(IN_FLIGHT_AT_EXIT)
+    repo = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"})
+    assert "terminate called" not in res.stderr, res.stderr[-2000:]
+    assert res.returncode == 0 and res.stdout.split() == ["stopped", "True"], (res.returncode, res.stdout, res.stderr[-2000:])
+
+
+def test_a_watcher_whose_store_call_never_returns_is_given_up_in_bounded_time(monkeypatch):
+    store = DictStore()
+    store.hang = True  # the store call the watcher is in never returns
+    monkeypatch.setattr(rank_failures, "POLL_S", 0.01)
+    monkeypatch.setattr(rank_failures, "STOP_WAIT_S", 0.3)
+    watch = PeerWatch(store, 1, 2, PREFIX)
+    monkeypatch.setattr(rank_failures, "_watch", watch)
+    watch.start()
+    time.sleep(0.1)
+    try:
+        began = time.monotonic()
+        assert rank_failures.stop_watching() is False  # the caller then leaves with os._exit
+        assert time.monotonic() - began < 2.0 and rank_failures._watch is None
+    finally:
+        store._never.set()
+    watch.join(5)
+    assert not watch.is_alive()

@@ -4,6 +4,8 @@ backbone variant folder (``model.safetensors`` + ``model.json``)."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -162,8 +164,12 @@ def run(args: argparse.Namespace) -> int:
             if replacement is None:
                 raise
             raise replacement from None
-        stop_watching()
+        watched = stop_watching()
         shutdown()
+        if not watched:  # its store call still out: finalising would abort the rank (stop_watching)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         return code
 
 

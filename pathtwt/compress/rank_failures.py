@@ -53,6 +53,8 @@ POLL_S = 0.5
 GRACE_S = 3.0
 # how long a rank that posted a notice waits for the others to have read it
 ACK_WAIT_S = 3.0
+# how long a rank that ends waits for its watcher's store call in flight to return (stop_watching)
+STOP_WAIT_S = 10.0
 EXIT_CODES = {"failed": 1, "stalled": 1, "interrupted": 130}
 
 _lock = threading.Lock()
@@ -274,11 +276,24 @@ def watch_peers(prefix: str, *, timeout_minutes: float = float("inf"), stop_pref
         _watch.start()
 
 
-def stop_watching() -> None:
+def stop_watching() -> bool:
+    """Stop the watcher and wait, at most :data:`STOP_WAIT_S`, for the store call it may be
+    in; False when that call has not returned (the caller then leaves with ``os._exit``).
+
+    The wait is what lets the interpreter end: a store call returns into pybind11, whose
+    ``gil_scoped_release`` retakes the GIL on the way out, and a daemon thread that retakes
+    it while the interpreter is finalising is ended with ``pthread_exit`` (CPython 3.11-3.13,
+    ``take_gil`` in Python/ceval_gil.c; gh-87135). Its forced unwind meets the noexcept
+    destructor, and ``std::terminate`` aborts the rank (SIGABRT, "terminate called without
+    an active exception") after a run that ended well."""
     global _watch
-    if _watch is not None:
-        _watch.done.set()
-        _watch = None
+    watch, _watch = _watch, None
+    if watch is None:
+        return True
+    watch.done.set()
+    if watch is not threading.current_thread():
+        watch.join(STOP_WAIT_S)
+    return not watch.is_alive()
 
 
 def leave_after_error(exc: BaseException, own_line: str | None) -> BaseException | None:
@@ -302,7 +317,7 @@ def leave_after_error(exc: BaseException, own_line: str | None) -> BaseException
         return None
     me, store = ranks.rank(), _store()
     _claim_report()  # the watcher must not end the rank while it says so itself
-    stop_watching()
+    watched = stop_watching()
     where = f"rank {me} of {world}"
     other = read(store)
     if other is not None and other.poster == me:
@@ -327,7 +342,7 @@ def leave_after_error(exc: BaseException, own_line: str | None) -> BaseException
             replacement = PathtwtError(f"{where}: {line}") if own_line is not None or collective else None
     if other is None:
         _await_acknowledgements(store, me, world)
-    if not ranks.abort():
+    if not ranks.abort() or not watched:  # either thread still in a call: leave before finalising
         _leave_now(replacement if replacement is not None else exc)
     return replacement
 

@@ -122,6 +122,10 @@ class Made:
     timing: Any = None
 
 
+# how long a job that stopped early waits for the slide its feeder is preparing (EmbedJob._stop_feeder)
+FEEDER_WAIT_S = 30.0
+
+
 class EmbedJob:
     """The embedding loop of one job; iterating it gives (job number, summary dict or the
     SlideError/NumericsError that stopped the slide) per job, as slides finish.
@@ -149,6 +153,8 @@ class EmbedJob:
         self.fell_back = 0  # slides of the GPU path decoded on the CPU in whole or in part
         self.sink: FeaturesSink | None = None
         self.device_tiles: DeviceTiles | None = None
+        self.feeder: threading.Thread | None = None
+        self.stopping = threading.Event()  # the job stopped early: the feeder prepares no further slide
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         from tqdm import tqdm
@@ -211,6 +217,7 @@ class EmbedJob:
 
     def _stop(self) -> None:
         self.bar.close()
+        self._stop_feeder()
         if self.source is not None:
             self.source.stop()
         if self.sink is not None:  # the job stopped early: no slide left half-written
@@ -224,12 +231,24 @@ class EmbedJob:
         if self.ring is not None:
             self.ring.close()
 
+    def _stop_feeder(self) -> None:
+        """Let the feeder finish the slide it is preparing, at most :data:`FEEDER_WAIT_S`,
+        and prepare no further one, before the readers' queues close. A feeder left running
+        would go on reading the next slides after the job ended, and its hand-off to the
+        closed queues would raise in its thread: a traceback ("Queue ... is closed") after the
+        job's own error line."""
+        self.stopping.set()
+        if self.feeder is not None and self.feeder.is_alive():
+            self.feeder.join(FEEDER_WAIT_S)
+
     def feed(self) -> None:
         """Prepare each slide when the job reaches it and hand its bands to the readers (a
         thread)."""
         next_band = 0
         try:
             for number, job in enumerate(self.jobs):
+                if self.stopping.is_set():
+                    break
                 try:
                     item = self.prepare(job)
                 except (SlideError, NumericsError) as exc:
