@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import SHARED_VIT_S
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
@@ -310,7 +309,9 @@ def test_a_cross_validated_cohort_plans_one_job_per_fold_and_lends_only_its_hold
     cfg["cohorts"]["bach"].update(slides=str(data / "slides"), labels=str(data / "labels.csv"), extensions=[".tif"],
                                   draw_split={"folds": 3, "holdout": 0.2, "seed": 0, "group_column": "patient"})
     cfg["tasks"]["bach"]["classes"] = 2
-    cfg["backbones"]["vit-s14-imgfocus"]["weights"] = str(SHARED_VIT_S)
+    weights = tmp_path / "vit_s14.safetensors"  # a dry run plans from the file's name and bytes, never loads it
+    weights.write_bytes(b"weights")
+    cfg["backbones"]["vit-s14-imgfocus"]["weights"] = str(weights)
     cfg["variants"] = {"uncompressed": {"method": "none"}, "twt-6": {"method": "twt", "depth": 6}}
     path = tmp_path / "cv.yaml"
     path.write_text(yaml.safe_dump(cfg))
