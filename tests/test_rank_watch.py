@@ -7,6 +7,9 @@ says that rank's cause."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -15,6 +18,7 @@ import torch.distributed as dist
 
 from pathtwt.compress import rank_failures, ranks
 from pathtwt.compress.rank_failures import Notice, PeerWatch, leave_after_error, post, read
+from conftest import REPO
 
 PREFIX = "pathtwt compress: error: "
 
@@ -234,16 +238,10 @@ slow = SlowFinalise()
 
 
 def test_a_rank_that_ended_well_exits_cleanly_with_its_watcher_in_a_store_call(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     script = tmp_path / "rank_exit.py"
     script.write_text(IN_FLIGHT_AT_EXIT)
-    repo = Path(__file__).resolve().parents[1]
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"})
+                         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     assert "terminate called" not in res.stderr, res.stderr[-2000:]
     assert res.returncode == 0 and res.stdout.split() == ["stopped", "True"], (res.returncode, res.stdout, res.stderr[-2000:])
 

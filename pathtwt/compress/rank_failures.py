@@ -291,8 +291,7 @@ def stop_watching() -> bool:
     if watch is None:
         return True
     watch.done.set()
-    if watch is not threading.current_thread():
-        watch.join(STOP_WAIT_S)
+    watch.join(STOP_WAIT_S)
     return not watch.is_alive()
 
 
